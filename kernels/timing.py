@@ -1,0 +1,62 @@
+"""Kernel timing the way kernels run in graphrt: replayed inside a CUDA graph.
+
+Eager timings of microsecond kernels mostly measure launch overhead, so every benchmark here
+captures `fn` (called `per_graph` times back to back) into one graph and times its replays with
+CUDA events. Inputs that fit in L2 would time the cache, so callers pass several input sets
+(`rotate`) and the graph cycles through them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def time_in_graph(
+    fn: Callable[..., object],
+    arg_sets: Sequence[tuple],
+    *,
+    per_graph: int = 20,
+    replays: int = 30,
+    warmup: int = 3,
+) -> float:
+    """Median time of one `fn(*args)` call in microseconds, measured from CUDA graph replays.
+
+    arg_sets: one or more argument tuples; the graph calls fn on them round-robin so that the
+    working set exceeds L2 when the caller provides enough sets.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_in_graph needs CUDA")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(warmup):  # compile, autotune and allocate outside the capture
+            fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(per_graph):
+            fn(*arg_sets[i % len(arg_sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / per_graph)
+    return statistics.median(times)
+
+
+def memory_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth in GB/s (bytes read + bytes written)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_in_graph(lambda: dst.copy_(src), [()], per_graph=5, replays=10)
+    return (2 * src.numel()) / (us * 1e-6) / 1e9

@@ -1,0 +1,1 @@
+"""graphrt.profiling: NVTX phase ranges, per-phase kernel-time attribution, Nsight readers."""
