@@ -1,0 +1,36 @@
+"""graphrt's exception types.
+
+Every error graphrt raises on bad input derives from GraphrtError, so an embedding engine can catch
+one type. The ValueError bases let callers that already catch ValueError keep working.
+"""
+
+from __future__ import annotations
+
+
+class GraphrtError(Exception):
+    """Base class of every error graphrt raises deliberately."""
+
+
+class CheckpointError(GraphrtError, ValueError):
+    """A checkpoint folder cannot be used: missing/corrupt file, bad config field, bad tensor.
+
+    The message always names the file (config.json, the shard, the .bin) and the field or tensor key.
+    """
+
+
+class ConfigMismatchError(CheckpointError):
+    """A draft does not fit its target (vocab size, hidden size, EAGLE-3 fc width, d2t range).
+
+    The message names the field that disagrees and both values.
+    """
+
+
+class CapacityError(GraphrtError):
+    """A request does not fit the runtime's fixed budget (KV slots, sequence length, batch buckets)."""
+
+
+class RequestError(GraphrtError, ValueError):
+    """A request is malformed (bad sampling parameter, empty prompt, token id out of range)."""
+
+
+__all__ = ["GraphrtError", "CheckpointError", "ConfigMismatchError", "CapacityError", "RequestError"]
