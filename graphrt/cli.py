@@ -1,0 +1,143 @@
+"""The `graphrt` command line: generate, bench, capture, profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from graphrt.errors import GraphrtError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", help="draft checkpoint directory (standalone LM, EAGLE or EAGLE-3 head)")
+    p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per cycle (K)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphrt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate from a local checkpoint")
+    g.add_argument("checkpoint", help="target checkpoint directory (config.json + *.safetensors)")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
+    src.add_argument("--prompt-ids", type=_int_list, help="token ids, e.g. 1,2,3")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    _common(g)
+
+    b = sub.add_parser("bench", help="decode throughput, acceptance and per-phase time (default: embedded model)")
+    b.add_argument("what", nargs="?", choices=["decode", "kernels"], default="decode")
+    b.add_argument("--target", help="target checkpoint directory (default: an embedded random preset)")
+    b.add_argument("--preset", help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
+    b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
+    b.add_argument("--batch-sizes", type=_int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
+    b.add_argument("--prompt-len", type=int, default=32)
+    b.add_argument("--max-new-tokens", type=int, help="tokens generated per request (default 32 CPU / 128 CUDA)")
+    b.add_argument("--no-draft", action="store_true", help="plain decoding only")
+    b.add_argument("--json", dest="json_out", help="write the results to this JSON file")
+    _common(b)
+
+    c = sub.add_parser("capture", help="capture every phase x bucket as CUDA graphs and report")
+    c.add_argument("checkpoint", nargs="?", help="target checkpoint (default: embedded llama-1b-shape)")
+    c.add_argument("--dot", help="write each graph as a DOT file into this directory")
+    c.add_argument("--json", dest="json_out", help="write the report as JSON")
+    _common(c)
+
+    pr = sub.add_parser("profile", help="per-phase GPU kernel time (PyTorch profiler or Nsight Systems)")
+    pr.add_argument("checkpoint", nargs="?", help="target checkpoint (default: embedded llama-1b-shape)")
+    pr.add_argument("--nsys", action="store_true", help="run under nsys and read its SQLite export")
+    pr.add_argument("--from-sqlite", help="attribute kernel time from an existing nsys SQLite export")
+    pr.add_argument("--batch-sizes", type=_int_list)
+    pr.add_argument("--json", dest="json_out")
+    _common(pr)
+    return parser
+
+
+def _dtype(name):
+    import torch
+
+    return {None: None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def cmd_generate(args) -> int:
+    from graphrt import Runtime, SamplingParams
+
+    tokenizer = None
+    if args.prompt is not None:
+        tokenizer = _load_tokenizer(args.checkpoint)
+        prompt = tokenizer.encode(args.prompt)
+    else:
+        prompt = args.prompt_ids
+    rt = Runtime.from_pretrained(args.checkpoint, args.draft, num_draft_tokens=args.num_draft_tokens,
+                                 device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
+                                 max_seq_len=len(prompt) + args.max_new_tokens + 1)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                            ignore_eos=args.ignore_eos)
+    gen = rt.generate([prompt], params)[0]
+    text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
+    if args.json:
+        print(json.dumps({"token_ids": gen.token_ids, "text": text, "finish_reason": gen.finish_reason,
+                          "mean_acceptance_length": gen.mean_acceptance_length}))
+    else:
+        print(text if text is not None else " ".join(map(str, gen.token_ids)))
+        if args.draft:
+            print(f"[{gen.num_cycles} cycles, mean acceptance length {gen.mean_acceptance_length:.2f}]",
+                  file=sys.stderr)
+    return 0
+
+
+def _load_tokenizer(path):
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise GraphrtError("--prompt needs the transformers package for the tokenizer; use --prompt-ids") from None
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure means the same thing here
+        raise GraphrtError(f"no usable tokenizer in {path} ({exc.__class__.__name__}); use --prompt-ids") from None
+
+
+def cmd_bench(args) -> int:
+    if args.what == "kernels":
+        from graphrt.kernels import bench as kbench
+
+        kbench.run(out_json=args.json_out)
+        return 0
+    from graphrt import bench
+
+    bench.main(args)
+    return 0
+
+
+def cmd_capture(args) -> int:
+    raise GraphrtError("graphrt capture needs CUDA graph capture support, which is not built yet (issue: "
+                       "CUDA graph capture per phase and batch size)")
+
+
+def cmd_profile(args) -> int:
+    raise GraphrtError("graphrt profile needs the profiling layer, which is not built yet (issue: NVTX phase "
+                       "ranges and per-phase kernel-time attribution)")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"generate": cmd_generate, "bench": cmd_bench, "capture": cmd_capture, "profile": cmd_profile}
+    try:
+        return handler[args.command](args)
+    except GraphrtError as exc:
+        print(f"graphrt {args.command}: error: {exc}", file=sys.stderr)
+        return 2

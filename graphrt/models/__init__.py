@@ -1,0 +1,43 @@
+"""Model construction from loaded checkpoints.
+
+A draft is anything with the draft interface: `draft_forward(tokens, positions, meta, kv,
+hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `draft_to_target_ids(ids)`,
+`position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`
+and `cfg`.
+"""
+
+from __future__ import annotations
+
+from graphrt.errors import ConfigMismatchError
+from graphrt.models.decoder_lm import DecoderLM
+from graphrt.models.eagle import Eagle3Head, EagleHead
+
+
+def build_target(ckpt, max_positions: int, device) -> DecoderLM:
+    return DecoderLM(ckpt.config, ckpt.weights, max_positions, device)
+
+
+def build_draft(ckpt, target: DecoderLM, max_positions: int, device):
+    if ckpt.kind == "lm":
+        return DecoderLM(ckpt.config, ckpt.weights, max_positions, device)
+    if ckpt.kind == "eagle":
+        return EagleHead(ckpt.config, ckpt.weights, target, max_positions, device)
+    if ckpt.kind == "eagle3":
+        head = Eagle3Head(ckpt.config, ckpt.weights, target, max_positions, device)
+        target.aux_layer_ids = eagle3_aux_layers(ckpt.config, target.num_layers)
+        return head
+    raise ValueError(f"unknown draft kind {ckpt.kind!r}")
+
+
+def eagle3_aux_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
+    ids = getattr(cfg, "eagle_aux_layer_ids", None)
+    # The low/mid/high layers EAGLE-3 was trained on when its config names none.
+    ids = tuple(ids) if ids else (2, num_target_layers // 2, num_target_layers - 3)
+    if len(ids) != 3 or not all(0 <= i <= num_target_layers for i in ids):
+        raise ConfigMismatchError(
+            f"EAGLE-3 aux layer ids {ids} do not fit a target of {num_target_layers} layers "
+            "(config field eagle_aux_layer_ids)")
+    return ids
+
+
+__all__ = ["DecoderLM", "EagleHead", "Eagle3Head", "build_target", "build_draft"]

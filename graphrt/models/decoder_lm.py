@@ -1,0 +1,60 @@
+"""Llama-family decoder LMs (Llama 2/3, Qwen2, Qwen3): the target model and standalone drafts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary, rms_norm
+
+
+class DecoderLM:
+    """forward() returns the final-norm hidden states (what the LM head reads, and what an
+    EAGLE-1/2 head pairs with the next token) and, if asked, the residual stream at the input of
+    the layers in `aux_layer_ids` (what an EAGLE-3 head fuses)."""
+
+    def __init__(self, cfg, weights: dict, max_positions: int, device):
+        self.cfg = cfg
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
+        self.embed = weights["embed_tokens.weight"]
+        self.lm_head = weights["lm_head.weight"]
+        self.norm = weights["norm.weight"]
+        self.layers = [
+            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary) for i in range(cfg.num_hidden_layers)
+        ]
+        self.aux_layer_ids: tuple[int, ...] = ()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(self, tokens, positions, meta: AttentionMetadata, kv):
+        """tokens, positions: [N] int64. Returns (hidden [N, H], aux [N, len(aux)*H] or None)."""
+        x = F.embedding(tokens, self.embed)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layer_ids:
+                aux.append(x)
+            x = layer(x, positions, meta, kv.k[i], kv.v[i])
+        if len(self.layers) in self.aux_layer_ids:  # "input of the layer after the last"
+            aux.append(x)
+        hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        return hidden, (torch.cat(aux, dim=-1) if aux else None)
+
+    def logits(self, hidden):
+        return F.linear(hidden, self.lm_head)
+
+    # The draft interface (see graphrt/models/__init__.py): a standalone LM drafts from its own
+    # tokens only, at the tokens' own positions.
+    position_offset = 0
+    uses_target_hidden = False
+
+    def draft_forward(self, tokens, positions, meta, kv, hidden_in):
+        hidden, _ = self.forward(tokens, positions, meta, kv)
+        return hidden
+
+    def draft_logits(self, state):
+        return self.logits(state)
+
+    def draft_to_target_ids(self, ids):
+        return ids

@@ -1,0 +1,93 @@
+"""EAGLE draft heads. Each drafts from (token, hidden state) pairs: the row at position i pairs
+a hidden state for position i with the token at i+1, and its output predicts the token at i+2.
+That is why an EAGLE draft runs one position behind the tokens it consumes (position_offset -1).
+In DRAFT_DECODE the head feeds its own output hidden state back in place of the target's."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
+
+
+class EagleHead:
+    """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer whose
+    input norm is absent -> the target's LM head, with no final norm."""
+
+    position_offset = -1
+    uses_target_hidden = True
+    target_hidden = "final"
+
+    def __init__(self, cfg, weights: dict, target, max_positions: int, device):
+        self.cfg = cfg
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
+        self.embed = weights.get("embed_tokens.weight", target.embed)
+        self.lm_head = target.lm_head
+        self.fc_weight = weights["fc.weight"]
+        self.fc_bias = weights.get("fc.bias")
+        self.layers = [DecoderLayer(weights, "layers.0", cfg, self.rotary, has_input_norm=False)]
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    def draft_forward(self, tokens, positions, meta, kv, hidden_in):
+        x = torch.cat([F.embedding(tokens, self.embed), hidden_in], dim=-1)
+        x = F.linear(x, self.fc_weight, self.fc_bias)
+        return self.layers[0](x, positions, meta, kv.k[0], kv.v[0])
+
+    def draft_logits(self, state):
+        return F.linear(state, self.lm_head)
+
+    def draft_to_target_ids(self, ids):
+        return ids
+
+
+class Eagle3Layer(DecoderLayer):
+    """The EAGLE-3 decoder layer: attention reads [norm(embedding) ; hidden_norm(hidden)] (2H wide)
+    while the residual carries the un-normalised hidden state."""
+
+    def __init__(self, weights, prefix, cfg, rotary):
+        super().__init__(weights, prefix, cfg, rotary)
+        self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
+
+    def __call__(self, embeds, hidden, positions, meta, k_cache, v_cache):
+        x = torch.cat([rms_norm(embeds, self.input_norm, self.eps), rms_norm(hidden, self.hidden_norm, self.eps)], -1)
+        h = hidden + self.attn(x, positions, meta, k_cache, v_cache)
+        return h + self.mlp(rms_norm(h, self.post_norm, self.eps))
+
+
+class Eagle3Head:
+    """EAGLE-3: fc fuses the target's low/mid/high residual streams (3H -> H) on the first step;
+    later steps feed back the head's own pre-norm output. Its LM head covers a reduced draft
+    vocabulary; d2t maps a draft id to a target id (target = draft + d2t[draft])."""
+
+    position_offset = -1
+    uses_target_hidden = True
+    target_hidden = "aux"
+
+    def __init__(self, cfg, weights: dict, target, max_positions: int, device):
+        self.cfg = cfg
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
+        self.embed = weights.get("embed_tokens.weight", target.embed)
+        self.fc_weight = weights["fc.weight"]
+        self.norm = weights["norm.weight"]
+        self.lm_head = weights["lm_head.weight"]
+        self.d2t = weights["d2t"].to(torch.int64)
+        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)]
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    def draft_forward(self, tokens, positions, meta, kv, hidden_in):
+        if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
+            hidden_in = F.linear(hidden_in, self.fc_weight)
+        return self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
+
+    def draft_logits(self, state):
+        return F.linear(rms_norm(state, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    def draft_to_target_ids(self, ids):
+        return ids + self.d2t[ids]

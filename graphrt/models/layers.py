@@ -1,0 +1,142 @@
+"""Building blocks shared by every architecture: RMSNorm, rotary embeddings, the paged attention
+block and the gated MLP. Weights are plain tensors; q/k/v and gate/up are fused at load so each
+projection is one GEMM."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from graphrt.kernels.attention import paged_attention, store_kv
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-forward attention inputs, all device tensors of fixed shape (safe inside a CUDA graph).
+
+    block_tables: [B, max_blocks] int32   seq_lens: [B] int32 (KV length after this step's stores)
+    slot_mapping: [B * query_len] int64   query_len: tokens per request in this forward
+    """
+
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_len: int
+    max_seq_len: int
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 and cast back before the weight, as the reference implementations do, so
+    # logits match theirs in every dtype.
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling or scaling.get("rope_type", "default") == "default":
+        return inv_freq
+    if scaling["rope_type"] != "llama3":
+        raise ValueError(f"unsupported rope_type {scaling['rope_type']!r}")
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Rotary:
+    """cos/sin tables for every position up front, so a forward only gathers rows by position."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int, device):
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device)  # [max_positions, head_dim] fp32
+        self.sin = emb.sin().to(device)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [N, heads, head_dim]; positions: [N] int64."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        xf = x.float()
+        half = xf.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class AttentionBlock:
+    """Self-attention over the paged KV cache of one layer."""
+
+    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary):
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        self.rotary = rotary
+        w = [weights[f"{prefix}.{n}_proj.weight"] for n in "qkv"]
+        self.qkv_weight = torch.cat(w, dim=0)
+        self.qkv_bias = None
+        if f"{prefix}.q_proj.bias" in weights:
+            self.qkv_bias = torch.cat([weights[f"{prefix}.{n}_proj.bias"] for n in "qkv"], dim=0)
+        self.o_weight = weights[f"{prefix}.o_proj.weight"]
+        self.q_norm = weights.get(f"{prefix}.q_norm.weight")
+        self.k_norm = weights.get(f"{prefix}.k_norm.weight")
+
+    def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
+        n = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3 normalises each head before the rotation
+            q = rms_norm(q, self.q_norm, self.eps)
+            k = rms_norm(k, self.k_norm, self.eps)
+        q = self.rotary.apply(q, positions)
+        k = self.rotary.apply(k, positions)
+        store_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(
+            q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens,
+            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
+        )
+        return F.linear(out.reshape(n, q_size), self.o_weight)
+
+
+class GatedMLP:
+    def __init__(self, weights: dict, prefix: str):
+        self.gate_up = torch.cat([weights[f"{prefix}.gate_proj.weight"], weights[f"{prefix}.up_proj.weight"]], 0)
+        self.down = weights[f"{prefix}.down_proj.weight"]
+        self.inter = self.down.shape[1]
+
+    def __call__(self, x):
+        gu = F.linear(x, self.gate_up)
+        return F.linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], self.down)
+
+
+class DecoderLayer:
+    """Pre-norm Llama/Qwen decoder layer. `has_input_norm=False` serves EAGLE-1/2 heads, whose
+    first layer takes the fc output without a norm."""
+
+    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary, has_input_norm: bool = True):
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = weights[f"{prefix}.input_layernorm.weight"] if has_input_norm else None
+        self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
+        self.attn = AttentionBlock(weights, f"{prefix}.self_attn", cfg, rotary)
+        self.mlp = GatedMLP(weights, f"{prefix}.mlp")
+
+    def __call__(self, x, positions, meta, k_cache, v_cache):
+        h = rms_norm(x, self.input_norm, self.eps) if self.input_norm is not None else x
+        x = x + self.attn(h, positions, meta, k_cache, v_cache)
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))

@@ -1,0 +1,61 @@
+"""What a caller asks for (SamplingParams) and what it gets back (Generation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from graphrt.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters.
+
+    temperature 0 is greedy; > 0 samples exactly from the temperature-scaled target distribution
+    (speculative decoding never changes the distribution). `seed` makes a sampled request
+    reproducible whatever else shares its batch; None draws a seed at admission.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise RequestError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise RequestError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**63):
+            raise RequestError(f"SamplingParams.seed must be a 64-bit int or None, got {self.seed!r}")
+
+
+@dataclass
+class Generation:
+    """The result of one request."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "length" | "stop" | "eos"
+    num_cycles: int = 0  # speculative cycles (or plain decode steps) this request took part in
+    num_draft_tokens: int = 0  # drafts proposed to the target
+    num_accepted_tokens: int = 0  # drafts the target accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per cycle (accepted drafts + 1), the usual speculative-decoding figure."""
+        decoded = len(self.token_ids) - 1  # the first token comes from prefill
+        return decoded / self.num_cycles if self.num_cycles else 0.0

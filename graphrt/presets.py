@@ -1,0 +1,43 @@
+"""Embedded default models: random-weight checkpoints written once, in the real on-disk format,
+into a cache folder ($GRAPHRT_CACHE, default ~/.cache/graphrt). Nothing is downloaded.
+
+The default draft is a self-draft: the target's first layers with its embeddings and LM head.
+Independent random drafts would accept almost nothing; a self-draft makes acceptance figures
+mean something, and every report names the draft it used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GRAPHRT_CACHE", Path.home() / ".cache" / "graphrt"))
+
+
+def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
+    path = cache_dir() / f"{name}-{_DTYPES[dtype]}-seed{seed}"
+    if not (path / "config.json").exists():
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_random_checkpoint(tmp, name, dtype=dtype, seed=seed)
+        tmp.rename(path)
+    return path
+
+
+def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
+    path = target.with_name(f"{target.name}-selfdraft-{kind}{num_layers}")
+    if not (path / "config.json").exists():
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self_draft(target, tmp, num_layers, kind=kind)
+        tmp.rename(path)
+    return path

@@ -1,0 +1,39 @@
+"""Small shared fixtures for the runtime tests: tiny random checkpoints in the real on-disk format."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+
+from graphrt.checkpoint import load_checkpoint
+from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+
+_ROOT = Path(tempfile.mkdtemp(prefix="graphrt-test-ckpts-"))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_dir(preset: str = "tiny", seed: int = 0) -> Path:
+    path = _ROOT / f"{preset}-{seed}"
+    write_random_checkpoint(path, preset, dtype=torch.float32, seed=seed)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def draft_dir(kind: str, target_preset: str = "tiny", seed: int = 1) -> Path:
+    """kind: 'lm' (an independent 1-layer LM), 'self' (the target's first layer), 'eagle', 'eagle3'."""
+    target = tiny_dir(target_preset)
+    path = _ROOT / f"draft-{kind}-{target_preset}-{seed}"
+    if kind == "self":
+        self_draft(target, path, 1, kind="lm")
+    elif kind == "lm":
+        write_random_checkpoint(path, target_preset, dtype=torch.float32, seed=seed, num_layers=1)
+    else:
+        write_random_checkpoint(path, target_preset, kind=kind, dtype=torch.float32, seed=seed, target=target)
+    return path
+
+
+def load(path):
+    return load_checkpoint(path, dtype=torch.float32, device="cpu")

@@ -1,0 +1,113 @@
+"""Request handling: seeded reproducibility, bad input, stop conditions, slot reuse."""
+
+import copy
+
+import pytest
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.errors import CapacityError, ConfigMismatchError, RequestError
+from tests.helpers import draft_dir, load, tiny_dir
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load(tiny_dir())
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return load(draft_dir("self"))
+
+
+def _rand_prompts(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(2, 16, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("use_draft", [True, False])
+def test_seeded_request_independent_of_batch_and_slot(target, draft, use_draft):
+    V = target.config.vocab_size
+    probe = [5, 17, 99, 3]
+    sp = SamplingParams(max_new_tokens=20, temperature=0.8, seed=1234, ignore_eos=True)
+    d = draft if use_draft else None
+    alone = Runtime(target, d, num_draft_tokens=3, max_batch_size=8, max_seq_len=64).generate([probe], sp)[0]
+    others = _rand_prompts(5, V, seed=3)
+    other_params = [SamplingParams(max_new_tokens=m, temperature=t, seed=s, ignore_eos=True)
+                    for m, t, s in zip((3, 30, 7, 12, 25), (0.0, 1.0, 0.5, 0.0, 2.0), (1, 2, None, 4, 5))]
+    rt = Runtime(target, d, num_draft_tokens=3, max_batch_size=8, max_seq_len=64)
+    # the probe lands in a later slot and shares buckets of changing size with the others
+    gens = rt.generate(others[:3] + [probe] + others[3:], other_params[:3] + [sp] + other_params[3:])
+    assert gens[3].token_ids == alone.token_ids
+    assert gens[3].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_sampled_requests_differ_by_seed(target, draft):
+    rt = Runtime(target, draft, num_draft_tokens=2, max_batch_size=4, max_seq_len=64)
+    sps = [SamplingParams(max_new_tokens=24, temperature=1.5, seed=s, ignore_eos=True) for s in (1, 2)]
+    a, b = rt.generate([[1, 2, 3], [1, 2, 3]], sps)
+    assert a.token_ids != b.token_ids
+
+
+def test_bad_input_is_rejected_and_runtime_stays_usable(target, draft):
+    rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=2, max_seq_len=32)
+    V = target.config.vocab_size
+    with pytest.raises(RequestError, match="max_seq_len"):
+        rt.generate([[1] * 30], SamplingParams(max_new_tokens=5))
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams(temperature=-0.5)
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams(temperature=float("nan"))
+    with pytest.raises(RequestError, match="empty"):
+        rt.generate([[]], SamplingParams())
+    with pytest.raises(RequestError, match="vocabulary"):
+        rt.generate([[1, V]], SamplingParams())
+    with pytest.raises(RequestError, match="vocabulary"):
+        rt.add_request([-1, 2])
+    with pytest.raises(RequestError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(RequestError):
+        rt.generate([[1, 2]], [SamplingParams(), SamplingParams()])
+    # a failed batch admits nothing: the next one runs normally, and inputs are not modified
+    prompts = [[4, 5, 6], [7, 8]]
+    before = copy.deepcopy(prompts)
+    gens = rt.generate(prompts, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    assert prompts == before
+    assert [len(g.token_ids) for g in gens] == [6, 6]
+    assert not rt.has_unfinished()
+
+
+def test_capacity_error_names_the_budget(target):
+    rt = Runtime(target, None, max_batch_size=2, max_seq_len=512, kv_budget_tokens=64, block_size=16)
+    with pytest.raises(CapacityError, match="KV blocks"):
+        rt.add_request([1] * 100, SamplingParams(max_new_tokens=10))
+    assert rt.generate([[1, 2]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0].token_ids
+
+
+def test_kv_blocks_are_shared_fairly_and_returned(target, draft):
+    # a pool that holds two requests at once: the rest wait, and every block comes back
+    rt = Runtime(target, draft, num_draft_tokens=2, max_batch_size=4, max_seq_len=40, kv_budget_tokens=96,
+                 block_size=8)
+    free0 = rt.allocator.num_free
+    gens = rt.generate([[1, 2, 3]] * 5, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    assert all(len(g.token_ids) == 20 for g in gens)
+    assert rt.allocator.num_free == free0
+    assert len({tuple(g.token_ids) for g in gens}) == 1  # greedy: the same prompt gives the same tokens
+
+
+def test_stop_tokens_and_eos(target):
+    rt = Runtime(target, None, max_batch_size=2, max_seq_len=64)
+    full = rt.generate([[9, 8, 7]], SamplingParams(max_new_tokens=12, ignore_eos=True))[0].token_ids
+    stop = full[4]
+    g = rt.generate([[9, 8, 7]], SamplingParams(max_new_tokens=12, stop_token_ids=[stop], ignore_eos=True))[0]
+    assert g.token_ids == full[: full.index(stop) + 1]
+    assert g.finish_reason == "stop"
+
+
+def test_mismatched_draft_is_refused(target):
+    other = load(draft_dir("lm", target_preset="tiny-qwen2"))
+    if other.config.vocab_size == target.config.vocab_size:
+        pytest.skip("presets share a vocabulary")
+    with pytest.raises(ConfigMismatchError, match="vocab"):
+        Runtime(target, other, max_batch_size=1, max_seq_len=16)
