@@ -1,0 +1,662 @@
+"""ModelConfig: the shapes and switches graphrt needs, normalised from a Hugging Face config.json.
+
+One frozen dataclass describes a target LM (Llama, Qwen2, Qwen3) or a draft (a standalone LM, an
+EAGLE-1/2 head, an EAGLE-3 head). `ModelConfig.from_hf_dict` reads the many spellings found in
+published config.json files (transformers 4 `rope_theta`/`rope_scaling`, transformers 5
+`rope_parameters`, `torch_dtype` or `dtype`, int or list `eos_token_id`) and rejects what graphrt
+does not run, naming the file and the field.
+
+EAGLE heads cannot always be told apart from their config: the published EAGLE-1/2 and the original
+EAGLE-3 checkpoints say `"architectures": ["LlamaForCausalLM"]` with one layer. The weight names
+decide (`midlayer.*`/`d2t` -> EAGLE-3; `fc.weight` of width 2H -> EAGLE-1/2), so `from_hf_dict`
+takes the checkpoint's {name: shape} table when it has one (`load_config` reads it from the
+safetensors headers, which costs no tensor reads).
+
+EAGLE-3 aux layer ids (`eagle_aux_layer_ids`) use one convention throughout graphrt: id j is the
+target's residual stream *entering* decoder layer j (so j = output of layer j-1, 0 = the token
+embeddings, L = output of the last layer before the final norm). That is how the EAGLE reference
+(SafeAILab/EAGLE modeling_llama_kv.py: `if idx in (2, L//2, L-3): all_hidden_states += (hidden_states,)`
+before calling layer idx) and vLLM (`aux_hidden_states.append(hidden_states + residual)` before
+layer idx) capture them; the default for an L-layer target is (2, L//2, L-3), in that order
+(low, mid, high), concatenated along the feature dimension before `fc`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from graphrt.errors import CheckpointError
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "eagle", "eagle3")
+KINDS = ("lm", "eagle", "eagle3")
+
+# HF `architectures[0]` spellings graphrt accepts, by what they mean.
+LM_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM", "LlamaForCausalLMEagle")
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+# model_type values that may accompany LlamaForCausalLM (mistral-style configs without a sliding window).
+LLAMA_MODEL_TYPES = ("llama", "mistral")
+
+DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+# ModelConfig.architecture -> (architectures[0], model_type) written by to_hf_dict.
+_HF_NAMES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    # The published EAGLE-1/2 heads (yuhuili/EAGLE-*) say LlamaForCausalLM; the loader tells them
+    # apart by their weights, so the writer keeps the published spelling.
+    "eagle": ("LlamaForCausalLM", "llama"),
+    "eagle3": ("LlamaForCausalLMEagle3", "llama"),
+}
+
+
+def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]:
+    """The target layers an EAGLE-3 head reads when its config pins none: (2, L//2, L-3).
+
+    Same default in the EAGLE reference, vLLM (`get_eagle3_aux_hidden_state_layers`) and SGLang
+    (`set_eagle3_layers_to_capture(None)`); ids use the "entering layer j" convention (module doc).
+    """
+    n = int(num_target_layers)
+    if n < 4:
+        # (2, n//2, n-3) would repeat or go negative; clamp into [0, n] keeping low <= mid <= high.
+        return (min(2, n), n // 2, max(n - 1, 0))
+    return (2, n // 2, n - 3)
+
+
+def _where(path: str | None, file: str = "config.json") -> str:
+    if path is None:
+        return file
+    if os.path.basename(str(path)) == file:
+        return str(path)
+    return os.path.join(str(path), file)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything graphrt needs to build a model or validate its weights.
+
+    Sizes follow HF names. `head_dim` is explicit (Qwen3 and Llama-3.2 configs carry it; otherwise
+    hidden_size // num_attention_heads). Biases: `attention_bias` is q/k/v bias, `o_proj_bias` the
+    output projection's (Llama/Qwen3 `attention_bias: true` sets both; Qwen2 has q/k/v bias and no
+    o_proj bias). `rope_scaling` is None (plain RoPE) or the normalised llama3 dict
+    {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}.
+
+    Draft-only fields:
+      target_hidden_size   EAGLE-3: width of each of the three fused target hidden states; fc.weight
+                           is [hidden_size, 3 * target_hidden_size]. None for other kinds.
+      draft_vocab_size     EAGLE-3: rows of the draft lm_head (d2t maps them into the target vocab).
+      eagle_fc_bias        EAGLE-1/2: whether fc has a bias (decided from the weights; the EAGLE repo's
+                           config key `bias`, default True there, says the same).
+      eagle_aux_layer_ids  EAGLE-3: target layers fused low/mid/high, "entering layer j" convention;
+                           None = default_eagle3_aux_layer_ids(target layers), resolved by
+                           `aux_layer_ids_for(target)`.
+      has_input_layernorm  EAGLE-1/2: whether draft layer 0 has input_layernorm (published EAGLE-1/2
+                           heads do not: layer 0 feeds fc's output straight into attention).
+      has_embed_tokens     drafts: whether the checkpoint carries its own embed_tokens.weight; when
+                           False the draft uses the target's embedding table.
+      norm_before_residual EAGLE-3: config switch `norm_before_residual` (vLLM): the residual taken
+                           around layer 0 is hidden_norm(fc_out) instead of fc_out. Default False.
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    o_proj_bias: bool = False
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    torch_dtype: str | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    # drafts
+    target_hidden_size: int | None = None
+    draft_vocab_size: int | None = None
+    eagle_fc_bias: bool = False
+    eagle_aux_layer_ids: tuple[int, ...] | None = None
+    has_input_layernorm: bool = True
+    has_embed_tokens: bool = True
+    norm_before_residual: bool = False
+    # where it came from, for error messages only
+    source: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        where = _where(self.source)
+        s = object.__setattr__
+        if self.architecture not in ARCHITECTURES:
+            raise CheckpointError(
+                f"{where}: architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "max_position_embeddings"):
+            _check_pos_int(where, name, getattr(self, name))
+        if self.num_key_value_heads is None:
+            s(self, "num_key_value_heads", self.num_attention_heads)
+        _check_pos_int(where, "num_key_value_heads", self.num_key_value_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CheckpointError(
+                f"{where}: field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise CheckpointError(
+                    f"{where}: field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
+                    f"hidden_size ({self.hidden_size}) and no head_dim is given"
+                )
+            s(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        _check_pos_int(where, "head_dim", self.head_dim)
+        if self.head_dim % 2:
+            raise CheckpointError(f"{where}: field 'head_dim' must be even for RoPE, found {self.head_dim}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise CheckpointError(f"{where}: field {name!r} must be a positive number, found {v!r}")
+            s(self, name, float(v))
+        for name in ("tie_word_embeddings", "attention_bias", "o_proj_bias", "qk_norm", "eagle_fc_bias",
+                     "has_input_layernorm", "has_embed_tokens", "norm_before_residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise CheckpointError(f"{where}: field {name!r} must be true or false, found {getattr(self, name)!r}")
+        if self.hidden_act != "silu":
+            raise CheckpointError(
+                f"{where}: field 'hidden_act' is {self.hidden_act!r}; graphrt runs SiLU-gated MLPs only"
+            )
+        if self.torch_dtype is not None and self.torch_dtype not in ("float32", "float16", "bfloat16"):
+            raise CheckpointError(f"{where}: field 'torch_dtype' {self.torch_dtype!r} is not a float dtype")
+        if self.rope_scaling is not None:
+            s(self, "rope_scaling", _normalise_rope_scaling(dict(self.rope_scaling), where, "rope_scaling"))
+        if self.bos_token_id is not None:
+            _check_nonneg_int(where, "bos_token_id", self.bos_token_id)
+        eos = tuple(self.eos_token_ids)
+        for t in eos:
+            _check_nonneg_int(where, "eos_token_id", t)
+        s(self, "eos_token_ids", eos)
+        if self.architecture == "eagle3":
+            if self.target_hidden_size is None:
+                s(self, "target_hidden_size", self.hidden_size)
+            if self.draft_vocab_size is None:
+                s(self, "draft_vocab_size", self.vocab_size)
+            _check_pos_int(where, "target_hidden_size", self.target_hidden_size)
+            _check_pos_int(where, "draft_vocab_size", self.draft_vocab_size)
+            if self.draft_vocab_size > self.vocab_size:
+                raise CheckpointError(
+                    f"{where}: field 'draft_vocab_size' ({self.draft_vocab_size}) exceeds vocab_size "
+                    f"({self.vocab_size})"
+                )
+        else:
+            for name in ("target_hidden_size", "draft_vocab_size"):
+                if getattr(self, name) is not None:
+                    raise CheckpointError(
+                        f"{where}: field {name!r} is only meaningful for an EAGLE-3 head, "
+                        f"not architecture {self.architecture!r}"
+                    )
+        if self.eagle_aux_layer_ids is not None:
+            ids = tuple(self.eagle_aux_layer_ids)
+            if self.architecture != "eagle3":
+                raise CheckpointError(f"{where}: field 'eagle_aux_layer_ids' is only meaningful for EAGLE-3")
+            if not ids:
+                raise CheckpointError(f"{where}: field 'eagle_aux_hidden_state_layer_ids' is empty")
+            for i in ids:
+                _check_nonneg_int(where, "eagle_aux_hidden_state_layer_ids", i)
+            s(self, "eagle_aux_layer_ids", ids)
+
+    # -- derived ------------------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        """"lm" for Llama/Qwen LMs (targets or standalone drafts), else "eagle" / "eagle3"."""
+        return self.architecture if self.architecture in ("eagle", "eagle3") else "lm"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def dtype(self):
+        """The config's dtype as a torch.dtype (None when the config names none)."""
+        import torch
+
+        return None if self.torch_dtype is None else getattr(torch, self.torch_dtype)
+
+    def aux_layer_ids_for(self, target: ModelConfig) -> tuple[int, ...]:
+        """EAGLE-3: the target layer ids to capture ("entering layer j"), pinned or default."""
+        if self.eagle_aux_layer_ids is not None:
+            return self.eagle_aux_layer_ids
+        return default_eagle3_aux_layer_ids(target.num_hidden_layers)
+
+    def with_(self, **changes) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    # -- HF dict conversion -------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_dict(
+        cls,
+        d: Mapping[str, Any],
+        path: str | os.PathLike | None = None,
+        *,
+        weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        kind: str | None = None,
+    ) -> ModelConfig:
+        """Normalise a parsed HF config.json.
+
+        path: the checkpoint folder or the config.json path (for messages).
+        weight_shapes: {stored tensor name: shape} of the checkpoint, used to tell EAGLE heads from
+            one-layer Llamas and to read what only the weights say (fc bias, layer-0 input norm,
+            EAGLE-3 fc width, whether the draft carries embeddings).
+        kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it.
+        """
+        where = _where(None if path is None else str(path))
+        src = None if path is None else str(path)
+        if not isinstance(d, Mapping):
+            raise CheckpointError(f"{where}: expected a JSON object at top level, found {type(d).__name__}")
+        if kind is not None and kind not in KINDS:
+            raise CheckpointError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        shapes = dict(weight_shapes or {})
+        names = set(shapes)
+        stripped = {n[len("model."):] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
+
+        archs = d.get("architectures")
+        if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+            raise CheckpointError(f"{where}: field 'architectures' must be a list of strings, found {archs!r}")
+        arch0 = archs[0] if archs else None
+        model_type = d.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            raise CheckpointError(f"{where}: field 'model_type' must be a string, found {model_type!r}")
+
+        architecture = _detect_architecture(where, arch0, model_type, d, names, stripped, kind)
+
+        def req(name):
+            if name not in d or d[name] is None:
+                raise CheckpointError(f"{where}: required field {name!r} is missing")
+            return d[name]
+
+        def opt(name, default):
+            v = d.get(name)
+            return default if v is None else v
+
+        hidden = req("hidden_size")
+        rope_theta, rope_scaling = _read_rope(d, where)
+        eos = d.get("eos_token_id")
+        if eos is None:
+            eos_ids: tuple = ()
+        elif isinstance(eos, list):
+            eos_ids = tuple(eos)
+        else:
+            eos_ids = (eos,)
+        dtype_raw = d.get("torch_dtype", None)
+        if dtype_raw is None:
+            dtype_raw = d.get("dtype", None)
+        torch_dtype = None
+        if dtype_raw is not None:
+            if not isinstance(dtype_raw, str) or dtype_raw.replace("torch.", "") not in DTYPE_NAMES:
+                raise CheckpointError(f"{where}: field 'torch_dtype' {dtype_raw!r} is not a float dtype")
+            torch_dtype = DTYPE_NAMES[dtype_raw.replace("torch.", "")]
+
+        if d.get("mlp_bias"):
+            raise CheckpointError(f"{where}: field 'mlp_bias' is true; graphrt supports bias-free MLPs only")
+        if d.get("use_sliding_window") or (architecture == "llama" and d.get("sliding_window") is not None):
+            raise CheckpointError(
+                f"{where}: field 'use_sliding_window'/'sliding_window' asks for sliding-window attention, "
+                "which graphrt does not run"
+            )
+        for name in ("pretraining_tp",):
+            if d.get(name) not in (None, 1):
+                raise CheckpointError(f"{where}: field {name!r} must be 1, found {d.get(name)!r}")
+
+        att_bias = opt("attention_bias", False)
+        if architecture == "qwen2":
+            qkv_bias, o_bias = True, False
+        else:
+            qkv_bias, o_bias = att_bias, att_bias
+
+        extra: dict[str, Any] = {}
+        if architecture == "eagle":
+            fc = stripped.get("fc.weight")
+            extra["eagle_fc_bias"] = ("fc.bias" in stripped) if shapes else bool(opt("bias", True))
+            extra["has_input_layernorm"] = ("layers.0.input_layernorm.weight" in stripped) if shapes else False
+            extra["has_embed_tokens"] = ("embed_tokens.weight" in stripped) if shapes else True
+            del fc
+        elif architecture == "eagle3":
+            th = d.get("target_hidden_size")
+            fc = stripped.get("fc.weight")
+            if th is None and fc is not None and len(fc) == 2 and fc[1] % 3 == 0:
+                th = fc[1] // 3  # the config pins none: the fc width says it
+            extra["target_hidden_size"] = th
+            dv = d.get("draft_vocab_size")
+            extra["draft_vocab_size"] = dv
+            extra["has_embed_tokens"] = ("embed_tokens.weight" in stripped) if shapes else False
+            extra["eagle_aux_layer_ids"] = _read_aux_ids(d, where)
+            extra["norm_before_residual"] = bool(opt("norm_before_residual", False))
+
+        try:
+            return cls(
+                architecture=architecture,
+                vocab_size=req("vocab_size"),
+                hidden_size=hidden,
+                intermediate_size=req("intermediate_size"),
+                num_hidden_layers=req("num_hidden_layers"),
+                num_attention_heads=req("num_attention_heads"),
+                num_key_value_heads=d.get("num_key_value_heads"),
+                head_dim=d.get("head_dim"),
+                rms_norm_eps=opt("rms_norm_eps", 1e-6),
+                rope_theta=rope_theta,
+                rope_scaling=rope_scaling,
+                max_position_embeddings=opt("max_position_embeddings", 2048),
+                tie_word_embeddings=opt("tie_word_embeddings", False),
+                attention_bias=qkv_bias,
+                o_proj_bias=o_bias,
+                qk_norm=architecture == "qwen3",
+                hidden_act=opt("hidden_act", "silu"),
+                torch_dtype=torch_dtype,
+                bos_token_id=d.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                source=src,
+                **extra,
+            )
+        except TypeError as exc:  # pragma: no cover - defensive: a field of a type we did not expect
+            raise CheckpointError(f"{where}: malformed field ({exc})") from exc
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """An HF-style config.json dict that `from_hf_dict` reads back to an equal ModelConfig.
+
+        Written in the published (transformers 4) spelling: `torch_dtype`, `rope_theta`,
+        `rope_scaling`; transformers 5 reads these too.
+        """
+        arch_name, model_type = _HF_NAMES[self.architecture]
+        d: dict[str, Any] = {
+            "architectures": [arch_name],
+            "model_type": model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": self.hidden_act,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None if self.rope_scaling is None else dict(self.rope_scaling),
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": 0.02,
+            "use_cache": True,
+        }
+        if self.architecture != "qwen2":
+            d["attention_bias"] = self.attention_bias
+        if self.architecture in ("qwen2", "qwen3"):
+            d["use_sliding_window"] = False
+            d["sliding_window"] = None
+        if self.torch_dtype is not None:
+            d["torch_dtype"] = self.torch_dtype
+        if self.bos_token_id is not None:
+            d["bos_token_id"] = self.bos_token_id
+        if self.eos_token_ids:
+            d["eos_token_id"] = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
+        if self.architecture == "eagle":
+            d["bias"] = self.eagle_fc_bias  # the EAGLE repo's name for the fc bias switch
+        if self.architecture == "eagle3":
+            d["draft_vocab_size"] = self.draft_vocab_size
+            d["target_hidden_size"] = self.target_hidden_size
+            if self.norm_before_residual:
+                d["norm_before_residual"] = True
+            if self.eagle_aux_layer_ids is not None:
+                # top-level spelling = vLLM/speculators convention = "entering layer j", as stored.
+                d["eagle_aux_hidden_state_layer_ids"] = list(self.eagle_aux_layer_ids)
+        return d
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("source", None)
+        return out
+
+
+def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:
+    """Read `<path>/config.json` (and generation_config.json's eos ids) into a ModelConfig.
+
+    The weight files' headers are read too (names and shapes only) so EAGLE heads are recognised;
+    `kind` forces "lm" / "eagle" / "eagle3".
+    """
+    from graphrt.checkpoint import scan_weight_shapes  # lazy: checkpoint imports this module
+
+    d = read_config_json(path)
+    shapes = scan_weight_shapes(path)
+    return ModelConfig.from_hf_dict(d, path, weight_shapes=shapes, kind=kind)
+
+
+def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
+    """config.json as a dict, merged with generation_config.json's eos ids; errors name the file."""
+    path = str(path)
+    cfg_file = path if path.endswith(".json") else os.path.join(path, "config.json")
+    d = _read_json(cfg_file, required=True)
+    gen_file = os.path.join(os.path.dirname(cfg_file), "generation_config.json")
+    g = _read_json(gen_file, required=False)
+    if g:
+        extra = g.get("eos_token_id")
+        if extra is not None:
+            base = d.get("eos_token_id")
+            base_l = [] if base is None else (list(base) if isinstance(base, list) else [base])
+            extra_l = list(extra) if isinstance(extra, list) else [extra]
+            for t in extra_l:
+                if not isinstance(t, int) or isinstance(t, bool):
+                    raise CheckpointError(f"{gen_file}: field 'eos_token_id' holds {t!r}, not a token id")
+            merged = base_l + [t for t in extra_l if t not in base_l]
+            d = dict(d)
+            d["eos_token_id"] = merged
+    return d
+
+
+def _read_json(file: str, *, required: bool) -> dict[str, Any] | None:
+    if not os.path.exists(file):
+        if required:
+            raise CheckpointError(f"{file}: file not found (a checkpoint folder needs config.json)")
+        return None
+    try:
+        with open(file, encoding="utf-8") as f:
+            d = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{file}: expected a JSON object at top level, found {type(d).__name__}")
+    return d
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _check_pos_int(where: str, name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise CheckpointError(f"{where}: field {name!r} must be a positive integer, found {v!r}")
+
+
+def _check_nonneg_int(where: str, name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CheckpointError(f"{where}: field {name!r} must be a non-negative integer, found {v!r}")
+
+
+def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> str:
+    """Decide llama / qwen2 / qwen3 / eagle / eagle3 from the config and (if given) the weight names."""
+    has_midlayer = any(n.startswith("midlayer.") or n.startswith("model.midlayer.") for n in names)
+    has_d2t = "d2t" in stripped
+    fc = stripped.get("fc.weight")
+    hidden = d.get("hidden_size")
+    eagle3_by_weights = has_midlayer or has_d2t
+    eagle3_by_config = arch0 in EAGLE3_ARCHITECTURES or (
+        arch0 == "LlamaForCausalLM" and "draft_vocab_size" in d and not names
+    )
+    eagle_by_weights = (
+        fc is not None and isinstance(hidden, int) and len(fc) == 2 and tuple(fc) == (hidden, 2 * hidden)
+    )
+    eagle_by_config = arch0 in EAGLE_ARCHITECTURES
+
+    if kind == "eagle3" or (kind is None and (eagle3_by_weights or eagle3_by_config)):
+        if arch0 is not None and arch0 not in EAGLE3_ARCHITECTURES and arch0 != "LlamaForCausalLM":
+            raise CheckpointError(
+                f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-3 Llama head "
+                f"({', '.join(EAGLE3_ARCHITECTURES)} or LlamaForCausalLM with midlayer.* weights)"
+            )
+        return "eagle3"
+    if kind == "eagle" or (kind is None and (eagle_by_weights or eagle_by_config)):
+        if arch0 is not None and arch0 not in EAGLE_ARCHITECTURES and arch0 != "LlamaForCausalLM":
+            raise CheckpointError(
+                f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-1/2 Llama head"
+            )
+        return "eagle"
+    if arch0 is None:
+        # No architectures list: fall back on model_type (some hand-written configs).
+        by_type = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+        if model_type in by_type:
+            return by_type[model_type]
+        raise CheckpointError(
+            f"{where}: field 'architectures' is missing and model_type {model_type!r} is not one graphrt "
+            f"runs (supported: {', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 and EAGLE-3 Llama heads)"
+        )
+    if arch0 not in LM_ARCHITECTURES:
+        raise CheckpointError(
+            f"{where}: field 'architectures' is {archs_repr(arch0)}, which graphrt does not run "
+            f"(supported: {', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 heads, "
+            f"{', '.join(EAGLE3_ARCHITECTURES)})"
+        )
+    arch = LM_ARCHITECTURES[arch0]
+    if arch == "llama" and model_type is not None and model_type not in LLAMA_MODEL_TYPES:
+        raise CheckpointError(
+            f"{where}: field 'model_type' is {model_type!r} but architectures says LlamaForCausalLM"
+        )
+    if kind == "lm" and (eagle3_by_weights or eagle_by_weights):
+        # Forced to read an EAGLE head as an LM: the weight check will name the keys that differ.
+        pass
+    return arch
+
+
+def archs_repr(arch0: str) -> str:
+    return repr([arch0])
+
+
+def _read_rope(d: Mapping[str, Any], where: str) -> tuple[float, dict | None]:
+    """(rope_theta, normalised rope_scaling) from either spelling."""
+    rp = d.get("rope_parameters")
+    if rp is not None:
+        if not isinstance(rp, dict):
+            raise CheckpointError(f"{where}: field 'rope_parameters' must be an object, found {rp!r}")
+        if rp and all(isinstance(v, dict) for v in rp.values()):
+            raise CheckpointError(
+                f"{where}: field 'rope_parameters' holds per-layer-type RoPE settings "
+                f"({', '.join(rp)}); graphrt runs one RoPE for every layer"
+            )
+        theta = rp.get("rope_theta", d.get("rope_theta", 10000.0))
+        scaling = _normalise_rope_scaling(dict(rp), where, "rope_parameters")
+        return theta, scaling
+    theta = d.get("rope_theta")
+    if theta is None:
+        theta = 10000.0
+    rs = d.get("rope_scaling")
+    if rs is None:
+        return theta, None
+    if not isinstance(rs, dict):
+        raise CheckpointError(f"{where}: field 'rope_scaling' must be an object or null, found {rs!r}")
+    return theta, _normalise_rope_scaling(dict(rs), where, "rope_scaling")
+
+
+def _normalise_rope_scaling(rs: dict, where: str, field_name: str) -> dict | None:
+    rope_type = rs.get("rope_type", rs.get("type", "default"))
+    if rope_type in (None, "default"):
+        return None
+    if rope_type != "llama3":
+        raise CheckpointError(
+            f"{where}: field '{field_name}.rope_type' is {rope_type!r}; graphrt supports 'default' and 'llama3'"
+        )
+    out: dict[str, Any] = {"rope_type": "llama3"}
+    for key, typ in (("factor", float), ("low_freq_factor", float), ("high_freq_factor", float),
+                     ("original_max_position_embeddings", int)):
+        v = rs.get(key)
+        if v is None:
+            raise CheckpointError(f"{where}: field '{field_name}.{key}' is missing (needed by llama3 RoPE)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise CheckpointError(f"{where}: field '{field_name}.{key}' must be a positive number, found {v!r}")
+        if typ is int and v != int(v):
+            raise CheckpointError(f"{where}: field '{field_name}.{key}' must be an integer, found {v!r}")
+        out[key] = typ(v)
+    if out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise CheckpointError(
+            f"{where}: field '{field_name}.high_freq_factor' ({out['high_freq_factor']}) must exceed "
+            f"low_freq_factor ({out['low_freq_factor']})"
+        )
+    return out
+
+
+def _read_aux_ids(d: Mapping[str, Any], where: str) -> tuple[int, ...] | None:
+    """EAGLE-3 aux layer ids, converted to the "entering layer j" convention.
+
+    Two spellings exist and the two serving stacks read them differently:
+      * top-level `eagle_aux_hidden_state_layer_ids` (vLLM speculators format): vLLM uses the ids as
+        "entering layer j" directly -> kept as is;
+      * `eagle_config.eagle_aux_hidden_state_layer_ids` (written by SpecForge, read by SGLang): SGLang's
+        `set_eagle3_layers_to_capture` adds 1 ("output of layer k" -> entering layer k+1) -> +1 here.
+        (vLLM's gpu_model_runner also reads this nested key but without the +1: the stacks disagree;
+        graphrt follows the writer of the key.)
+    """
+    top = d.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        if not isinstance(top, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in top):
+            raise CheckpointError(f"{where}: field 'eagle_aux_hidden_state_layer_ids' must be a list of ints")
+        return tuple(top)
+    ec = d.get("eagle_config")
+    if isinstance(ec, dict) and ec.get("eagle_aux_hidden_state_layer_ids"):
+        ids = ec["eagle_aux_hidden_state_layer_ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise CheckpointError(
+                f"{where}: field 'eagle_config.eagle_aux_hidden_state_layer_ids' must be a list of ints"
+            )
+        return tuple(i + 1 for i in ids)
+    if isinstance(ec, dict) and ec.get("use_aux_hidden_state") is False:
+        raise CheckpointError(
+            f"{where}: field 'eagle_config.use_aux_hidden_state' is false; graphrt runs EAGLE-3 heads "
+            "that fuse three target layers"
+        )
+    return None
+
+
+def config_fields() -> tuple[str, ...]:
+    """Names of ModelConfig's fields (the keys a PRESETS entry may set)."""
+    return tuple(f.name for f in fields(ModelConfig) if f.name != "source")
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "KINDS",
+    "ModelConfig",
+    "load_config",
+    "read_config_json",
+    "default_eagle3_aux_layer_ids",
+    "config_fields",
+]
