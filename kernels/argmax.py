@@ -1,0 +1,202 @@
+"""Row argmax over the vocabulary: the draft's top-1 (DRAFT_EXTEND / DRAFT_DECODE), no softmax.
+
+Semantics (the reference defines them, the Triton kernel reproduces them exactly):
+  - NaN never wins (it counts as -inf); +inf wins;
+  - ties go to the lowest index;
+  - a row with nothing above -inf returns index 0 and value -inf. The index is always in [0, V):
+    an argmax that returns a padding index is a known serving hazard (vLLM GHSA-8wr5-jm2h-8r4f).
+
+Triton: two-stage split-vocab reduction. At B = 1 a 128256-entry bf16 row is 256 KB; one program
+per row would read it at the speed of one SM, so stage 1 spreads each row over `splits` programs
+(grid (B, splits)) that each reduce a chunk to (max, lowest index), and stage 2 (grid B) merges the
+chunks of a row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+_INT32_MAX = tl.constexpr(2**31 - 1)
+# Enough programs for ~2 waves on a 132-SM H100/H200 at a few resident programs per SM.
+_TARGET_PROGRAMS = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def lowest_argmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, lowest index of the max) along the last dim, NaN counted as -inf.
+
+    torch.argmax's tie-breaking is not documented as lowest-index on every backend, so the lowest
+    index among the maxima is computed explicitly. Returns (values [...] in x's dtype, int64 [...]).
+    """
+    x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    m = x.amax(dim=-1, keepdim=True)
+    v = x.shape[-1]
+    idx = torch.arange(v, device=x.device, dtype=torch.int64).expand_as(x)
+    # All -inf: every entry equals the max, so the lowest index (0) wins.
+    first = torch.where(x == m, idx, torch.full_like(idx, v)).amin(dim=-1)
+    return m.squeeze(-1), first
+
+
+def argmax_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] bf16/fp16/fp32 -> (values [B] same dtype, indices [B] int64)."""
+    _validate(logits)
+    return lowest_argmax(logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _argmax_split_kernel(
+    logits_ptr,  # [B, V] bf16/fp16/fp32, last dim contiguous
+    part_val_ptr,  # [B, SPLITS] fp32: max of each chunk
+    part_idx_ptr,  # [B, SPLITS] int32: lowest index of that max within the chunk
+    stride_row,
+    V,
+    SPLITS,
+    TILES_PER_SPLIT,
+    BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    chunk_start = split * TILES_PER_SPLIT * BLOCK_V
+    offs0 = tl.arange(0, BLOCK_V)
+    # Per-lane running (max, first index): each lane sees increasing indices, so a strict `>`
+    # keeps the lowest one, and the expensive cross-lane reduction happens once, at the end.
+    best_val = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+    for t in range(TILES_PER_SPLIT):
+        offs = chunk_start + t * BLOCK_V + offs0
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        take = x > best_val  # NaN compares false: it never wins
+        best_val = tl.where(take, x, best_val)
+        best_idx = tl.where(take, offs, best_idx)
+    m = tl.max(best_val, axis=0)
+    i = tl.min(tl.where(best_val == m, best_idx, _INT32_MAX), axis=0)
+    # Nothing above -inf in this chunk: its lowest index stands for it.
+    i = tl.where(i == _INT32_MAX, chunk_start, i)
+    out = row.to(tl.int64) * SPLITS + split
+    tl.store(part_val_ptr + out, m)
+    tl.store(part_idx_ptr + out, i)
+
+
+@triton.jit
+def _argmax_combine_kernel(
+    logits_ptr,  # [B, V] input, read once more at the winning index for the exact value
+    part_val_ptr,  # [B, SPLITS] fp32
+    part_idx_ptr,  # [B, SPLITS] int32
+    out_val_ptr,  # [B] input dtype
+    out_idx_ptr,  # [B] int64
+    stride_row,
+    SPLITS,
+    SPLITS_POW2: tl.constexpr,  # all chunks of a row in one tile
+):
+    row = tl.program_id(0)
+    s = tl.arange(0, SPLITS_POW2)
+    base = row.to(tl.int64) * SPLITS
+    vals = tl.load(part_val_ptr + base + s, mask=s < SPLITS, other=float("-inf"))
+    idxs = tl.load(part_idx_ptr + base + s, mask=s < SPLITS, other=_INT32_MAX)
+    m = tl.max(vals, axis=0)
+    # Chunks are in index order and each reports its lowest max, so the min index among equal
+    # maxima is the global lowest; all -inf gives chunk 0's start, index 0.
+    i = tl.min(tl.where(vals == m, idxs, _INT32_MAX), axis=0)
+    # The value in the input dtype is one load away; -inf for a row of NaN/-inf only.
+    v = tl.load(logits_ptr + row.to(tl.int64) * stride_row + i)
+    v = tl.where(m == float("-inf"), float("-inf"), v)
+    tl.store(out_val_ptr + row, v)
+    tl.store(out_idx_ptr + row, i.to(tl.int64))
+
+
+def _num_splits(batch: int, vocab: int, block_v: int) -> int:
+    tiles = triton.cdiv(vocab, block_v)
+    return max(1, min(tiles, triton.cdiv(_TARGET_PROGRAMS, batch)))
+
+
+def _validate(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    if logits.shape[0] < 1 or logits.shape[1] < 1:
+        raise ValueError(f"logits must have B >= 1 and V >= 1, got shape {tuple(logits.shape)}")
+    if logits.dtype not in _SUPPORTED:
+        raise ValueError(f"logits dtype must be bf16/fp16/fp32, got {logits.dtype}")
+    if logits.stride(1) != 1:
+        raise ValueError(f"logits must be contiguous in the vocab dim, got strides {logits.stride()}")
+
+
+def argmax_triton(
+    logits: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_v: int | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
+
+    out: optional preallocated (values, indices) so the call allocates nothing but the stage-1
+    workspace. That workspace ([B, splits] fp32 + int32, a few KB) comes from torch's caching
+    allocator; under CUDA graph capture it comes from the graph's private pool and stays fixed
+    for every replay, so the kernel is capturable as is.
+    block_v / num_splits: override the launch heuristics (tests use small blocks to exercise the
+    split logic at small V).
+    """
+    _validate(logits)
+    batch, vocab = logits.shape
+    if out is None:
+        values = torch.empty(batch, dtype=logits.dtype, device=logits.device)
+        indices = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    else:
+        values, indices = out
+        if values.shape != (batch,) or values.dtype != logits.dtype or values.device != logits.device:
+            raise ValueError(f"out[0] (values) must be [{batch}] {logits.dtype} on {logits.device}")
+        if indices.shape != (batch,) or indices.dtype != torch.int64 or indices.device != logits.device:
+            raise ValueError(f"out[1] (indices) must be [{batch}] int64 on {logits.device}")
+        if not (values.is_contiguous() and indices.is_contiguous()):
+            raise ValueError("out tensors must be contiguous")
+    if block_v is None:
+        # 2048 entries per tile = two 16-byte loads in flight per thread at 4 warps (bf16); the
+        # smaller tile keeps enough programs on the SMs when a single row is split.
+        block_v = 1024 if batch * vocab <= 1024 * 1024 else 2048
+    tiles = triton.cdiv(vocab, block_v)
+    splits = _num_splits(batch, vocab, block_v) if num_splits is None else max(1, min(num_splits, tiles))
+    tiles_per_split = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, tiles_per_split)  # no empty chunk: each starts below V
+    part_val = torch.empty(batch, splits, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(batch, splits, dtype=torch.int32, device=logits.device)
+    _argmax_split_kernel[(batch, splits)](
+        logits, part_val, part_idx, logits.stride(0), vocab, splits, tiles_per_split,
+        BLOCK_V=block_v, num_warps=4,
+    )
+    _argmax_combine_kernel[(batch,)](
+        logits, part_val, part_idx, values, indices, logits.stride(0), splits,
+        SPLITS_POW2=triton.next_power_of_2(splits), num_warps=1 if splits <= 128 else 4,
+    )
+    return values, indices
+
+
+def argmax(
+    logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
+
+    CUDA tensors run the Triton kernel, anything else the PyTorch reference.
+    """
+    if isinstance(logits, torch.Tensor) and logits.is_cuda:
+        return argmax_triton(logits, out=out)
+    values, indices = argmax_reference(logits)
+    if out is not None:
+        out[0].copy_(values)
+        out[1].copy_(indices)
+        return out
+    return values, indices

@@ -1,0 +1,762 @@
+"""Fused speculative rejection sampler: accept a prefix of the drafts, emit one correction/bonus token.
+
+Per request b with k_b drafts (row j of target_logits predicts the token at position[b] + j):
+
+  greedy = not (temperature > 0)          (0, negative inside a graph, and NaN are greedy)
+  inv_t  = 1 if greedy else 1 / temperature           (fp32, correctly rounded in both versions)
+  x_j    = logits[b, j].float() * inv_t, NaN -> -inf, +inf -> fp32 max;  lse_j = logsumexp(x_j)
+  p_j    = exp(x_j - lse_j); a row with lse_j = -inf is dead: p_j = 0, argmax_j = 0
+  argmax_j = lowest index among the maxima of the raw row (NaN never wins)
+
+  walk j = 0 .. k_b-1 with draft d (an id outside [0, V) is rejected and never used as an index):
+    greedy:  accept iff d == argmax_j and the row is not dead
+    one-hot: accept iff u_j < p_j(d)                  u_j = accept_uniform(seed, position + j)
+    full q:  accept iff u_j * q_j(d) < p_j(d)         q_j = softmax of the draft logits, same rules
+  first rejection at j -> correction from row j, then stop:
+    greedy:  argmax_j
+    one-hot: Gumbel-max race over x_j + g(seed, position + j, v), d excluded
+    full q:  race over log(max(0, p_j - q_j)) + g; all-zero residual -> race over x_j + g
+    every key -inf (dead row, or only d was alive) -> argmax_j
+  all k_b accepted -> bonus from row k_b: argmax (greedy) or the race over x + g, nothing excluded
+  logprob of an emitted token t at row i: x_i[t] - lse_i (-inf on a dead row)
+
+Ties in races and argmaxes go to the lowest index, so every emitted id is in [0, V) whatever the
+input. The Triton path matches the reference token for token: the races and argmaxes are exact
+(same fp32 ops, same RNG bits), and the only fp32 values computed differently are lse/exp/log, whose
+last-ulp differences flip a decision only when u lands within ~1e-7 of p(d) or two race keys tie to
+~1e-6.
+
+Triton structure (no [B*(K+1), V] fp32 intermediate; target logits read once in their own dtype):
+  1. _row_stats_kernel, grid (B*(K+1), splits): per vocab chunk, the raw (max, lowest argmax), the
+     online (max, sum-exp) of the scaled row, the same for the draft logits in full-q mode, and --
+     when `fuse_race` (small batches, one-hot q) -- the Gumbel race of every row, with row j's draft
+     excluded, so that small batches finish in two launches.
+  2. _walk_kernel, grid B: merges the chunks, walks the drafts, writes the accepted part,
+     num_emitted, acceptance_counts and the greedy (or fused-race) correction/bonus token, and
+     otherwise leaves the one row that needs a race, with what to exclude, in a small workspace.
+  3. _race_kernel, grid (B, splits): Gumbel-max race over that one row per sampled request
+     (greedy requests return at once), residual race in full-q mode.
+  4. _finish_kernel, grid B: merges the race chunks and writes the token and its logprob.
+Large batches take 1-4 because the race needs two logs per entry: done for every row it would make
+the row pass compute-bound, done for one row per request it re-reads 1/(K+1) of the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from graphrt.kernels.argmax import lowest_argmax
+from graphrt.kernels.rng import accept_uniform, race_gumbel, tl_accept_uniform, tl_race_gumbel, tl_race_key
+
+_LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FLT_MAX = 3.4028234663852886e38
+_TL_FLT_MAX = tl.constexpr(_FLT_MAX)
+_INT32_MAX = tl.constexpr(2**31 - 1)
+_NEG_INF = tl.constexpr(float("-inf"))
+_TARGET_PROGRAMS = 1024  # ~2 waves of a few programs per SM on a 132-SM H100/H200
+_FUSE_RACE_MAX_ROWS = 64  # fused race while the row pass is latency- rather than throughput-bound
+# Stat planes of the row pass workspace ([planes, rows, splits] fp32 / int32).
+_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE = 0, 1, 2, 3, 4, 5
+_NUM_FPLANES = 6
+
+
+class RejectionOutput(NamedTuple):
+    token_ids: torch.Tensor  # [B, K+1] int64, -1 after the last emitted token
+    num_emitted: torch.Tensor  # [B] int32 in [1, k_b + 1]
+    logprobs: torch.Tensor  # [B, K+1] fp32, 0.0 after the last emitted token
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (metadata only; never reads a CUDA tensor's values)
+# ---------------------------------------------------------------------------------------------
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+              num_draft_tokens, acceptance_counts, out):
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(msg)
+
+    for name, t in (("target_logits", target_logits), ("draft_token_ids", draft_token_ids),
+                    ("temperature", temperature), ("seed", seed), ("position", position)):
+        need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    shape = tuple(target_logits.shape)
+    need(target_logits.dim() == 3, f"target_logits must be [B, K+1, V], got shape {shape}")
+    b, r, v = target_logits.shape
+    k = r - 1
+    need(b >= 1 and r >= 1 and v >= 1, f"target_logits must have B, K+1, V >= 1, got {shape}")
+    need(target_logits.dtype in _LOGIT_DTYPES,
+         f"target_logits dtype must be bf16/fp16/fp32, got {target_logits.dtype}")
+    need(target_logits.stride(2) == 1, "target_logits must be contiguous in the vocab dim")
+    dev = target_logits.device
+    ids_shape = tuple(draft_token_ids.shape)
+    need(draft_token_ids.dim() == 2, f"draft_token_ids must be [B, K], got shape {ids_shape}")
+    need(ids_shape == (b, k), f"draft_token_ids shape {ids_shape} does not match target_logits "
+         f"[B={b}, K+1={r}]: expected [{b}, {k}]")
+    need(not draft_token_ids.dtype.is_floating_point and not draft_token_ids.dtype.is_complex
+         and draft_token_ids.dtype != torch.bool,
+         f"draft_token_ids must have an integer dtype, got {draft_token_ids.dtype}")
+    need(tuple(temperature.shape) == (b,), f"temperature must be [{b}], got {tuple(temperature.shape)}")
+    need(temperature.dtype == torch.float32, f"temperature must be float32, got {temperature.dtype}")
+    need(tuple(seed.shape) == (b,) and seed.dtype == torch.int64,
+         f"seed must be [{b}] int64, got {tuple(seed.shape)} {seed.dtype}")
+    need(tuple(position.shape) == (b,) and position.dtype == torch.int64,
+         f"position must be [{b}] int64, got {tuple(position.shape)} {position.dtype}")
+    tensors = {"draft_token_ids": draft_token_ids, "temperature": temperature, "seed": seed,
+               "position": position}
+    if draft_logits is not None:
+        need(isinstance(draft_logits, torch.Tensor) and draft_logits.dim() == 3
+             and tuple(draft_logits.shape) == (b, k, v),
+             f"draft_logits must be [{b}, {k}, {v}], got "
+             f"{tuple(draft_logits.shape) if isinstance(draft_logits, torch.Tensor) else draft_logits}")
+        need(draft_logits.dtype in _LOGIT_DTYPES,
+             f"draft_logits dtype must be bf16/fp16/fp32, got {draft_logits.dtype}")
+        need(k == 0 or draft_logits.stride(2) == 1, "draft_logits must be contiguous in the vocab dim")
+        tensors["draft_logits"] = draft_logits
+    if num_draft_tokens is not None:
+        need(isinstance(num_draft_tokens, torch.Tensor) and tuple(num_draft_tokens.shape) == (b,)
+             and num_draft_tokens.dtype in (torch.int32, torch.int64),
+             f"num_draft_tokens must be [{b}] int32/int64")
+        tensors["num_draft_tokens"] = num_draft_tokens
+    if acceptance_counts is not None:
+        need(isinstance(acceptance_counts, torch.Tensor) and tuple(acceptance_counts.shape) == (k,)
+             and acceptance_counts.dtype == torch.int64 and acceptance_counts.is_contiguous(),
+             f"acceptance_counts must be a contiguous [{k}] int64 tensor")
+        tensors["acceptance_counts"] = acceptance_counts
+    if out is not None:
+        need(isinstance(out, tuple | list) and len(out) == 3,
+             "out must be (token_ids, num_emitted, logprobs)")
+        for name, t, shape, dtype in (("out.token_ids", out[0], (b, r), torch.int64),
+                                      ("out.num_emitted", out[1], (b,), torch.int32),
+                                      ("out.logprobs", out[2], (b, r), torch.float32)):
+            need(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
+                 and t.is_contiguous(), f"{name} must be a contiguous {list(shape)} {dtype} tensor")
+            tensors[name] = t
+    for name, t in tensors.items():
+        need(t.device == dev, f"{name} is on {t.device} but target_logits is on {dev}")
+    # Value checks would sync a CUDA tensor (and are illegal during capture): CPU tensors only.
+    if dev.type == "cpu" and not _capturing():
+        need(not bool((temperature < 0).any()), "temperature must be >= 0 (0 means greedy)")
+        if num_draft_tokens is not None:
+            need(bool(((num_draft_tokens >= 0) & (num_draft_tokens <= k)).all()),
+                 f"num_draft_tokens must lie in [0, K={k}]")
+
+
+def _sanitize(x: torch.Tensor) -> torch.Tensor:
+    x = torch.where(torch.isnan(x), torch.full_like(x, float("-inf")), x)
+    return x.clamp(max=_FLT_MAX)
+
+
+def _logsumexp(x: torch.Tensor) -> torch.Tensor:
+    # torch.logsumexp of an all -inf row is -inf; kept explicit so a dead row is obvious.
+    lse = torch.logsumexp(x, dim=-1)
+    return torch.where(x.amax(dim=-1) == float("-inf"), torch.full_like(lse, float("-inf")), lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, kb, counts_acc):
+    b, r, v = target.shape
+    k = r - 1
+    dev = target.device
+    inf = float("-inf")
+    greedy = ~(temperature > 0)
+    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+    raw = target.float()
+    _, amax = lowest_argmax(raw)  # [b, r]
+    x = _sanitize(raw * inv_t[:, None, None])
+    lse = _logsumexp(x)  # [b, r]
+    dead = lse == inf
+    j = torch.arange(r, device=dev)
+    drafts = drafts.to(torch.int64)
+    valid = (drafts >= 0) & (drafts < v)
+    dc = drafts.clamp(0, v - 1)  # never index with an invalid id
+    x_d = x[:, :k].gather(-1, dc[..., None]).squeeze(-1)  # [b, k]
+    p_d = torch.where(valid & ~dead[:, :k], torch.exp(x_d - lse[:, :k]), torch.zeros_like(x_d))
+    u = accept_uniform(seed[:, None], position[:, None] + j[None, :k])  # [b, k]
+    if draft_logits is not None:
+        y = _sanitize(draft_logits.float() * inv_t[:, None, None])
+        lse_q = _logsumexp(y)  # [b, k]
+        y_d = y.gather(-1, dc[..., None]).squeeze(-1)
+        q_d = torch.where(lse_q > inf, torch.exp(y_d - lse_q), torch.zeros_like(y_d))
+        accept_sampled = u * q_d < p_d
+    else:
+        accept_sampled = u < p_d
+    accept_greedy = valid & ~dead[:, :k] & (drafts == amax[:, :k])
+    accept = torch.where(greedy[:, None], accept_greedy, accept_sampled)
+    rejected = (j[None, :k] < kb[:, None]) & ~accept
+    n_acc = torch.where(rejected, j[None, :k].expand(b, k), kb[:, None]).amin(dim=-1) if k > 0 else kb
+
+    # The one row per request that emits the correction/bonus token.
+    rows = torch.arange(b, device=dev)
+    x_n, lse_n, amax_n, dead_n = x[rows, n_acc], lse[rows, n_acc], amax[rows, n_acc], dead[rows, n_acc]
+    is_bonus = n_acc >= kb
+    if k > 0:
+        d_n = drafts[rows, n_acc.clamp(max=k - 1)]
+        valid_n = valid[rows, n_acc.clamp(max=k - 1)]
+    else:
+        d_n = torch.full_like(n_acc, -1)
+        valid_n = torch.zeros_like(is_bonus)
+    g = race_gumbel(seed, position + n_acc, v)  # [b, v]
+    key = x_n + g
+    if draft_logits is not None and k > 0:
+        use_res = ~is_bonus
+        jq = n_acc.clamp(max=k - 1)
+        lse_qn = lse_q[rows, jq][:, None]
+        q_n = torch.where(lse_qn > inf, torch.exp(y[rows, jq] - lse_qn), torch.zeros_like(x_n))
+        p_n = torch.where(dead_n[:, None], torch.zeros_like(x_n), torch.exp(x_n - lse_n[:, None]))
+        res = (p_n - q_n).clamp(min=0)
+        key_res = torch.where(res > 0, torch.log(res) + g, torch.full_like(g, inf))
+        res_alive = key_res.amax(dim=-1) > inf
+        # Full q excludes nothing: a rejected draft's mass is already out of the residual, and the
+        # p fallback only runs when p == q, where a rejection means p(d) = 0 anyway.
+        key = torch.where((use_res & res_alive)[:, None], key_res, key)
+        exclude = torch.zeros_like(use_res)
+    else:
+        exclude = ~is_bonus & valid_n
+    vocab = torch.arange(v, device=dev)
+    key = torch.where(exclude[:, None] & (vocab[None, :] == d_n[:, None]), torch.full_like(key, inf), key)
+    best, winner = lowest_argmax(key)
+    sampled_tok = torch.where(best > inf, winner, amax_n)
+    tok = torch.where(greedy, amax_n, sampled_tok)
+    lp_n = torch.where(dead_n, torch.full_like(lse_n, inf), x_n.gather(-1, tok[:, None]).squeeze(-1) - lse_n)
+
+    token_ids = torch.full((b, r), -1, dtype=torch.int64, device=dev)
+    logprobs = torch.zeros((b, r), dtype=torch.float32, device=dev)
+    if k > 0:
+        acc_mask = j[None, :k] < n_acc[:, None]
+        token_ids[:, :k] = torch.where(acc_mask, drafts, token_ids[:, :k])
+        logprobs[:, :k] = torch.where(acc_mask, x_d - lse[:, :k], logprobs[:, :k])
+        if counts_acc is not None:
+            counts_acc += acc_mask.sum(dim=0)
+    token_ids[rows, n_acc] = tok
+    logprobs[rows, n_acc] = lp_n
+    return token_ids, (n_acc + 1).to(torch.int32), logprobs
+
+
+def rejection_sample_reference(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    *,
+    draft_logits: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
+    acceptance_counts: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> RejectionOutput:
+    """Vectorized PyTorch ground truth; same arguments as `rejection_sample`.
+
+    Requests are independent, so large inputs run in chunks of requests to bound the fp32 and
+    int64 (RNG) temporaries; small-V calls with 1e5 requests stay one vectorized chunk.
+    """
+    _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+              num_draft_tokens, acceptance_counts, out)
+    b, r, v = target_logits.shape
+    k = r - 1
+    kb = (torch.full((b,), k, dtype=torch.int64, device=target_logits.device) if num_draft_tokens is None
+          else num_draft_tokens.to(torch.int64).clamp(0, k))
+    counts = (None if acceptance_counts is None
+              else torch.zeros(k, dtype=torch.int64, device=target_logits.device))
+    chunk = max(1, (1 << 25) // (r * v))
+    parts = []
+    for s in range(0, b, chunk):
+        e = min(b, s + chunk)
+        parts.append(_reference_chunk(
+            target_logits[s:e], draft_token_ids[s:e], temperature[s:e], seed[s:e], position[s:e],
+            None if draft_logits is None else draft_logits[s:e], kb[s:e], counts))
+    token_ids = torch.cat([p[0] for p in parts])
+    num_emitted = torch.cat([p[1] for p in parts])
+    logprobs = torch.cat([p[2] for p in parts])
+    if acceptance_counts is not None:
+        acceptance_counts += counts
+    if out is not None:
+        out[0].copy_(token_ids)
+        out[1].copy_(num_emitted)
+        out[2].copy_(logprobs)
+        return RejectionOutput(*out)
+    return RejectionOutput(token_ids, num_emitted, logprobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scaled(raw, inv_t):
+    # NaN -> -inf (never sampled, never the max) and +inf -> fp32 max (so x - lse stays finite).
+    x = raw * inv_t
+    x = tl.where(x != x, _NEG_INF, x)
+    return tl.minimum(x, _TL_FLT_MAX)
+
+
+@triton.jit
+def _inv_temperature(temp_ptr, b):
+    t = tl.load(temp_ptr + b).to(tl.float32)
+    greedy = ~(t > 0)  # NaN compares false: greedy
+    safe_t = tl.where(greedy, 1.0, t)
+    # Correctly rounded, like torch's 1 / t: `/` in Triton is an approximate division on NVIDIA.
+    inv_t = tl.where(greedy, 1.0, tl.math.div_rn(1.0, safe_t))
+    return greedy, inv_t
+
+
+@triton.jit
+def _online_lse_step(x, m_run, s_lane):
+    """One tile of an online logsumexp: scalar running max, per-lane running sums."""
+    m_new = tl.maximum(m_run, tl.max(x, axis=0))
+    alpha = tl.exp(m_run - m_new)
+    s_lane = tl.where(m_new == _NEG_INF, 0.0, s_lane * alpha + tl.exp(x - m_new))
+    return m_new, s_lane
+
+
+@triton.jit
+def _row_stats_kernel(
+    logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
+    qlogits_ptr,  # [B, K, V] draft logits (FULL_Q only)
+    draft_ptr,  # [B, K] integer draft ids
+    temp_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
+    pos_ptr,  # [B] int64
+    nd_ptr,  # [B] int32/int64 num_draft_tokens (HAS_ND only)
+    fstat_ptr,  # [6, B*(K+1), SPLITS] fp32 stat planes
+    istat_ptr,  # [2, B*(K+1), SPLITS] int32: raw argmax, race winner
+    stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+    R, V, SPLITS, TILES_PER_SPLIT,
+    HAS_ND: tl.constexpr,
+    FULL_Q: tl.constexpr,
+    FUSE_RACE: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    b = row // R
+    j = row % R
+    K = R - 1
+    greedy, inv_t = _inv_temperature(temp_ptr, b)
+    kb = K
+    if HAS_ND:
+        kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int64), 0), K)
+    d = tl.load(draft_ptr + b * stride_db + j * stride_dk, mask=j < K, other=-1).to(tl.int64)
+    # Row j's correction excludes its draft; the bonus row (j == k_b) excludes nothing.
+    excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
+    rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j)
+    need_q = (j < kb) & ~greedy
+
+    row_ptr = logits_ptr + b * stride_lb + j * stride_lj
+    q_ptr = qlogits_ptr + b * stride_qb + j * stride_qj
+    chunk_start = split * TILES_PER_SPLIT * BLOCK_V
+    offs0 = tl.arange(0, BLOCK_V)
+    raw_best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+    raw_idx = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+    m_run = tl.max(raw_best, axis=0)
+    s_lane = tl.zeros([BLOCK_V], tl.float32)
+    qm_run = m_run
+    qs_lane = tl.zeros([BLOCK_V], tl.float32)
+    race_best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+    race_idx = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+    for t in range(TILES_PER_SPLIT):
+        offs = chunk_start + t * BLOCK_V + offs0
+        inb = offs < V
+        raw = tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        # Per-lane (max, first index): strict `>` keeps the lowest index, NaN never wins.
+        take = raw > raw_best
+        raw_best = tl.where(take, raw, raw_best)
+        raw_idx = tl.where(take, offs, raw_idx)
+        x = _scaled(raw, inv_t)
+        m_run, s_lane = _online_lse_step(x, m_run, s_lane)
+        if FUSE_RACE:
+            if ~greedy:
+                key = x + tl_race_gumbel(rkey, offs)
+                key = tl.where(inb & (offs != excl), key, _NEG_INF)
+                win = key > race_best
+                race_best = tl.where(win, key, race_best)
+                race_idx = tl.where(win, offs, race_idx)
+        if FULL_Q:
+            if need_q:
+                y = _scaled(tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
+                qm_run, qs_lane = _online_lse_step(y, qm_run, qs_lane)
+
+    plane = tl.num_programs(0).to(tl.int64) * SPLITS  # elements per plane
+    o = row * SPLITS + split
+    rm = tl.max(raw_best, axis=0)
+    ri = tl.min(tl.where(raw_best == rm, raw_idx, _INT32_MAX), axis=0)
+    ri = tl.where(ri == _INT32_MAX, chunk_start, ri)  # all -inf: the chunk's lowest index
+    tl.store(fstat_ptr + 0 * plane + o, rm)
+    tl.store(fstat_ptr + 1 * plane + o, m_run)
+    tl.store(fstat_ptr + 2 * plane + o, tl.sum(s_lane, axis=0))
+    tl.store(fstat_ptr + 3 * plane + o, qm_run)
+    tl.store(fstat_ptr + 4 * plane + o, tl.sum(qs_lane, axis=0))
+    kmax = tl.max(race_best, axis=0)
+    tl.store(fstat_ptr + 5 * plane + o, kmax)
+    tl.store(istat_ptr + o, ri)
+    tl.store(istat_ptr + plane + o, tl.min(tl.where(race_best == kmax, race_idx, _INT32_MAX), axis=0))
+
+
+@triton.jit
+def _merge_lse(m_part, s_part, mask):
+    """[.., SPLITS] partial (max, sum-exp) -> lse per row (-inf for a dead row)."""
+    m = tl.max(m_part, axis=1)
+    w = tl.where(mask & (m_part > _NEG_INF), s_part * tl.exp(m_part - m[:, None]), 0.0)
+    s = tl.sum(w, axis=1)
+    return tl.where(m == _NEG_INF, _NEG_INF, m + tl.log(s))
+
+
+@triton.jit
+def _walk_kernel(
+    logits_ptr,  # [B, K+1, V]
+    qlogits_ptr,  # [B, K, V] (FULL_Q only)
+    draft_ptr,  # [B, K] integer
+    temp_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
+    pos_ptr,  # [B] int64
+    nd_ptr,  # [B] int32/int64 (HAS_ND only)
+    fstat_ptr,  # [6, B*(K+1), SPLITS] fp32
+    istat_ptr,  # [2, B*(K+1), SPLITS] int32
+    tok_ptr,  # [B, K+1] int64 out
+    nemit_ptr,  # [B] int32 out
+    lp_ptr,  # [B, K+1] fp32 out
+    counts_ptr,  # [K] int64, accumulated (HAS_COUNTS only)
+    race_i_ptr,  # [B, 4] int32 out: race row (-1: none), excluded id (-1: none), residual?, argmax
+    race_f_ptr,  # [B, 2] fp32 out: lse of p and of q on the race row
+    stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+    R, V, SPLITS,
+    HAS_ND: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
+    FULL_Q: tl.constexpr,
+    FUSE_RACE: tl.constexpr,
+    R_POW2: tl.constexpr,  # K+1 rows of one request in one tile
+    SPLITS_POW2: tl.constexpr,  # all vocab chunks of a row in one tile
+):
+    b = tl.program_id(0).to(tl.int64)
+    K = R - 1
+    greedy, inv_t = _inv_temperature(temp_ptr, b)
+    kb = K
+    if HAS_ND:
+        kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int64), 0), K)
+    seed = tl.load(seed_ptr + b)
+    pos = tl.load(pos_ptr + b)
+
+    jr = tl.arange(0, R_POW2).to(tl.int64)
+    s = tl.arange(0, SPLITS_POW2)
+    row_ok = jr < R
+    m2 = row_ok[:, None] & (s < SPLITS)[None, :]
+    plane = tl.num_programs(0).to(tl.int64) * R * SPLITS
+    o2 = (b * R + jr)[:, None] * SPLITS + s[None, :]
+    raw_m = tl.load(fstat_ptr + o2, mask=m2, other=_NEG_INF)
+    raw_i = tl.load(istat_ptr + o2, mask=m2, other=_INT32_MAX)
+    rmax = tl.max(raw_m, axis=1)
+    amax = tl.min(tl.where(raw_m == rmax[:, None], raw_i, _INT32_MAX), axis=1).to(tl.int64)
+    amax = tl.where(row_ok, amax, 0)
+    lse = _merge_lse(tl.load(fstat_ptr + plane + o2, mask=m2, other=_NEG_INF),
+                     tl.load(fstat_ptr + 2 * plane + o2, mask=m2, other=0.0), m2)
+    dead = lse == _NEG_INF
+
+    is_draft = jr < K
+    d = tl.load(draft_ptr + b * stride_db + jr * stride_dk, mask=is_draft, other=-1).to(tl.int64)
+    valid = is_draft & (d >= 0) & (d < V)
+    dc = tl.minimum(tl.maximum(d, 0), V - 1)  # never index with an invalid id
+    x_d = _scaled(tl.load(logits_ptr + b * stride_lb + jr * stride_lj + dc, mask=is_draft, other=0.0)
+                  .to(tl.float32), inv_t)
+    p_d = tl.where(valid & ~dead, tl.exp(x_d - lse), 0.0)
+    u = tl_accept_uniform(seed, pos + jr)
+    if FULL_Q:
+        mq = is_draft[:, None] & (s < SPLITS)[None, :]
+        lse_q = _merge_lse(tl.load(fstat_ptr + 3 * plane + o2, mask=mq, other=_NEG_INF),
+                           tl.load(fstat_ptr + 4 * plane + o2, mask=mq, other=0.0), mq)
+        y_d = _scaled(tl.load(qlogits_ptr + b * stride_qb + jr * stride_qj + dc, mask=is_draft, other=0.0)
+                      .to(tl.float32), inv_t)
+        q_d = tl.where(lse_q > _NEG_INF, tl.exp(y_d - lse_q), 0.0)
+        acc_sampled = u * q_d < p_d
+    else:
+        lse_q = lse
+        acc_sampled = u < p_d
+    acc_greedy = valid & ~dead & (d == amax)
+    accept = tl.where(greedy, acc_greedy, acc_sampled)
+    rejected = (jr < kb) & ~accept
+    n_acc = tl.min(tl.where(rejected, jr, kb), axis=0)
+
+    at_n = jr == n_acc
+    amax_n = tl.sum(tl.where(at_n, amax, 0), axis=0)
+    lse_n = tl.max(tl.where(at_n, lse, _NEG_INF), axis=0)
+    lse_q_n = tl.max(tl.where(at_n, lse_q, _NEG_INF), axis=0)
+    d_n = tl.sum(tl.where(at_n & valid, d, 0), axis=0)
+    valid_n = tl.sum(tl.where(at_n & valid, 1, 0), axis=0) > 0
+    is_bonus = n_acc >= kb
+    if FULL_Q:
+        use_res = ~is_bonus
+    else:
+        use_res = is_bonus & ~is_bonus
+    excl = tl.where(is_bonus | use_res | ~valid_n, -1, d_n)
+
+    tok_n = amax_n
+    if FUSE_RACE:
+        if ~greedy:
+            o1 = (b * R + n_acc) * SPLITS + s
+            keys = tl.load(fstat_ptr + 5 * plane + o1, mask=s < SPLITS, other=_NEG_INF)
+            idxs = tl.load(istat_ptr + plane + o1, mask=s < SPLITS, other=_INT32_MAX)
+            kmax = tl.max(keys, axis=0)
+            win = tl.min(tl.where(keys == kmax, idxs, _INT32_MAX), axis=0).to(tl.int64)
+            tok_n = tl.where(kmax > _NEG_INF, win, amax_n)
+    x_t = _scaled(tl.load(logits_ptr + b * stride_lb + n_acc * stride_lj + tok_n).to(tl.float32), inv_t)
+    lp_n = tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)
+
+    toks = tl.where(jr < n_acc, d, tl.where(at_n, tok_n, -1))
+    lps = tl.where(jr < n_acc, x_d - lse, tl.where(at_n, lp_n, 0.0))
+    tl.store(tok_ptr + b * R + jr, toks, mask=row_ok)
+    tl.store(lp_ptr + b * R + jr, lps, mask=row_ok)
+    tl.store(nemit_ptr + b, (n_acc + 1).to(tl.int32))
+    if HAS_COUNTS:
+        tl.atomic_add(counts_ptr + jr, tl.full([R_POW2], 1, tl.int64), mask=jr < n_acc)
+    if not FUSE_RACE:
+        race_row = tl.where(greedy, -1, n_acc)
+        tl.store(race_i_ptr + b * 4 + 0, race_row.to(tl.int32))
+        tl.store(race_i_ptr + b * 4 + 1, excl.to(tl.int32))
+        tl.store(race_i_ptr + b * 4 + 2, tl.where(use_res, 1, 0).to(tl.int32))
+        tl.store(race_i_ptr + b * 4 + 3, amax_n.to(tl.int32))
+        tl.store(race_f_ptr + b * 2 + 0, lse_n)
+        tl.store(race_f_ptr + b * 2 + 1, lse_q_n)
+
+
+@triton.jit
+def _race_kernel(
+    logits_ptr,  # [B, K+1, V]
+    qlogits_ptr,  # [B, K, V] (FULL_Q only)
+    temp_ptr,  # [B] fp32
+    seed_ptr,  # [B] int64
+    pos_ptr,  # [B] int64
+    race_i_ptr,  # [B, 4] int32 from _walk_kernel
+    race_f_ptr,  # [B, 2] fp32 from _walk_kernel
+    part_k_ptr,  # [2, B, SPLITS] fp32 out: best key per chunk (p race, residual race)
+    part_i_ptr,  # [2, B, SPLITS] int32 out: its lowest index
+    stride_lb, stride_lj, stride_qb, stride_qj,
+    V, SPLITS, TILES_PER_SPLIT,
+    FULL_Q: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
+):
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
+    if race_row >= 0:  # greedy requests have their token already
+        excl = tl.load(race_i_ptr + b * 4 + 1)
+        use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
+        lse_p = tl.load(race_f_ptr + b * 2)
+        lse_q = tl.load(race_f_ptr + b * 2 + 1)
+        _, inv_t = _inv_temperature(temp_ptr, b)
+        rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + race_row)
+        row_ptr = logits_ptr + b * stride_lb + race_row * stride_lj
+        q_ptr = qlogits_ptr + b * stride_qb + race_row * stride_qj
+        chunk_start = split * TILES_PER_SPLIT * BLOCK_V
+        offs0 = tl.arange(0, BLOCK_V)
+        best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+        best_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+        rbest = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+        rbest_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+        for t in range(TILES_PER_SPLIT):
+            offs = chunk_start + t * BLOCK_V + offs0
+            inb = offs < V
+            x = _scaled(tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
+            g = tl_race_gumbel(rkey, offs)
+            key = tl.where(inb & (offs != excl), x + g, _NEG_INF)
+            win = key > best
+            best = tl.where(win, key, best)
+            best_i = tl.where(win, offs, best_i)
+            if FULL_Q:
+                if use_res:
+                    y = _scaled(tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
+                    p = tl.where(lse_p > _NEG_INF, tl.exp(x - lse_p), 0.0)
+                    q = tl.where(lse_q > _NEG_INF, tl.exp(y - lse_q), 0.0)
+                    res = tl.maximum(p - q, 0.0)
+                    rkey_v = tl.where(inb & (res > 0), tl.log(res) + g, _NEG_INF)
+                    rwin = rkey_v > rbest
+                    rbest = tl.where(rwin, rkey_v, rbest)
+                    rbest_i = tl.where(rwin, offs, rbest_i)
+        o = b * SPLITS + split
+        plane = tl.num_programs(0).to(tl.int64) * SPLITS
+        km = tl.max(best, axis=0)
+        tl.store(part_k_ptr + o, km)
+        tl.store(part_i_ptr + o, tl.min(tl.where(best == km, best_i, _INT32_MAX), axis=0))
+        rm = tl.max(rbest, axis=0)
+        tl.store(part_k_ptr + plane + o, rm)
+        tl.store(part_i_ptr + plane + o, tl.min(tl.where(rbest == rm, rbest_i, _INT32_MAX), axis=0))
+
+
+@triton.jit
+def _finish_kernel(
+    logits_ptr,  # [B, K+1, V]
+    temp_ptr,  # [B] fp32
+    race_i_ptr,  # [B, 4] int32
+    race_f_ptr,  # [B, 2] fp32
+    part_k_ptr,  # [2, B, SPLITS] fp32
+    part_i_ptr,  # [2, B, SPLITS] int32
+    tok_ptr,  # [B, K+1] int64 out
+    lp_ptr,  # [B, K+1] fp32 out
+    stride_lb, stride_lj,
+    R, SPLITS,
+    SPLITS_POW2: tl.constexpr,  # all race chunks of a request in one tile
+):
+    b = tl.program_id(0).to(tl.int64)
+    race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
+    if race_row >= 0:
+        use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
+        amax_n = tl.load(race_i_ptr + b * 4 + 3).to(tl.int64)
+        lse_n = tl.load(race_f_ptr + b * 2)
+        _, inv_t = _inv_temperature(temp_ptr, b)
+        s = tl.arange(0, SPLITS_POW2)
+        sm = s < SPLITS
+        plane = tl.num_programs(0).to(tl.int64) * SPLITS
+        o = b * SPLITS + s
+        keys = tl.load(part_k_ptr + o, mask=sm, other=_NEG_INF)
+        idxs = tl.load(part_i_ptr + o, mask=sm, other=_INT32_MAX)
+        km = tl.max(keys, axis=0)
+        win = tl.min(tl.where(keys == km, idxs, _INT32_MAX), axis=0).to(tl.int64)
+        tok = tl.where(km > _NEG_INF, win, amax_n)
+        rkeys = tl.load(part_k_ptr + plane + o, mask=sm, other=_NEG_INF)
+        ridxs = tl.load(part_i_ptr + plane + o, mask=sm, other=_INT32_MAX)
+        rm = tl.max(rkeys, axis=0)
+        rwin = tl.min(tl.where(rkeys == rm, ridxs, _INT32_MAX), axis=0).to(tl.int64)
+        # An all-zero residual (p == q) falls back to the race over p.
+        tok = tl.where(use_res & (rm > _NEG_INF), rwin, tok)
+        x_t = _scaled(tl.load(logits_ptr + b * stride_lb + race_row * stride_lj + tok).to(tl.float32), inv_t)
+        tl.store(tok_ptr + b * R + race_row, tok)
+        tl.store(lp_ptr + b * R + race_row, tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n))
+
+
+def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None) -> tuple[int, int]:
+    tiles = triton.cdiv(vocab, block_v)
+    splits = max(1, min(tiles, triton.cdiv(_TARGET_PROGRAMS, rows))) if num_splits is None else num_splits
+    tiles_per_split = triton.cdiv(tiles, max(1, min(splits, tiles)))
+    return triton.cdiv(tiles, tiles_per_split), tiles_per_split  # no empty chunk
+
+
+def rejection_sample_triton(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    *,
+    draft_logits: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
+    acceptance_counts: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    fuse_race: bool | None = None,
+    block_v: int | None = None,
+    num_splits: int | None = None,
+) -> RejectionOutput:
+    """Triton rejection sampler; same arguments and results as `rejection_sample`.
+
+    Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
+    (stat planes [6, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 6], race partials) come
+    from torch's caching allocator; under capture they live in the graph's private pool and stay
+    fixed for every replay. Every workspace slot a later kernel reads is written by an earlier one
+    in the same call, so nothing needs zeroing.
+    fuse_race / block_v / num_splits override the launch heuristics (tests use them to exercise
+    both paths and the split logic at small V).
+    """
+    _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+              num_draft_tokens, acceptance_counts, out)
+    b, r, v = target_logits.shape
+    k = r - 1
+    dev = target_logits.device
+    full_q = draft_logits is not None and k > 0
+    rows = b * r
+    if fuse_race is None:
+        fuse_race = rows <= _FUSE_RACE_MAX_ROWS
+    fuse_race = fuse_race and not full_q  # the residual needs lse first
+    if block_v is None:
+        block_v = 1024 if rows * v <= (1 << 21) else 2048
+    splits, tiles_per_split = _splits(rows, v, block_v, num_splits)
+    if out is None:
+        out = (torch.empty((b, r), dtype=torch.int64, device=dev),
+               torch.empty((b,), dtype=torch.int32, device=dev),
+               torch.empty((b, r), dtype=torch.float32, device=dev))
+    tok, nemit, lp = out
+    fstat = torch.empty((_NUM_FPLANES, rows, splits), dtype=torch.float32, device=dev)
+    istat = torch.empty((2, rows, splits), dtype=torch.int32, device=dev)
+    race_i = torch.empty((b, 4), dtype=torch.int32, device=dev)
+    race_f = torch.empty((b, 2), dtype=torch.float32, device=dev)
+    q = draft_logits if full_q else target_logits  # a valid pointer when unused
+    q_strides = (q.stride(0), q.stride(1))
+    nd = num_draft_tokens if num_draft_tokens is not None else seed
+    counts = acceptance_counts if acceptance_counts is not None else seed
+    ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
+    ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
+    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q)
+    # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
+    # keys drift by an ulp and near-ties could pick different tokens.
+    _row_stats_kernel[(rows, splits)](
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat,
+        target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
+        r, v, splits, tiles_per_split,
+        FUSE_RACE=fuse_race, BLOCK_V=block_v, num_warps=4, enable_fp_fusion=False, **common,
+    )
+    _walk_kernel[(b,)](
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat,
+        tok, nemit, lp, counts, race_i, race_f,
+        target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
+        r, v, splits,
+        HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
+        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits),
+        num_warps=1 if r * splits <= 256 else 4, enable_fp_fusion=False, **common,
+    )
+    if not fuse_race:
+        rsplits, rtiles = _splits(b, v, block_v, num_splits)
+        part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
+        part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
+        _race_kernel[(b, rsplits)](
+            target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i,
+            target_logits.stride(0), target_logits.stride(1), *q_strides,
+            v, rsplits, rtiles, FULL_Q=full_q, BLOCK_V=block_v, num_warps=4, enable_fp_fusion=False,
+        )
+        _finish_kernel[(b,)](
+            target_logits, temperature, race_i, race_f, part_k, part_i, tok, lp,
+            target_logits.stride(0), target_logits.stride(1), r, rsplits,
+            SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=1 if rsplits <= 128 else 4,
+            enable_fp_fusion=False,
+        )
+    return RejectionOutput(tok, nemit, lp)
+
+
+def rejection_sample(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    *,
+    draft_logits: torch.Tensor | None = None,
+    num_draft_tokens: torch.Tensor | None = None,
+    acceptance_counts: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> RejectionOutput:
+    """Speculative rejection sampling (rules in the module docstring).
+
+    target_logits [B, K+1, V] bf16/fp16/fp32 (K >= 0; K = 0 samples one token from row 0),
+    draft_token_ids [B, K] integer, temperature [B] fp32 (0 = greedy), seed [B] int64,
+    position [B] int64 (absolute position of the token row 0 predicts), draft_logits [B, K, V]
+    (full-q mode), num_draft_tokens [B] int32/int64 (ragged k_b <= K), acceptance_counts [K] int64
+    (accumulated in place: += number of requests whose draft j was accepted), out = preallocated
+    (token_ids, num_emitted, logprobs).
+    Returns RejectionOutput(token_ids [B, K+1] int64 (-1 after the last emitted),
+    num_emitted [B] int32, logprobs [B, K+1] fp32 (0.0 after the last emitted)).
+
+    Value checks (temperature >= 0, 0 <= num_draft_tokens <= K) run only on CPU tensors outside
+    graph capture: checking a CUDA tensor's values would sync the host. On the GPU a negative or
+    NaN temperature is greedy and num_draft_tokens is clamped to [0, K].
+    CUDA tensors run the Triton kernels, anything else the PyTorch reference.
+    """
+    fn = rejection_sample_triton if target_logits.is_cuda else rejection_sample_reference
+    return fn(target_logits, draft_token_ids, temperature, seed, position, draft_logits=draft_logits,
+              num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out)
