@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,15 +69,25 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 _ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
     if hasattr(torch, _attr):
         _ST_DTYPES[_name] = getattr(torch, _attr)
-_FP8 = tuple(getattr(torch, a) for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-             if hasattr(torch, a))
+_FP8 = tuple(
+    getattr(torch, a)
+    for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, a)
+)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -170,10 +181,20 @@ def _torch_load(file: str) -> dict[str, torch.Tensor]:
             obj = torch.load(file, map_location="cpu", weights_only=True)
     except CheckpointError:
         raise
-    except Exception as exc:  # UnpicklingError for a pickled callable, EOFError for truncation, ...
+    except pickle.UnpicklingError as exc:
+        # torch's message suggests weights_only=False; graphrt never does that. Keep the line that
+        # names what the pickle asked for (e.g. "Unsupported global: GLOBAL os.system").
+        lines = [ln.strip() for ln in str(exc).splitlines() if "nsupported" in ln or "WeightsUnpickler" in ln]
+        what = (lines[0] if lines else "a pickled object that is not a tensor").split(". Please")[0]
         raise CheckpointError(
-            f"{file}: refused or unreadable .bin (loaded with torch.load(weights_only=True)): "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"{file}: refused: the pickle holds more than tensors ({what}); graphrt reads .bin files only "
+            "with torch.load(weights_only=True) and never runs code from a checkpoint. Convert it to "
+            "safetensors in an environment you trust."
+        ) from exc
+    except Exception as exc:  # EOFError / RuntimeError for truncated or corrupt files, ...
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(
+            f"{file}: unreadable .bin (torch.load(weights_only=True) failed: {type(exc).__name__}: {first})"
         ) from exc
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{file}: expected a state dict (name -> tensor), found {type(obj).__name__}")
@@ -194,7 +215,9 @@ def _read_index(index_file: str) -> dict[str, str]:
         raise CheckpointError(f"{index_file}: field 'weight_map' must map tensor names to file names")
     for shard in set(wm.values()):
         if os.path.isabs(shard) or os.path.normpath(shard).startswith(".."):
-            raise CheckpointError(f"{index_file}: field 'weight_map' names a file outside the folder: {shard!r}")
+            raise CheckpointError(
+                f"{index_file}: field 'weight_map' names a file outside the folder: {shard!r}"
+            )
     return wm
 
 
@@ -212,7 +235,9 @@ def _index_weights(path: str) -> dict[str, _Stored]:
         for shard in sorted(set(wm.values())):
             shard_file = os.path.join(path, shard)
             if not os.path.exists(shard_file):
-                raise CheckpointError(f"{index_file}: field 'weight_map' names {shard!r}, which does not exist")
+                raise CheckpointError(
+                    f"{index_file}: field 'weight_map' names {shard!r}, which does not exist"
+                )
             stored = _read_file(shard_file)
             for name in stored:
                 if wm.get(name) != shard and not name.endswith(IGNORED_SUFFIXES):
@@ -266,9 +291,9 @@ def scan_weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
 
 def canonical_name(stored: str, kind: str) -> str:
     """Stored name -> canonical name: strip "model."; EAGLE-3 "midlayer." -> "layers.0."."""
-    name = stored[len("model."):] if stored.startswith("model.") else stored
+    name = stored[len("model.") :] if stored.startswith("model.") else stored
     if kind == "eagle3" and name.startswith("midlayer."):
-        name = "layers.0." + name[len("midlayer."):]
+        name = "layers.0." + name[len("midlayer.") :]
     return name
 
 
@@ -416,7 +441,8 @@ def load_checkpoint(
             _check_shape(by_canon["t2d"], "t2d", (V,))
             if by_canon["t2d"].dtype not in (torch.bool,) + _INT_DTYPES:
                 raise CheckpointError(
-                    f"{by_canon['t2d'].file}: tensor 't2d' has dtype {by_canon['t2d'].dtype_name}, expected bool"
+                    f"{by_canon['t2d'].file}: tensor 't2d' has dtype {by_canon['t2d'].dtype_name}, "
+                    "expected bool"
                 )
 
     # read, cast, place
@@ -468,9 +494,7 @@ def _read_tensor(s: _Stored, handles: dict[str, Any]) -> torch.Tensor:
 def _check_shape(s: _Stored, name: str, shape: tuple[int, ...]) -> None:
     if tuple(s.shape) != tuple(shape):
         spelled = f"{s.name!r}" if s.name == name else f"{s.name!r} (canonical {name!r})"
-        raise CheckpointError(
-            f"{s.file}: tensor {spelled} has shape {list(s.shape)}, expected {list(shape)}"
-        )
+        raise CheckpointError(f"{s.file}: tensor {spelled} has shape {list(s.shape)}, expected {list(shape)}")
 
 
 def _check_float(s: _Stored, name: str) -> None:
@@ -481,7 +505,8 @@ def _check_float(s: _Stored, name: str) -> None:
         )
     if s.dtype in _FP8:
         raise CheckpointError(
-            f"{s.file}: tensor {s.name!r} is stored as {s.dtype_name}; quantized checkpoints are not supported"
+            f"{s.file}: tensor {s.name!r} is stored as {s.dtype_name}; "
+            "quantized checkpoints are not supported"
         )
 
 
@@ -506,7 +531,7 @@ def _stored_spelling(name: str, kind: str) -> str:
     if kind == "lm":
         return "stored as 'lm_head.weight'" if name == "lm_head.weight" else f"stored as 'model.{name}'"
     if kind == "eagle3" and name.startswith("layers.0."):
-        return f"stored as 'midlayer.{name[len('layers.0.'):]}'"
+        return f"stored as 'midlayer.{name[len('layers.0.') :]}'"
     return f"stored as {name!r}"
 
 
@@ -547,41 +572,72 @@ def check_draft_compatible(
         raise ConfigMismatchError(f"draft {src}: kind {kind!r} is not lm, eagle or eagle3")
     if kind != dcfg.kind:
         raise ConfigMismatchError(
-            f"draft {src}: field 'architectures' says {dcfg.architecture} (kind {dcfg.kind}), asked for {kind}"
+            f"draft {src}: field 'architectures' says {dcfg.architecture} (kind {dcfg.kind}), "
+            f"asked for {kind}"
         )
     if kind == "lm":
         if dcfg.vocab_size != tcfg.vocab_size:
-            raise mismatch("vocab_size", dcfg.vocab_size, tcfg.vocab_size, "a draft LM must share the vocabulary")
+            raise mismatch(
+                "vocab_size", dcfg.vocab_size, tcfg.vocab_size, "a draft LM must share the vocabulary"
+            )
         return
     if kind == "eagle":
         if dcfg.hidden_size != tcfg.hidden_size:
-            raise mismatch("hidden_size", dcfg.hidden_size, tcfg.hidden_size,
-                           "an EAGLE-1/2 head reads the target's hidden state and feeds the target's lm_head")
+            raise mismatch(
+                "hidden_size",
+                dcfg.hidden_size,
+                tcfg.hidden_size,
+                "an EAGLE-1/2 head reads the target's hidden state and feeds the target's lm_head",
+            )
         if dcfg.has_embed_tokens and dcfg.vocab_size != tcfg.vocab_size:
-            raise mismatch("vocab_size", dcfg.vocab_size, tcfg.vocab_size, "the head's embed_tokens must index "
-                           "the target vocabulary")
+            raise mismatch(
+                "vocab_size",
+                dcfg.vocab_size,
+                tcfg.vocab_size,
+                "the head's embed_tokens must index the target vocabulary",
+            )
         return
     # eagle3
     if dcfg.target_hidden_size != tcfg.hidden_size:
-        raise mismatch("target_hidden_size", dcfg.target_hidden_size, tcfg.hidden_size,
-                       f"fc.weight in_features {3 * dcfg.target_hidden_size} must be 3 x target hidden_size")
+        raise mismatch(
+            "target_hidden_size",
+            dcfg.target_hidden_size,
+            tcfg.hidden_size,
+            f"fc.weight in_features {3 * dcfg.target_hidden_size} must be 3 x target hidden_size",
+        )
     if not dcfg.has_embed_tokens and dcfg.hidden_size != tcfg.hidden_size:
-        raise mismatch("hidden_size", dcfg.hidden_size, tcfg.hidden_size,
-                       "the head has no embed_tokens.weight, so it embeds with the target's table")
+        raise mismatch(
+            "hidden_size",
+            dcfg.hidden_size,
+            tcfg.hidden_size,
+            "the head has no embed_tokens.weight, so it embeds with the target's table",
+        )
     if dcfg.vocab_size != tcfg.vocab_size:
-        raise mismatch("vocab_size", dcfg.vocab_size, tcfg.vocab_size,
-                       "an EAGLE-3 head's vocab_size is the target vocabulary (t2d, embeddings)")
+        raise mismatch(
+            "vocab_size",
+            dcfg.vocab_size,
+            tcfg.vocab_size,
+            "an EAGLE-3 head's vocab_size is the target vocabulary (t2d, embeddings)",
+        )
     ids = dcfg.aux_layer_ids_for(tcfg)
     for i in ids:
         if not 0 <= i <= tcfg.num_hidden_layers:
-            raise mismatch("eagle_aux_hidden_state_layer_ids", list(ids), tcfg.num_hidden_layers,
-                           "every id must name a target layer boundary in [0, num_hidden_layers]")
+            raise mismatch(
+                "eagle_aux_hidden_state_layer_ids",
+                list(ids),
+                tcfg.num_hidden_layers,
+                "every id must name a target layer boundary in [0, num_hidden_layers]",
+            )
     if d2t is not None and d2t.numel():
         tgt = torch.arange(d2t.numel(), device=d2t.device, dtype=torch.int64) + d2t.to(torch.int64)
         lo, hi = int(tgt.min()), int(tgt.max())
         if lo < 0 or hi >= tcfg.vocab_size:
-            raise mismatch("d2t", f"target ids in [{lo}, {hi}]", f"vocab_size {tcfg.vocab_size}",
-                           "draft_id + d2t[draft_id] must be a target token id")
+            raise mismatch(
+                "d2t",
+                f"target ids in [{lo}, {hi}]",
+                f"vocab_size {tcfg.vocab_size}",
+                "draft_id + d2t[draft_id] must be a target token id",
+            )
 
 
 __all__ = [

@@ -43,51 +43,129 @@ from graphrt.checkpoint import (
 from graphrt.config import ModelConfig, config_fields, load_config
 from graphrt.errors import CheckpointError
 
-_LLAMA3_8K = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}
+_LLAMA3_8K = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # name -> ModelConfig fields. "tiny*" run a whole speculative cycle on a CPU in milliseconds.
 PRESETS: dict[str, dict] = {
     "tiny": dict(
-        architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-        max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,),
+        architecture="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_ids=(2,),
     ),
     "tiny-tied": dict(
-        architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
+        architecture="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
         rope_scaling={**_LLAMA3_8K, "factor": 32.0, "original_max_position_embeddings": 1024},
-        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2, 3),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2, 3),
     ),
     "tiny-qwen2": dict(
-        architecture="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=True, eos_token_ids=(2,),
+        architecture="qwen2",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        eos_token_ids=(2,),
     ),
     "tiny-qwen3": dict(
-        architecture="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        max_position_embeddings=4096, tie_word_embeddings=False, qk_norm=True, eos_token_ids=(2,),
+        architecture="qwen3",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        qk_norm=True,
+        eos_token_ids=(2,),
     ),
     # Llama-3.2-1B's shapes (meta-llama/Llama-3.2-1B config.json).
     "llama-1b-shape": dict(
-        architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_8K, "factor": 32.0}, max_position_embeddings=131072,
-        tie_word_embeddings=True, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009),
+        architecture="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_8K, "factor": 32.0},
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
     ),
     # Llama-3.1-8B's shapes (meta-llama/Llama-3.1-8B config.json).
     "llama-8b-shape": dict(
-        architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_8K, "factor": 8.0}, max_position_embeddings=131072,
-        tie_word_embeddings=False, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009),
+        architecture="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_8K, "factor": 8.0},
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
     ),
 }
 
 _DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_ST_NAME = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
-            torch.int32: "I32", torch.bool: "BOOL", torch.uint8: "U8", torch.float64: "F64"}
+_ST_NAME = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.float64: "F64",
+}
 _POOL_SIZE = 1 << 22
 _CHUNK = 1 << 20
 
@@ -111,8 +189,9 @@ def _as_config(x, what: str) -> ModelConfig:
         return preset_config(x)
     if isinstance(x, (str, os.PathLike)) and os.path.isdir(x):
         return load_config(x)
-    raise CheckpointError(f"{what}: {x!r} is neither a preset ({', '.join(PRESETS)}), a ModelConfig, "
-                          "nor a checkpoint folder")
+    raise CheckpointError(
+        f"{what}: {x!r} is neither a preset ({', '.join(PRESETS)}), a ModelConfig, nor a checkpoint folder"
+    )
 
 
 # -- entries and the streaming writers -------------------------------------------------------------
@@ -159,7 +238,7 @@ def _random_chunks(name: str, shape, dtype, seed: int, std: float) -> Callable[[
         signs = torch.randint(0, 2, (len(offs),), generator=g).tolist()
         for k, off in enumerate(offs):
             n = min(_CHUNK, numel - k * _CHUNK)
-            piece = pool[off:off + n]
+            piece = pool[off : off + n]
             yield -piece if signs[k] else piece
 
     return gen
@@ -169,7 +248,8 @@ def _const_chunks(t: torch.Tensor) -> Callable[[], Iterator[torch.Tensor]]:
     def gen():
         flat = t.reshape(-1)
         for s in range(0, flat.numel(), 16 * _CHUNK):
-            yield flat[s:s + 16 * _CHUNK].contiguous()
+            yield flat[s : s + 16 * _CHUNK].contiguous()
+
     return gen
 
 
@@ -177,7 +257,11 @@ def _write_safetensors(file: str, entries: list[_Entry]) -> None:
     header: dict = {"__metadata__": {"format": "pt"}}
     off = 0
     for e in entries:
-        header[e.name] = {"dtype": _ST_NAME[e.dtype], "shape": list(e.shape), "data_offsets": [off, off + e.nbytes]}
+        header[e.name] = {
+            "dtype": _ST_NAME[e.dtype],
+            "shape": list(e.shape),
+            "data_offsets": [off, off + e.nbytes],
+        }
         off += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -207,7 +291,10 @@ def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format
     num_shards = max(1, min(int(num_shards), len(entries)))
     writer = _write_safetensors if file_format == "safetensors" else _write_bin
     if num_shards == 1:
-        writer(str(path / ("model.safetensors" if file_format == "safetensors" else "pytorch_model.bin")), entries)
+        writer(
+            str(path / ("model.safetensors" if file_format == "safetensors" else "pytorch_model.bin")),
+            entries,
+        )
         return
     # contiguous split balanced by bytes; every shard gets at least one tensor
     total = sum(e.nbytes for e in entries)
@@ -229,7 +316,9 @@ def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format
         for e in shard:
             weight_map[e.name] = fname
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    index_name = "model.safetensors.index.json" if file_format == "safetensors" else "pytorch_model.bin.index.json"
+    index_name = (
+        "model.safetensors.index.json" if file_format == "safetensors" else "pytorch_model.bin.index.json"
+    )
     (path / index_name).write_text(json.dumps(index, indent=2) + "\n")
 
 
@@ -238,7 +327,7 @@ def stored_name(canonical: str, kind: str) -> str:
     if kind == "lm":
         return canonical if canonical == "lm_head.weight" else "model." + canonical
     if kind == "eagle3" and canonical.startswith("layers.0."):
-        return "midlayer." + canonical[len("layers.0."):]
+        return "midlayer." + canonical[len("layers.0.") :]
     return canonical
 
 
@@ -264,24 +353,44 @@ def draft_config(
     """The config of an EAGLE-1/2 ("eagle") or EAGLE-3 ("eagle3") head with `base`'s layer shapes
     serving `target` (vocab from the target; EAGLE-3 fc width from the target's hidden size)."""
     common = dict(
-        vocab_size=target.vocab_size, hidden_size=base.hidden_size, intermediate_size=base.intermediate_size,
-        num_hidden_layers=num_layers or 1, num_attention_heads=base.num_attention_heads,
-        num_key_value_heads=base.num_key_value_heads, head_dim=base.head_dim, rms_norm_eps=base.rms_norm_eps,
-        rope_theta=base.rope_theta, rope_scaling=base.rope_scaling,
-        max_position_embeddings=base.max_position_embeddings, tie_word_embeddings=False,
-        torch_dtype=torch_dtype, bos_token_id=target.bos_token_id, eos_token_ids=target.eos_token_ids,
+        vocab_size=target.vocab_size,
+        hidden_size=base.hidden_size,
+        intermediate_size=base.intermediate_size,
+        num_hidden_layers=num_layers or 1,
+        num_attention_heads=base.num_attention_heads,
+        num_key_value_heads=base.num_key_value_heads,
+        head_dim=base.head_dim,
+        rms_norm_eps=base.rms_norm_eps,
+        rope_theta=base.rope_theta,
+        rope_scaling=base.rope_scaling,
+        max_position_embeddings=base.max_position_embeddings,
+        tie_word_embeddings=False,
+        torch_dtype=torch_dtype,
+        bos_token_id=target.bos_token_id,
+        eos_token_ids=target.eos_token_ids,
     )
     if kind == "eagle":
         if base.hidden_size != target.hidden_size:
             raise CheckpointError(
-                f"EAGLE-1/2 head hidden_size {base.hidden_size} must equal the target's {target.hidden_size}")
-        return ModelConfig(architecture="eagle", eagle_fc_bias=fc_bias, has_input_layernorm=False,
-                           has_embed_tokens=True if include_embed is None else include_embed, **common)
+                f"EAGLE-1/2 head hidden_size {base.hidden_size} must equal the target's {target.hidden_size}"
+            )
+        return ModelConfig(
+            architecture="eagle",
+            eagle_fc_bias=fc_bias,
+            has_input_layernorm=False,
+            has_embed_tokens=True if include_embed is None else include_embed,
+            **common,
+        )
     if kind == "eagle3":
         V = target.vocab_size
         dv = draft_vocab_size or (32000 if V >= 64000 else max(1, V // 2))
-        return ModelConfig(architecture="eagle3", target_hidden_size=target.hidden_size, draft_vocab_size=dv,
-                           has_embed_tokens=False if include_embed is None else include_embed, **common)
+        return ModelConfig(
+            architecture="eagle3",
+            target_hidden_size=target.hidden_size,
+            draft_vocab_size=dv,
+            has_embed_tokens=False if include_embed is None else include_embed,
+            **common,
+        )
     raise ValueError(f"kind must be 'eagle' or 'eagle3' here, got {kind!r}")
 
 
@@ -328,8 +437,16 @@ def write_random_checkpoint(
             cfg = base.with_(torch_dtype=tname)
         else:
             tcfg = _as_config(target, "target") if target is not None else base
-            cfg = draft_config(base, tcfg, kind, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
-                               fc_bias=fc_bias, include_embed=include_embed, torch_dtype=tname)
+            cfg = draft_config(
+                base,
+                tcfg,
+                kind,
+                num_layers=num_layers,
+                draft_vocab_size=draft_vocab_size,
+                fc_bias=fc_bias,
+                include_embed=include_embed,
+                torch_dtype=tname,
+            )
     else:
         raise ValueError(f"kind must be 'lm', 'eagle' or 'eagle3', got {kind!r}")
 
@@ -407,7 +524,9 @@ def self_draft(
 
     dtype_of = src("embed_tokens.weight").dtype
     if kind == "lm":
-        cfg = tcfg.with_(num_hidden_layers=num_layers, torch_dtype=_DTYPE_NAME.get(dtype_of, tcfg.torch_dtype))
+        cfg = tcfg.with_(
+            num_hidden_layers=num_layers, torch_dtype=_DTYPE_NAME.get(dtype_of, tcfg.torch_dtype)
+        )
         entries = []
         for name, shape in expected_shapes(cfg).items():
             t = src(name)
@@ -415,8 +534,14 @@ def self_draft(
     elif kind == "eagle":
         if fc_init not in ("embed", "hidden"):
             raise ValueError(f"fc_init must be 'embed' or 'hidden', got {fc_init!r}")
-        cfg = draft_config(tcfg, tcfg, "eagle", num_layers=num_layers, include_embed=False,
-                           torch_dtype=_DTYPE_NAME.get(dtype_of))
+        cfg = draft_config(
+            tcfg,
+            tcfg,
+            "eagle",
+            num_layers=num_layers,
+            include_embed=False,
+            torch_dtype=_DTYPE_NAME.get(dtype_of),
+        )
         cfg = cfg.with_(has_input_layernorm=(fc_init == "embed"))
         H = tcfg.hidden_size
         eye, zero = torch.eye(H, dtype=dtype_of), torch.zeros(H, H, dtype=dtype_of)
@@ -427,7 +552,9 @@ def self_draft(
                 t = fc
             else:
                 t = src(name)
-                if fc_init == "hidden" and name.endswith(("o_proj.weight", "down_proj.weight", "o_proj.bias")):
+                if fc_init == "hidden" and name.endswith(
+                    ("o_proj.weight", "down_proj.weight", "o_proj.bias")
+                ):
                     t = torch.zeros_like(t)
             entries.append(_Entry(stored_name(name, "eagle"), shape, t.dtype, _const_chunks(t)))
     else:

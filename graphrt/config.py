@@ -47,9 +47,14 @@ EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 LLAMA_MODEL_TYPES = ("llama", "mistral")
 
 DTYPE_NAMES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
 }
 
 # ModelConfig.architecture -> (architectures[0], model_type) written by to_hf_dict.
@@ -151,9 +156,22 @@ class ModelConfig:
             raise CheckpointError(
                 f"{where}: architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+        ):
             _check_pos_int(where, name, getattr(self, name))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise CheckpointError(
+                    f"{where}: field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
+                    f"hidden_size ({self.hidden_size}) and no head_dim is given"
+                )
+            s(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
             s(self, "num_key_value_heads", self.num_attention_heads)
         _check_pos_int(where, "num_key_value_heads", self.num_key_value_heads)
@@ -162,13 +180,6 @@ class ModelConfig:
                 f"{where}: field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise CheckpointError(
-                    f"{where}: field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
-                    f"hidden_size ({self.hidden_size}) and no head_dim is given"
-                )
-            s(self, "head_dim", self.hidden_size // self.num_attention_heads)
         _check_pos_int(where, "head_dim", self.head_dim)
         if self.head_dim % 2:
             raise CheckpointError(f"{where}: field 'head_dim' must be even for RoPE, found {self.head_dim}")
@@ -177,10 +188,20 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise CheckpointError(f"{where}: field {name!r} must be a positive number, found {v!r}")
             s(self, name, float(v))
-        for name in ("tie_word_embeddings", "attention_bias", "o_proj_bias", "qk_norm", "eagle_fc_bias",
-                     "has_input_layernorm", "has_embed_tokens", "norm_before_residual"):
+        for name in (
+            "tie_word_embeddings",
+            "attention_bias",
+            "o_proj_bias",
+            "qk_norm",
+            "eagle_fc_bias",
+            "has_input_layernorm",
+            "has_embed_tokens",
+            "norm_before_residual",
+        ):
             if not isinstance(getattr(self, name), bool):
-                raise CheckpointError(f"{where}: field {name!r} must be true or false, found {getattr(self, name)!r}")
+                raise CheckpointError(
+                    f"{where}: field {name!r} must be true or false, found {getattr(self, name)!r}"
+                )
         if self.hidden_act != "silu":
             raise CheckpointError(
                 f"{where}: field 'hidden_act' is {self.hidden_act!r}; graphrt runs SiLU-gated MLPs only"
@@ -228,7 +249,7 @@ class ModelConfig:
 
     @property
     def kind(self) -> str:
-        """"lm" for Llama/Qwen LMs (targets or standalone drafts), else "eagle" / "eagle3"."""
+        """ "lm" for Llama/Qwen LMs (targets or standalone drafts), else "eagle" / "eagle3"."""
         return self.architecture if self.architecture in ("eagle", "eagle3") else "lm"
 
     @property
@@ -283,11 +304,13 @@ class ModelConfig:
             raise CheckpointError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
         shapes = dict(weight_shapes or {})
         names = set(shapes)
-        stripped = {n[len("model."):] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
+        stripped = {n[len("model.") :] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
 
         archs = d.get("architectures")
         if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
-            raise CheckpointError(f"{where}: field 'architectures' must be a list of strings, found {archs!r}")
+            raise CheckpointError(
+                f"{where}: field 'architectures' must be a list of strings, found {archs!r}"
+            )
         arch0 = archs[0] if archs else None
         model_type = d.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
@@ -341,11 +364,11 @@ class ModelConfig:
 
         extra: dict[str, Any] = {}
         if architecture == "eagle":
-            fc = stripped.get("fc.weight")
             extra["eagle_fc_bias"] = ("fc.bias" in stripped) if shapes else bool(opt("bias", True))
-            extra["has_input_layernorm"] = ("layers.0.input_layernorm.weight" in stripped) if shapes else False
+            extra["has_input_layernorm"] = (
+                ("layers.0.input_layernorm.weight" in stripped) if shapes else False
+            )
             extra["has_embed_tokens"] = ("embed_tokens.weight" in stripped) if shapes else True
-            del fc
         elif architecture == "eagle3":
             th = d.get("target_hidden_size")
             fc = stripped.get("fc.weight")
@@ -422,7 +445,9 @@ class ModelConfig:
         if self.bos_token_id is not None:
             d["bos_token_id"] = self.bos_token_id
         if self.eos_token_ids:
-            d["eos_token_id"] = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
+            d["eos_token_id"] = (
+                self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
+            )
         if self.architecture == "eagle":
             d["bias"] = self.eagle_fc_bias  # the EAGLE repo's name for the fc bias switch
         if self.architecture == "eagle3":
@@ -552,9 +577,8 @@ def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> 
         raise CheckpointError(
             f"{where}: field 'model_type' is {model_type!r} but architectures says LlamaForCausalLM"
         )
-    if kind == "lm" and (eagle3_by_weights or eagle_by_weights):
-        # Forced to read an EAGLE head as an LM: the weight check will name the keys that differ.
-        pass
+    # kind="lm" forced on an EAGLE head's folder reads it as a Llama; the weight check then names
+    # the tensors that do not fit.
     return arch
 
 
@@ -593,16 +617,23 @@ def _normalise_rope_scaling(rs: dict, where: str, field_name: str) -> dict | Non
         return None
     if rope_type != "llama3":
         raise CheckpointError(
-            f"{where}: field '{field_name}.rope_type' is {rope_type!r}; graphrt supports 'default' and 'llama3'"
+            f"{where}: field '{field_name}.rope_type' is {rope_type!r}; "
+            "graphrt supports 'default' and 'llama3'"
         )
     out: dict[str, Any] = {"rope_type": "llama3"}
-    for key, typ in (("factor", float), ("low_freq_factor", float), ("high_freq_factor", float),
-                     ("original_max_position_embeddings", int)):
+    for key, typ in (
+        ("factor", float),
+        ("low_freq_factor", float),
+        ("high_freq_factor", float),
+        ("original_max_position_embeddings", int),
+    ):
         v = rs.get(key)
         if v is None:
             raise CheckpointError(f"{where}: field '{field_name}.{key}' is missing (needed by llama3 RoPE)")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise CheckpointError(f"{where}: field '{field_name}.{key}' must be a positive number, found {v!r}")
+            raise CheckpointError(
+                f"{where}: field '{field_name}.{key}' must be a positive number, found {v!r}"
+            )
         if typ is int and v != int(v):
             raise CheckpointError(f"{where}: field '{field_name}.{key}' must be an integer, found {v!r}")
         out[key] = typ(v)
