@@ -457,15 +457,16 @@ def _paged_attn_merge_kernel(
     stride_oh,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # power of two >= NUM_SPLITS
     BLOCK_H: tl.constexpr,  # query heads per program
+    BLOCK_DM: tl.constexpr,  # head_dim slice per program
 ):
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
+    d_tile = tl.program_id(2)
     b = row // query_len
     t = row % query_len
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -482,7 +483,8 @@ def _paged_attn_merge_kernel(
 
     offs_h = h_tile * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = d_tile * BLOCK_DM + tl.arange(0, BLOCK_DM)
+    d_ok = offs_d < HEAD_DIM
     h_ok = offs_h < NUM_Q_HEADS
     s_ok = (offs_s < num_valid)[None, :] & h_ok[:, None]  # [BLOCK_H, SPLITS_P2]
     ws_row = (offs_s[None, :] * total_rows + row).to(tl.int64) * NUM_Q_HEADS + offs_h[:, None]
@@ -493,20 +495,22 @@ def _paged_attn_merge_kernel(
     denom = tl.sum(w, 1)  # [BLOCK_H]
     part = tl.load(
         ws_out_ptr + ws_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-        mask=s_ok[:, :, None] & (offs_d < HEAD_DIM)[None, None, :],
+        mask=s_ok[:, :, None] & d_ok[None, None, :],
         other=0.0,
-    )  # [BLOCK_H, SPLITS_P2, BLOCK_D]
+    )  # [BLOCK_H, SPLITS_P2, BLOCK_DM]
     o = tl.sum(part * w[:, :, None], 1) / tl.where(denom > 0.0, denom, 1.0)[:, None]  # rows w/o key: 0
     tl.store(
         out_ptr + row.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
         o.to(out_ptr.dtype.element_ty),
-        mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :],
+        mask=h_ok[:, None] & d_ok[None, :],
     )
 
 
 # Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
 _MAX_SPLITS = 64
-_MIN_SPLIT_TOKENS = 256  # fewer tokens per split than this costs more in merging than it gains
+# Fewer tokens per split than this cost more in merging than they gain. 128 = two BLOCK_N steps at
+# D = 128: at B = 1 and 4k context (Hkv = 8) that gives 32 splits, 256 programs, ~2 per H100 SM.
+_MIN_SPLIT_TOKENS = 128
 _PROGRAMS_PER_SM = 2  # aim for ~2 resident programs per SM when splitting
 _MAX_BLOCK_M = 64  # prefill query tile: BLOCK_Q = _MAX_BLOCK_M // GROUP rows
 
@@ -679,9 +683,12 @@ def paged_attention_triton(
     )
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
-        # Heads per merge program: as many as keep the [heads, splits, D] tile at <= 8K fp32 values.
-        merge_h = max(1, min(triton.next_power_of_2(hq), 8192 // (splits_p2 * block_d)))
-        _paged_attn_merge_kernel[(total_rows, triton.cdiv(hq, merge_h))](
+        # Merge tile [heads, splits, D slice] of <= 4096 fp32 values (32 a thread at 4 warps; 8192
+        # spilled registers at 64 splits x D 128 on sm_90).
+        merge_d = min(block_d, max(16, 4096 // splits_p2))
+        merge_h = max(1, min(triton.next_power_of_2(hq), 4096 // (splits_p2 * merge_d)))
+        merge_grid = (total_rows, triton.cdiv(hq, merge_h), triton.cdiv(d, merge_d))
+        _paged_attn_merge_kernel[merge_grid](
             out,
             ws_out,
             ws_lse,
@@ -693,12 +700,12 @@ def paged_attention_triton(
             out.stride(1),
             NUM_Q_HEADS=hq,
             HEAD_DIM=d,
-            BLOCK_D=block_d,
             PAGE=page,
             BLOCK_N=block_n,
             NUM_SPLITS=num_splits,
             SPLITS_P2=splits_p2,
             BLOCK_H=merge_h,
+            BLOCK_DM=merge_d,
             num_warps=4,
         )
     return out

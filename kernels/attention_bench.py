@@ -129,18 +129,23 @@ def run(
 
 
 def sweep() -> list[dict]:
-    """Tile / warps / stages / split-count grid at 4k context, B in {1, 8}, query_len in {1, 4}."""
+    """At 4k context, B in {1, 8}, query_len in {1, 4}: (a) KV tile x warps x stages at the split
+    heuristic, (b) split counts at the default tile. To retune the defaults in attention.py."""
     rows = []
     bw = memory_bandwidth_gbs()
-    for block_n, warps, stages, splits in itertools.product((32, 64, 128), (4, 8), (2, 3), (None, 32)):
-        kw = dict(block_n=block_n, num_warps=warps, num_stages=stages, num_splits=splits)
+    configs = [
+        dict(block_n=bn, num_warps=w, num_stages=st)
+        for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 5))
+    ]
+    configs += [dict(num_splits=n) for n in (1, 4, 8, 16, 32, 48, 64)]
+    for kw in configs:
         try:
             got = run(contexts=(4096,), batches=(1, 8), with_torch=False, bw_gbs=bw, **kw)
         except Exception as e:  # e.g. out of shared memory for a large tile x stages
             print(f"{kw}: {type(e).__name__}: {e}")
             continue
         for r in got:
-            rows.append({**kw, **r})
+            rows.append({"config": " ".join(f"{k}={v}" for k, v in kw.items()), **r})
     return rows
 
 
