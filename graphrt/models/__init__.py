@@ -8,6 +8,7 @@ and `cfg`.
 
 from __future__ import annotations
 
+from graphrt.config import default_eagle3_aux_layer_ids
 from graphrt.errors import ConfigMismatchError
 from graphrt.models.decoder_lm import DecoderLM
 from graphrt.models.eagle import Eagle3Head, EagleHead
@@ -30,9 +31,7 @@ def build_draft(ckpt, target: DecoderLM, max_positions: int, device):
 
 
 def eagle3_aux_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
-    ids = getattr(cfg, "eagle_aux_layer_ids", None)
-    # The low/mid/high layers EAGLE-3 was trained on when its config names none.
-    ids = tuple(ids) if ids else (2, num_target_layers // 2, num_target_layers - 3)
+    ids = cfg.eagle_aux_layer_ids or default_eagle3_aux_layer_ids(num_target_layers)
     if len(ids) != 3 or not all(0 <= i <= num_target_layers for i in ids):
         raise ConfigMismatchError(
             f"EAGLE-3 aux layer ids {ids} do not fit a target of {num_target_layers} layers "

@@ -31,14 +31,14 @@ class DecoderLM:
     def forward(self, tokens, positions, meta: AttentionMetadata, kv):
         """tokens, positions: [N] int64. Returns (hidden [N, H], aux [N, len(aux)*H] or None)."""
         x = F.embedding(tokens, self.embed)
-        aux = []
+        streams = {}  # residual stream entering layer j (j = num_layers: after the last layer)
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
-                aux.append(x)
+                streams[i] = x
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
-        if len(self.layers) in self.aux_layer_ids:  # "input of the layer after the last"
-            aux.append(x)
+        streams[len(self.layers)] = x
         hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        aux = [streams[j] for j in self.aux_layer_ids]  # low, mid, high; ids may repeat on tiny targets
         return hidden, (torch.cat(aux, dim=-1) if aux else None)
 
     def logits(self, hidden):

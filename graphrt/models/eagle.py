@@ -12,8 +12,8 @@ from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
 
 
 class EagleHead:
-    """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer whose
-    input norm is absent -> the target's LM head, with no final norm."""
+    """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer (the
+    published heads have no input norm on it) -> the target's LM head, with no final norm."""
 
     position_offset = -1
     uses_target_hidden = True
@@ -26,7 +26,7 @@ class EagleHead:
         self.lm_head = target.lm_head
         self.fc_weight = weights["fc.weight"]
         self.fc_bias = weights.get("fc.bias")
-        self.layers = [DecoderLayer(weights, "layers.0", cfg, self.rotary, has_input_norm=False)]
+        self.layers = [DecoderLayer(weights, "layers.0", cfg, self.rotary, has_input_norm=cfg.has_input_layernorm)]
 
     @property
     def num_layers(self) -> int:
@@ -51,10 +51,13 @@ class Eagle3Layer(DecoderLayer):
     def __init__(self, weights, prefix, cfg, rotary):
         super().__init__(weights, prefix, cfg, rotary)
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
+        self.norm_before_residual = cfg.norm_before_residual
 
     def __call__(self, embeds, hidden, positions, meta, k_cache, v_cache):
-        x = torch.cat([rms_norm(embeds, self.input_norm, self.eps), rms_norm(hidden, self.hidden_norm, self.eps)], -1)
-        h = hidden + self.attn(x, positions, meta, k_cache, v_cache)
+        normed = rms_norm(hidden, self.hidden_norm, self.eps)
+        x = torch.cat([rms_norm(embeds, self.input_norm, self.eps), normed], dim=-1)
+        residual = normed if self.norm_before_residual else hidden
+        h = residual + self.attn(x, positions, meta, k_cache, v_cache)
         return h + self.mlp(rms_norm(h, self.post_norm, self.eps))
 
 
