@@ -40,7 +40,7 @@ from graphrt.checkpoint import (
     canonical_name,
     expected_shapes,
 )
-from graphrt.config import ModelConfig, config_fields, load_config
+from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids, load_config
 from graphrt.errors import CheckpointError
 
 _LLAMA3_8K = {
@@ -384,8 +384,14 @@ def draft_config(
     if kind == "eagle3":
         V = target.vocab_size
         dv = draft_vocab_size or (32000 if V >= 64000 else max(1, V // 2))
+        # Pin the aux layers only where the published default (2, L//2, L-3) does not fit the target.
+        L = target.num_hidden_layers
+        aux = (
+            None if default_eagle3_aux_layer_ids(L) == (2, L // 2, L - 3) else default_eagle3_aux_layer_ids(L)
+        )
         return ModelConfig(
             architecture="eagle3",
+            eagle_aux_layer_ids=aux,
             target_hidden_size=target.hidden_size,
             draft_vocab_size=dv,
             has_embed_tokens=False if include_embed is None else include_embed,

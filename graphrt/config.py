@@ -76,10 +76,9 @@ def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]
     (`set_eagle3_layers_to_capture(None)`); ids use the "entering layer j" convention (module doc).
     """
     n = int(num_target_layers)
-    if n < 4:
-        # (2, n//2, n-3) would repeat or go negative; clamp into [0, n] keeping low <= mid <= high.
-        return (min(2, n), n // 2, max(n - 1, 0))
-    return (2, n // 2, n - 3)
+    # For L < 5 that formula leaves [0, L] or is out of order (L=4 gives (2, 2, 1)): clamp and sort,
+    # which changes nothing for L >= 5. Tiny test targets only; real targets have L >= 16.
+    return tuple(sorted(min(max(i, 0), n) for i in (2, n // 2, n - 3)))
 
 
 def _where(path: str | None, file: str = "config.json") -> str:

@@ -175,6 +175,9 @@ def test_eagle3_round_trip(tmp_path, tiny_target):
     cfg, w = ckpt.config, ckpt.weights
     assert ckpt.kind == "eagle3" and cfg == written
     assert cfg.draft_vocab_size == 100 and cfg.target_hidden_size == 64 and not cfg.has_embed_tokens
+    # the 2-layer target is too small for (2, L//2, L-3): the writer pins ids that fit it
+    assert cfg.eagle_aux_layer_ids == (0, 1, 2)
+    assert json.loads((tmp_path / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     assert w["fc.weight"].shape == (64, 192)
     assert w["layers.0.self_attn.q_proj.weight"].shape == (64, 128)  # reads [norm(emb) ; hidden_norm(h)]
     assert w["layers.0.self_attn.k_proj.weight"].shape == (32, 128)
@@ -401,6 +404,9 @@ def test_preset_shapes_match_published_parameter_counts():
 
 def test_eagle3_aux_layer_ids():
     assert default_eagle3_aux_layer_ids(32) == (2, 16, 29)
+    for n in range(1, 8):  # tiny targets: clamped into [0, n], ordered low <= mid <= high
+        ids = default_eagle3_aux_layer_ids(n)
+        assert len(ids) == 3 and list(ids) == sorted(ids) and 0 <= ids[0] and ids[-1] <= n
     base = dict(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, draft_vocab_size=32000)
     top = ModelConfig.from_hf_dict(_llama_dict(**base, eagle_aux_hidden_state_layer_ids=[2, 16, 29]))
     nested = ModelConfig.from_hf_dict(
