@@ -722,21 +722,22 @@ def paged_attention(
     scale: float,
     out=None,
     max_seq_len: int | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of B * query_len query rows over the paged KV cache. CUDA -> Triton.
 
     Returns [B * query_len, Hq, D] in query's dtype (fp32 accumulation). See the module docstring
-    for the layout and which positions each row attends to.
+    for the layout and which positions each row attends to. max_seq_len (static, default the
+    table's capacity) sizes the Triton grid; workspace (attention_workspace(...), optional) is the
+    Triton split buffer, for callers that keep static buffers per captured graph. The reference
+    ignores both.
     """
-    fn = paged_attention_triton if query.is_cuda else paged_attention_reference
-    return fn(
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_len=query_len,
-        scale=scale,
-        out=out,
+    if query.is_cuda:
+        return paged_attention_triton(
+            query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
+            max_seq_len=max_seq_len, workspace=workspace,
+        )  # fmt: skip
+    return paged_attention_reference(
+        query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
         max_seq_len=max_seq_len,
-    )
+    )  # fmt: skip

@@ -337,11 +337,18 @@ def test_store_then_attend_roundtrip():
         for fn in (store_kv_reference, store_kv_triton):
             fn(k, v, kc, vc, slots)
         dense.append((k, v))
-    q = torch.randn(len(lens) * ql, hq, d, generator=gen)
+    # Query as a view of a fused qkv projection and out as a strided view: non-contiguous rows.
+    qkv = torch.randn(len(lens) * ql, hq + 2 * hkv, d, generator=gen)
+    q = qkv[:, :hq]
     sl = torch.tensor(lens, dtype=torch.int32)
     expect = dense_attention(q, dense, query_len=ql, scale=0.25)
-    tri = paged_attention_triton(q, kc, vc, bt, sl, query_len=ql, scale=0.25)
+    out = torch.zeros(len(lens) * ql, hq + 1, d)[:, 1:]
+    tri = paged_attention_triton(q, kc, vc, bt, sl, query_len=ql, scale=0.25, out=out)
+    assert tri is out
     assert_close(tri, expect, torch.float32, seed, "roundtrip")
+    assert_close(
+        paged_attention(q, kc, vc, bt, sl, query_len=ql, scale=0.25), expect, torch.float32, seed, "ref"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
