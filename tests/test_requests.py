@@ -105,9 +105,17 @@ def test_stop_tokens_and_eos(target):
     assert g.finish_reason == "stop"
 
 
-def test_mismatched_draft_is_refused(target):
-    other = load(draft_dir("lm", target_preset="tiny-qwen2"))
-    if other.config.vocab_size == target.config.vocab_size:
-        pytest.skip("presets share a vocabulary")
+def test_mismatched_draft_is_refused(target, tmp_path):
+    from graphrt.checkpoint_writer import preset_config, write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "v", preset_config("tiny", vocab_size=300, num_hidden_layers=1),
+                            dtype=torch.float32)
     with pytest.raises(ConfigMismatchError, match="vocab"):
-        Runtime(target, other, max_batch_size=1, max_seq_len=16)
+        Runtime(target, load(tmp_path / "v"), max_batch_size=1, max_seq_len=16)
+    wide = preset_config("tiny", hidden_size=96)
+    write_random_checkpoint(tmp_path / "e", wide, kind="eagle", dtype=torch.float32, target=wide)
+    with pytest.raises(ConfigMismatchError, match="hidden"):
+        Runtime(target, load(tmp_path / "e"), max_batch_size=1, max_seq_len=16)
+    # the refused pairs leave nothing behind: a good pair still works
+    rt = Runtime(target, load(draft_dir("self")), max_batch_size=1, max_seq_len=16)
+    assert len(rt.generate([[1, 2]], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids) == 4
