@@ -1,0 +1,125 @@
+"""argmax: reference vs a brute-force loop, Triton (interpreter on CPU, real kernel on GPU) vs reference."""
+
+import math
+import os
+
+import pytest
+import torch
+from graphrt.kernels import argmax
+from graphrt.kernels.argmax import argmax_reference, argmax_triton
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def brute_force(row: list[float]) -> tuple[float, int]:
+    best, best_i = -math.inf, 0
+    for i, x in enumerate(row):
+        if not math.isnan(x) and x > best:
+            best, best_i = x, i
+    return best, best_i
+
+
+def hard_logits(b: int, v: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random rows with few distinct levels (ties), NaN, +/-inf and whole NaN / -inf rows."""
+    x = torch.randint(-3, 4, (b, v), generator=gen).float() + 0.5 * torch.randn(b, v, generator=gen).round()
+    r = torch.rand(b, v, generator=gen)
+    x[r < 0.05] = float("nan")
+    x[(r >= 0.05) & (r < 0.08)] = float("-inf")
+    if b > 2:
+        x[1] = float("nan")
+        x[2] = float("-inf")
+    if b > 3:
+        x[3, torch.randint(0, v, (1,), generator=gen)] = float("inf")
+    if b > 4:
+        x[4, : v // 2] = float("nan")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_matches_brute_force(dtype):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    for b, v in [(1, 1), (6, 7), (7, 50)]:
+        x = hard_logits(b, v, dtype, gen)
+        vals, idx = argmax_reference(x)
+        assert vals.dtype == dtype and idx.dtype == torch.int64
+        for i in range(b):
+            bv, bi = brute_force(x[i].float().tolist())
+            assert (int(idx[i]), float(vals[i])) == (bi, bv), f"seed {seed} row {i}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,v,block_v,splits", [(1, 1, 16, None), (1, 300, 32, 4), (7, 77, 16, 3),
+                                                (6, 64, 32, None), (3, 1000, 128, 2)])
+def test_triton_matches_reference(dtype, b, v, block_v, splits):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x = hard_logits(b, v, dtype, gen)
+    x_before = x.clone()
+    ref = argmax_reference(x)
+    got = argmax_triton(x, block_v=block_v, num_splits=splits)
+    assert torch.equal(got[1], ref[1]), f"seed {seed}"
+    assert torch.equal(got[0], ref[0]), f"seed {seed}"
+    assert got[0].dtype == dtype
+    assert torch.equal(x.view(torch.uint8), x_before.view(torch.uint8)), "input modified"
+
+
+def test_triton_strided_rows_and_out():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(5, 130, generator=gen)
+    x = base[:, :100]  # row stride 130, vocab contiguous
+    values = torch.empty(5)
+    indices = torch.empty(5, dtype=torch.int64)
+    got = argmax_triton(x, out=(values, indices), block_v=32)
+    assert got[0] is values and got[1] is indices
+    ref = argmax_reference(x)
+    assert torch.equal(indices, ref[1]) and torch.equal(values, ref[0]), f"seed {seed}"
+
+
+def test_ties_go_to_lowest_index_across_splits():
+    x = torch.zeros(2, 200)
+    x[0, [150, 40, 199]] = 5.0
+    x[1, [199]] = float("inf")
+    x[1, [3]] = float("nan")
+    vals, idx = argmax_triton(x, block_v=16, num_splits=8)
+    assert idx.tolist() == [40, 199] and vals.tolist() == [5.0, math.inf]
+
+
+def test_public_argmax_cpu_and_validation():
+    x = torch.randn(3, 10)
+    v, i = argmax(x)
+    assert torch.equal(i, argmax_reference(x)[1])
+    out = (torch.empty(3), torch.empty(3, dtype=torch.int64))
+    argmax(x, out=out)
+    assert torch.equal(out[1], i)
+    with pytest.raises(ValueError, match="logits"):
+        argmax(torch.randn(10))
+    with pytest.raises(ValueError, match="dtype"):
+        argmax(torch.zeros(2, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        argmax_triton(torch.randn(10, 3).t())
+    with pytest.raises(ValueError, match="out"):
+        argmax_triton(x, out=(torch.empty(3), torch.empty(3, dtype=torch.int32)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b", [1, 8, 64, 256])
+@pytest.mark.parametrize("v", [32000, 128256, 151936])
+def test_triton_gpu_real_sizes(cuda, dtype, b, v):
+    seed = fresh_seed()
+    gen = torch.Generator(device=cuda).manual_seed(seed)
+    x = torch.randn(b, v, device=cuda, generator=gen).to(dtype)
+    if b > 2:
+        x[1] = float("nan")
+        x[2, 5:] = float("-inf")
+        x[0, 100] = x[0, 7] = x[0].max() + 1  # tie
+    ref = argmax_reference(x)
+    got = argmax(x)
+    assert torch.equal(got[1], ref[1]), f"seed {seed}"
+    assert torch.equal(got[0], ref[0]), f"seed {seed}"
