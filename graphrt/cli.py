@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="decode throughput, acceptance and per-phase time (default: embedded model)")
     b.add_argument("what", nargs="?", choices=["decode", "kernels"], default="decode")
     b.add_argument("--target", help="target checkpoint directory (default: an embedded random preset)")
-    b.add_argument("--preset", help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
+    b.add_argument("--preset",
+                   help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
     b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
     b.add_argument("--batch-sizes", type=_int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
     b.add_argument("--prompt-len", type=int, default=32)

@@ -20,9 +20,9 @@ State invariant at the start of a cycle, for a request with n verified tokens t_
 
 from __future__ import annotations
 
-import torch
-
 from contextlib import nullcontext
+
+import torch
 
 from graphrt.kernels import argmax, rejection_sample
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
@@ -87,6 +87,7 @@ class Cycle:
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
         self.offset = draft.position_offset if draft is not None else 0
         self.timer = None  # a graphrt.profiling.phase_timer.PhaseTimer, when phases are being timed
+        self.graphs = None  # a graphrt.capture.graphs.CycleGraphs, once captured
 
     def _meta(self, slots, positions) -> AttentionMetadata:
         """slots [B]; positions [B, T] int64 (consecutive per row)."""
@@ -182,19 +183,26 @@ class Cycle:
         self._advance(slots, n, B)
 
     # ---- one cycle ----------------------------------------------------------------------------
-    def run(self, B: int) -> None:
-        phase = self.timer.phase if self.timer is not None else _no_timer
+    def phases(self):
+        """The phase launches of one cycle, in order: [(name, function of the bucket size)]."""
         if self.draft is None:
-            with phase(TARGET_DECODE):
-                self.target_decode(B)
-            return
-        with phase(TARGET_VERIFY):
-            self.target_verify(B)
-        with phase(DRAFT_EXTEND):
-            self.draft_extend(B)
+            return [(TARGET_DECODE, self.target_decode)]
+        phases = [(TARGET_VERIFY, self.target_verify), (DRAFT_EXTEND, self.draft_extend)]
         if self.K > 1:
-            with phase(DRAFT_DECODE):
-                self.draft_decode(B)
+            phases.append((DRAFT_DECODE, self.draft_decode))
+        return phases
+
+    def run(self, B: int) -> None:
+        """One cycle at bucket size B: each phase replays its CUDA graph when one was captured for
+        this bucket, else runs eagerly. Either way it sits inside one timer/NVTX phase."""
+        phase = self.timer.phase if self.timer is not None else _no_timer
+        for name, fn in self.phases():
+            graph = self.graphs.get(name, B) if self.graphs is not None else None
+            with phase(name):
+                if graph is not None:
+                    graph.replay()
+                else:
+                    fn(B)
 
     # ---- PREFILL (eager, one request) ---------------------------------------------------------
     def prefill(self, slot: int, prompt: torch.Tensor):

@@ -17,7 +17,7 @@ import torch
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
-from graphrt.kv_cache import KVPool, BlockAllocator, blocks_for_budget
+from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import build_draft, build_target
 from graphrt.params import Generation, SamplingParams
 
@@ -46,8 +46,12 @@ class Runtime:
     def __init__(self, target: Checkpoint, draft: Checkpoint | None = None, *, num_draft_tokens: int = 3,
                  device=None, max_batch_size: int = 64, max_seq_len: int = 2048, block_size: int = 16,
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
-                 buckets: tuple[int, ...] | None = None):
+                 buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if use_cuda_graphs and device.type != "cuda":
+            raise ValueError("use_cuda_graphs=True needs a CUDA device")
+        # graphs are captured lazily, before the first decode cycle, or by capture()
+        self.use_cuda_graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
         if num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
         if max_batch_size < 1 or max_seq_len < 2 or block_size < 1:
@@ -239,6 +243,20 @@ class Runtime:
         self._free_slots.append(req.slot)
         req.blocks, req.slot = [], -1
 
+    # ---- CUDA graphs --------------------------------------------------------------------------
+    def capture(self, progress=None, inspect_kernels: bool = True):
+        """Capture every phase x bucket as a CUDA graph (largest bucket first, one shared pool).
+        Returns the list of graphrt.capture.graphs.CapturedGraph records."""
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graph capture needs a CUDA device")
+        from graphrt.capture.graphs import CycleGraphs
+
+        graphs = CycleGraphs(self.cycle, self.buckets)
+        self.cycle.graphs = None
+        records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
+        self.cycle.graphs = graphs
+        return records
+
     # ---- decoding -----------------------------------------------------------------------------
     def bucket_for(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
@@ -248,6 +266,8 @@ class Runtime:
         self._admit()
         if not self._running:
             return {}
+        if self.use_cuda_graphs and self.cycle.graphs is None:
+            self.capture(inspect_kernels=False)
         reqs = sorted(self._running.values(), key=lambda r: r.slot)
         B = len(reqs)
         Bk = self.bucket_for(B)

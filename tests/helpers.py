@@ -14,14 +14,14 @@ from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 _ROOT = Path(tempfile.mkdtemp(prefix="graphrt-test-ckpts-"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_dir(preset: str = "tiny", seed: int = 0) -> Path:
     path = _ROOT / f"{preset}-{seed}"
     write_random_checkpoint(path, preset, dtype=torch.float32, seed=seed)
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def draft_dir(kind: str, target_preset: str = "tiny", seed: int = 1) -> Path:
     """kind: 'lm' (an independent 1-layer LM), 'self' (the target's first layer), 'eagle', 'eagle3'."""
     target = tiny_dir(target_preset)

@@ -1,0 +1,90 @@
+"""One CUDA graph per (phase, bucket), captured largest bucket first into one shared memory pool.
+
+Every phase function of graphrt.cycle.Cycle reads and writes only the runtime's static buffers,
+so a graph captured once replays for any requests: the host changes what the graph sees by
+writing `batch_slots` (which slot each batch row serves) and per-slot state, never by changing
+shapes. Warm-up and capture run with every batch row on the scratch slot, so they touch no
+request's state and no request's KV (the scratch slot's block table is all trash block).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class CapturedGraph:
+    phase: str
+    batch_size: int
+    graph: torch.cuda.CUDAGraph
+    capture_s: float
+    pool_bytes_after: int
+    kernels: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_kernel_nodes(self) -> int:
+        return sum(self.kernels.values())
+
+
+def _new_graph() -> torch.cuda.CUDAGraph:
+    # keep_graph keeps the cudaGraph_t alive after instantiation so its nodes can be listed.
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:  # older torch: the graph is instantiated and its template dropped
+        return torch.cuda.CUDAGraph()
+
+
+class CycleGraphs:
+    def __init__(self, cycle, buckets: tuple[int, ...]):
+        self.cycle = cycle
+        self.buckets = tuple(sorted(set(buckets), reverse=True))
+        self.graphs: dict[tuple[str, int], CapturedGraph] = {}
+        self.pool = None
+
+    def capture(self, progress=None, inspect_kernels: bool = True) -> list[CapturedGraph]:
+        from graphrt.capture.inspect import kernel_names
+
+        s = self.cycle.s
+        saved_slots, saved_ndrafts = s.batch_slots.clone(), s.batch_num_drafts.clone()
+        s.batch_slots.fill_(s.scratch_slot)
+        s.batch_num_drafts.zero_()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        self.pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
+                for B in self.buckets:
+                    for _, fn in self.cycle.phases():
+                        fn(B)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            for B in self.buckets:
+                for name, fn in self.cycle.phases():
+                    graph = _new_graph()
+                    t0 = time.perf_counter()
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                        fn(B)
+                    if hasattr(graph, "instantiate"):
+                        try:
+                            graph.instantiate()
+                        except RuntimeError:
+                            pass  # already instantiated (keep_graph=False)
+                    torch.cuda.synchronize()
+                    rec = CapturedGraph(name, B, graph, time.perf_counter() - t0, torch.cuda.memory_reserved())
+                    if inspect_kernels:
+                        rec.kernels = kernel_names(graph)
+                    self.graphs[(name, B)] = rec
+                    if progress is not None:
+                        progress(rec)
+        finally:
+            s.batch_slots.copy_(saved_slots)
+            s.batch_num_drafts.copy_(saved_ndrafts)
+            s.reset_scratch()
+        return list(self.graphs.values())
+
+    def get(self, phase: str, batch_size: int):
+        rec = self.graphs.get((phase, batch_size))
+        return rec.graph if rec is not None else None
