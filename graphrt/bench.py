@@ -83,13 +83,31 @@ def main(args) -> list[dict]:
     seq = args.prompt_len + max_new + 8
     kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
               kv_budget_tokens=max_bs * (seq + 64))
-    spec = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens, **kw) if draft else None
-    base = spec.target_ckpt if spec else target
-    plain = Runtime.from_pretrained(base, None, **kw)
+    graphs = on_cuda and not args.eager
+    runtimes = []
+    if draft:
+        spec = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
+                                       use_cuda_graphs=graphs, **kw)
+        runtimes.append(("spec-graphs" if graphs else "spec-eager", spec))
+        base = spec.target_ckpt
+        if graphs:  # the same cycle without graphs, for the graph speed-up
+            runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
+                                                   num_draft_tokens=args.num_draft_tokens, device=device,
+                                                   max_batch_size=max_bs, max_seq_len=seq,
+                                                   kv_budget_tokens=max_bs * (seq + 64))))
+    else:
+        base = target
+    plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
+    runtimes.append(("plain-graphs" if graphs else "plain-eager", plain))
+    for name, rt in runtimes:
+        if rt.use_cuda_graphs:
+            t0 = time.perf_counter()
+            recs = rt.capture(inspect_kernels=False)
+            print(f"{name}: captured {len(recs)} graphs in {time.perf_counter() - t0:.1f} s, "
+                  f"pool {torch.cuda.memory_reserved(device) / 2**20:.0f} MiB reserved")
 
-    modes = ([("spec-eager", spec)] if spec else []) + [("plain-eager", plain)]
     results = []
-    jobs = [(m, rt, b) for m, rt in modes for b in batch_sizes]
+    jobs = [(m, rt, b) for m, rt in runtimes for b in batch_sizes]
     for mode, rt, b in tqdm(jobs, desc="bench", unit="run", disable=len(jobs) < 3):
         run_decode(rt, b, prompt_len=args.prompt_len, max_new_tokens=min(8, max_new))  # warm-up
         r = run_decode(rt, b, prompt_len=args.prompt_len, max_new_tokens=max_new)
