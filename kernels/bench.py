@@ -1,0 +1,150 @@
+"""Benchmarks of the sampling kernels, timed the way they run: replayed inside a CUDA graph.
+
+    python -m graphrt.kernels.bench [out.json]
+
+For each (B, V): argmax (ours vs torch.argmax vs the bytes-read floor); for each (B, K, V):
+rejection_sample greedy / one-hot q / full q (ours vs a plain-torch sampler vs the bf16 read-once
+floor). Inputs rotate over enough sets to exceed L2 (50 MB), so the timings are of DRAM reads.
+Rows of graphrt.kernels.attention_bench.run() are appended when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import torch
+from graphrt.kernels.argmax import argmax_triton
+from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
+
+_L2_BYTES = 50 << 20
+
+
+def _num_sets(bytes_per_set: int) -> int:
+    return max(2, min(16, -(-3 * _L2_BYTES // max(1, bytes_per_set))))
+
+
+def torch_rejection_baseline(target, drafts, temperature, seed, position, draft_logits=None):
+    """Plain-torch sampler with the same logic: fp32 softmax of every row, then the walk in torch ops.
+
+    Uses torch's global-state exponential noise (not our counter RNG): it measures cost, not bits.
+    """
+    b, r, v = target.shape
+    k = r - 1
+    greedy = ~(temperature > 0)
+    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+    x = target.float() * inv_t[:, None, None]
+    p = torch.softmax(x, -1)
+    amax = x.argmax(-1)
+    p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.rand(b, k, device=target.device)
+    if draft_logits is not None:
+        q = torch.softmax(draft_logits.float() * inv_t[:, None, None], -1)
+        q_d = q.gather(-1, drafts[..., None]).squeeze(-1)
+        accept = u * q_d < p_d
+    else:
+        accept = u < p_d
+    accept = torch.where(greedy[:, None], drafts == amax[:, :k], accept)
+    j = torch.arange(k, device=target.device)
+    n_acc = torch.where(~accept, j, k).amin(-1)
+    rows = torch.arange(b, device=target.device)
+    pr = p[rows, n_acc]
+    if draft_logits is not None:
+        pr = torch.where((n_acc < k)[:, None], (pr - q[rows, n_acc.clamp(max=k - 1)]).clamp(min=0), pr)
+    noise = torch.empty_like(pr).exponential_()
+    tok = torch.where(greedy, amax[rows, n_acc], (pr / noise).argmax(-1))
+    return tok, n_acc + 1
+
+
+def _argmax_rows(bw_gbs, Bs, Vs):
+    rows = []
+    for v in Vs:
+        for b in Bs:
+            nbytes = b * v * 2
+            sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),)
+                    for _ in range(_num_sets(nbytes))]
+            ours = time_in_graph(lambda x: argmax_triton(x), sets)
+            ref = time_in_graph(lambda x: torch.argmax(x, dim=-1), sets)
+            floor = nbytes / (bw_gbs * 1e3)
+            rows.append(dict(kernel="argmax", B=b, K=None, V=v, dtype="bf16", ours_us=ours, torch_us=ref,
+                             floor_us=floor))
+    return rows
+
+
+def _rejection_rows(bw_gbs, Bs, Ks, Vs):
+    rows = []
+    for v in Vs:
+        for k in Ks:
+            for b in Bs:
+                nbytes = b * (k + 1) * v * 2
+                n = _num_sets(nbytes * 2)
+                floor = nbytes / (bw_gbs * 1e3)
+                for mode in ("greedy", "onehot", "fullq"):
+                    temp = 0.0 if mode == "greedy" else 1.0
+                    sets = []
+                    for _ in range(n):
+                        target = torch.randn(b, k + 1, v, device="cuda", dtype=torch.bfloat16)
+                        qlog = (torch.randn(b, k, v, device="cuda", dtype=torch.bfloat16)
+                                if mode == "fullq" else None)
+                        drafts = target[:, :k].argmax(-1)
+                        drafts[::2] = torch.randint(0, v, drafts[::2].shape, device="cuda")
+                        sets.append((target, drafts, torch.full((b,), temp, device="cuda"),
+                                     torch.arange(b, device="cuda"), torch.arange(b, device="cuda"), qlog))
+                    ours = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(
+                        t, d, tt, s, p, draft_logits=q), sets)
+                    ref = time_in_graph(torch_rejection_baseline, sets)
+                    rows.append(dict(kernel=f"rejection_{mode}", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
+                                     torch_us=ref, floor_us=floor))
+    return rows
+
+
+def extra_benches() -> list[dict]:
+    """Rows from other kernel benchmarks that live beside this one (optional modules)."""
+    rows = []
+    for name in ("graphrt.kernels.attention_bench",):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        rows.extend(mod.run())
+    return rows
+
+
+def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 151936)) -> list[dict]:
+    if not torch.cuda.is_available():
+        raise RuntimeError("the kernel benchmarks need CUDA")
+    bw = memory_bandwidth_gbs()
+    rows = _argmax_rows(bw, Bs, Vs) + _rejection_rows(bw, Bs, Ks, Vs)
+    for row in rows:
+        row["ours/floor"] = row["ours_us"] / row["floor_us"] if row["floor_us"] else None
+        row["bandwidth_gbs"] = bw
+    rows += extra_benches()
+    print_table(rows)
+    if out_json is not None:
+        with open(out_json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+def print_table(rows) -> None:
+    cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor"]
+    print(" ".join(f"{c:>18}" if i == 0 else f"{c:>10}" for i, c in enumerate(cols)))
+    for row in rows:
+        cells = []
+        for i, c in enumerate(cols):
+            val = row.get(c)
+            text = f"{val:.2f}" if isinstance(val, float) else ("-" if val is None else str(val))
+            cells.append(f"{text:>18}" if i == 0 else f"{text:>10}")
+        print(" ".join(cells))
+
+
+def main() -> None:
+    run(out_json=sys.argv[1] if len(sys.argv) > 1 else None)
+
+
+if __name__ == "__main__":
+    main()
