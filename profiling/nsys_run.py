@@ -1,0 +1,85 @@
+"""`graphrt profile --nsys`: re-run the same workload under Nsight Systems and export SQLite.
+
+    nsys profile -t cuda,nvtx --cuda-graph-trace=node -s none --cpuctxsw=none -o DIR/graphrt \
+        python -m graphrt profile ... --_inner --_meta DIR/meta.json
+    nsys export --type sqlite --force-overwrite true -o DIR/graphrt.sqlite DIR/graphrt.nsys-rep
+
+The inner run warms up with NVTX off and emits phase ranges only around the measured decode, the
+same part the in-process profiler sees, so both tables cover the same launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NSYS_PROFILE_FLAGS = ["-t", "cuda,nvtx", "--cuda-graph-trace=node", "-s", "none", "--cpuctxsw=none",
+                      "--force-overwrite=true"]
+
+
+class NsysError(RuntimeError):
+    pass
+
+
+def find_nsys() -> str:
+    path = shutil.which("nsys")
+    if path is None:
+        raise NsysError("nsys (Nsight Systems CLI) is not on PATH: install Nsight Systems, or run "
+                        "`graphrt profile` without --nsys (in-process PyTorch profiler), or capture elsewhere "
+                        "and use --from-sqlite FILE")
+    return path
+
+
+def inner_command(args, meta_path: Path) -> list[str]:
+    """The `graphrt profile --_inner` command line that reproduces args' workload."""
+    cmd = [sys.executable, "-m", "graphrt", "profile"]
+    if getattr(args, "checkpoint", None):
+        cmd.append(str(args.checkpoint))
+    for flag, attr in (("--preset", "preset"), ("--draft", "draft"), ("--draft-layers", "draft_layers"),
+                       ("--num-draft-tokens", "num_draft_tokens"), ("--device", "device"), ("--dtype", "dtype"),
+                       ("--prompt-len", "prompt_len"), ("--max-new-tokens", "max_new_tokens")):
+        v = getattr(args, attr, None)
+        if v is not None:
+            cmd += [flag, str(v)]
+    if getattr(args, "batch_sizes", None):
+        cmd += ["--batch-sizes", ",".join(map(str, args.batch_sizes))]
+    for flag, attr in (("--no-draft", "no_draft"), ("--eager", "eager")):
+        if getattr(args, attr, False):
+            cmd.append(flag)
+    return cmd + ["--_inner", "--_meta", str(meta_path)]
+
+
+def run_nsys(command: list[str], out_dir: Path, name: str = "graphrt", *, env: dict | None = None,
+             timeout: float | None = None) -> Path:
+    """Profile `command` under nsys into out_dir/name.nsys-rep and export out_dir/name.sqlite."""
+    nsys = find_nsys()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / name
+    run_env = {**os.environ, **(env or {}), "GRAPHRT_NVTX": "1"}
+    prof = [nsys, "profile", *NSYS_PROFILE_FLAGS, "-o", str(base), *command]
+    r = subprocess.run(prof, env=run_env, timeout=timeout)
+    rep = next((p for p in (base.with_suffix(".nsys-rep"), base.with_suffix(".qdrep")) if p.exists()), None)
+    if r.returncode != 0 or rep is None:
+        raise NsysError(f"`{' '.join(prof)}` failed (exit {r.returncode}); see its output above")
+    sqlite = base.with_suffix(".sqlite")
+    exp = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite), str(rep)]
+    r = subprocess.run(exp, timeout=timeout)
+    if r.returncode != 0 or not sqlite.exists():
+        raise NsysError(f"`{' '.join(exp)}` failed (exit {r.returncode})")
+    return sqlite
+
+
+def profile_under_nsys(args) -> tuple[Path, dict]:
+    """Run args' workload under nsys; returns (SQLite export, the inner run's metadata)."""
+    find_nsys()
+    out_dir = Path(args.nsys_dir) if getattr(args, "nsys_dir", None) else Path(tempfile.mkdtemp(prefix="graphrt-nsys-"))
+    meta_path = out_dir / "meta.json"
+    sqlite = run_nsys(inner_command(args, meta_path), out_dir)
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    print(f"graphrt profile: nsys report and SQLite export in {out_dir}", file=sys.stderr)
+    return sqlite, meta

@@ -1,0 +1,107 @@
+"""In-process per-phase attribution with the PyTorch profiler (Kineto over CUPTI).
+
+profile_callable(workload) runs the workload under torch.profiler with CPU and CUDA activity
+(record_shapes off) while graphrt's PhaseHooks open a `record_function("graphrt/<PHASE>/<B>")`
+around every phase launch, exports Kineto's Chrome trace and reads it back:
+
+  cat "user_annotation", name graphrt/<PHASE>/<B>        -> PhaseRange (pid, tid)
+  cat "cuda_runtime" / "cuda_driver", args.correlation    -> Launch (cudaLaunchKernel,
+                                                             cudaGraphLaunch, cuLaunchKernel, ...)
+  cat "kernel", args.correlation                          -> Kernel
+
+The Chrome trace is the parsing surface because its layout has stayed put from torch 2.4 to 2.13,
+whereas the Python accessors of kineto_results events have changed names across releases. Times
+are parsed as decimals (µs with ns digits; absolute epoch timestamps would lose ns as floats) and
+converted to integer ns, so conservation holds exactly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+
+from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, attribute
+from graphrt.profiling.nvtx_ranges import parse_torch_range_name, torch_ranges
+
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def _ns(us) -> int:
+    return int((Decimal(str(us)) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+def load_chrome_trace(path) -> list[dict]:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f, parse_float=Decimal)
+    return data.get("traceEvents", []) if isinstance(data, dict) else data
+
+
+def records_from_chrome_trace(events: list[dict]) -> tuple[list[PhaseRange], list[Launch], list[Kernel]]:
+    ranges, launches, kernels = [], [], []
+    for e in events:
+        if e.get("ph") not in (None, "X"):
+            continue
+        cat = e.get("cat")
+        if cat not in ("user_annotation", "kernel", *_LAUNCH_CATS):
+            continue
+        name = e.get("name", "")
+        start = _ns(e.get("ts", 0))
+        end = start + _ns(e.get("dur", 0))
+        args = e.get("args") or {}
+        if cat == "user_annotation":
+            parsed = parse_torch_range_name(name)
+            if parsed is not None:
+                ranges.append(PhaseRange(parsed[0], parsed[1], start, end, (e.get("pid"), e.get("tid"))))
+            continue
+        corr = args.get("correlation")
+        if corr is None:
+            continue
+        if cat == "kernel":
+            node = args.get("graph node id", args.get("graphNodeId"))
+            kernels.append(Kernel(int(corr), start, end, name, int(node) if node is not None else None))
+        else:
+            launches.append(Launch(int(corr), start, end, (e.get("pid"), e.get("tid")), name))
+    return ranges, launches, kernels
+
+
+def attribute_chrome_trace(path_or_events, *, source: str | None = None) -> Attribution:
+    events = path_or_events if isinstance(path_or_events, list) else load_chrome_trace(path_or_events)
+    ranges, launches, kernels = records_from_chrome_trace(events)
+    if not ranges:
+        raise ValueError("the trace holds no graphrt phase ranges (user annotations named graphrt/<PHASE>/<B>): "
+                         "was the workload run through a Runtime while torch_ranges() was active?")
+    src = source or (f"torch profiler trace {Path(path_or_events).name}" if not isinstance(path_or_events, list)
+                     else "torch profiler trace")
+    return attribute(ranges, launches, kernels, source=src)
+
+
+def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attribution:
+    """Run workload() under the PyTorch profiler with phase annotations on and attribute every
+    CUDA kernel it ran to its phase. trace_path: keep Kineto's raw Chrome trace there."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("in-process kernel attribution needs a CUDA device: kernel records come from CUPTI")
+    torch.cuda.synchronize()
+    with torch_ranges(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                 record_shapes=False, with_stack=False) as prof:
+        workload()
+        torch.cuda.synchronize()
+    if trace_path is None:
+        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="graphrt-kineto-")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            return attribute_chrome_trace(tmp, source="torch profiler (in process)")
+        finally:
+            os.unlink(tmp)
+    prof.export_chrome_trace(str(trace_path))
+    return attribute_chrome_trace(trace_path, source="torch profiler (in process)")
