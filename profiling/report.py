@@ -312,8 +312,8 @@ def _draft(args, target):
 # ---- graphrt profile ----------------------------------------------------------------------------
 
 
-def emit(result: Attribution, args, *, expected_nodes=None, meta=None, out=sys.stdout) -> None:
-    print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes), file=out)
+def emit(result: Attribution, args, *, expected_nodes=None, meta=None, out=None) -> None:
+    print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes), file=out or sys.stdout)
     if getattr(args, "json_out", None):
         write_json(result, args.json_out, meta=meta)
     if getattr(args, "png", None):
