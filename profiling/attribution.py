@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 UNATTRIBUTED = "unattributed"
 
 
+class ProfilingError(RuntimeError):
+    """A profile could not be taken or read for a reason the user can fix; the message says how."""
+
+
 @dataclass(frozen=True)
 class PhaseRange:
     name: str

@@ -1,8 +1,10 @@
 """`graphrt profile --nsys`: re-run the same workload under Nsight Systems and export SQLite.
 
-    nsys profile -t cuda,nvtx --cuda-graph-trace=node -s none --cpuctxsw=none -o DIR/graphrt \
-        python -m graphrt profile ... --_inner --_meta DIR/meta.json
-    nsys export --type sqlite --force-overwrite true -o DIR/graphrt.sqlite DIR/graphrt.nsys-rep
+    nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+        --force-overwrite=true --output=DIR/graphrt python -m graphrt profile ... --_inner --_meta DIR/meta.json
+    nsys export --type=sqlite --force-overwrite=true --output=DIR/graphrt.sqlite DIR/graphrt.nsys-rep
+
+(long options take `=`: the Nsight Systems user guide, "Command Line Options").
 
 The inner run warms up with NVTX off and emits phase ranges only around the measured decode, the
 same part the in-process profiler sees, so both tables cover the same launches.
@@ -18,12 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-NSYS_PROFILE_FLAGS = ["-t", "cuda,nvtx", "--cuda-graph-trace=node", "-s", "none", "--cpuctxsw=none",
+from graphrt.profiling.attribution import ProfilingError
+
+NSYS_PROFILE_FLAGS = ["--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
                       "--force-overwrite=true"]
 
 
-class NsysError(RuntimeError):
-    pass
+class NsysError(ProfilingError):
+    """nsys is missing or failed."""
 
 
 def find_nsys() -> str:
@@ -61,13 +65,13 @@ def run_nsys(command: list[str], out_dir: Path, name: str = "graphrt", *, env: d
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / name
     run_env = {**os.environ, **(env or {}), "GRAPHRT_NVTX": "1"}
-    prof = [nsys, "profile", *NSYS_PROFILE_FLAGS, "-o", str(base), *command]
+    prof = [nsys, "profile", *NSYS_PROFILE_FLAGS, f"--output={base}", *command]
     r = subprocess.run(prof, env=run_env, timeout=timeout)
     rep = next((p for p in (base.with_suffix(".nsys-rep"), base.with_suffix(".qdrep")) if p.exists()), None)
     if r.returncode != 0 or rep is None:
         raise NsysError(f"`{' '.join(prof)}` failed (exit {r.returncode}); see its output above")
     sqlite = base.with_suffix(".sqlite")
-    exp = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(sqlite), str(rep)]
+    exp = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite}", str(rep)]
     r = subprocess.run(exp, timeout=timeout)
     if r.returncode != 0 or not sqlite.exists():
         raise NsysError(f"`{' '.join(exp)}` failed (exit {r.returncode})")

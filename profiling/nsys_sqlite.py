@@ -36,7 +36,7 @@ from graphrt.profiling.nvtx_ranges import DOMAIN
 
 CAPTURE_HINT = ("capture with `nsys profile -t cuda,nvtx --cuda-graph-trace=node -o report <command>` "
                 "(graphrt's ranges are on by default under nsys; GRAPHRT_NVTX=1 forces them), then "
-                "`nsys export --type sqlite report.nsys-rep`")
+                "`nsys export --type=sqlite report.nsys-rep`, or let `graphrt profile --nsys` do both")
 
 _DEFAULT_EVENT_TYPES = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxDomainCreate": 75}
 _GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
-from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, short_kernel_name
+from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError, short_kernel_name
 from graphrt.profiling.phases import ALL_PHASES
 
 # ---- text -----------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ def write_png(result: Attribution, path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("the PNG chart needs matplotlib: `pip install matplotlib` (the table and JSON "
+        raise ProfilingError("the PNG chart needs matplotlib: `pip install matplotlib` (the table and JSON "
                            "do not)") from None
     bs = result.batch_sizes()
     labels = [str(b) if b is not None else "?" for b in bs]
@@ -248,6 +249,10 @@ class Workload:
                                           use_cuda_graphs=graphs)
         self.graph_nodes: dict[tuple[str, int], int] = {}
         if graphs:
+            if os.environ.get("GRAPHRT_CUPTI_GRAPH_WARMUP") == "1":
+                from graphrt.profiling.torch_profile import init_cupti_for_cuda_graphs
+
+                init_cupti_for_cuda_graphs()
             try:
                 recs = self.rt.capture(inspect_kernels=True)
                 self.graph_nodes = {(r.phase, r.batch_size): r.num_kernel_nodes for r in recs}
@@ -360,9 +365,5 @@ def cli_main(args) -> int:
         result = profile_callable(w.run)
         emit(result, args, expected_nodes=w.graph_nodes, meta=w.meta())
         return 0
-    except (NsysCaptureError, nsys_run.NsysError, FileNotFoundError) as exc:
+    except (NsysCaptureError, ProfilingError, FileNotFoundError) as exc:
         raise GraphrtError(str(exc)) from None
-    except RuntimeError as exc:
-        if "CUDA" in str(exc) or "matplotlib" in str(exc):
-            raise GraphrtError(str(exc)) from None
-        raise

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
-from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, attribute
+from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, ProfilingError, attribute
 from graphrt.profiling.nvtx_ranges import parse_torch_range_name, torch_ranges
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -82,14 +82,29 @@ def attribute_chrome_trace(path_or_events, *, source: str | None = None) -> Attr
     return attribute(ranges, launches, kernels, source=src)
 
 
+def init_cupti_for_cuda_graphs() -> bool:
+    """Load CUPTI with an empty profiler session before any graph is captured (what
+    torch.profiler._utils._init_for_cuda_graphs does). Some driver/CUDA stacks need it for a
+    profiler attached after capture to see graph replays; on others (reported for CUDA 13 with
+    torch 2.13) the empty session leaves kernel collection dead. Opt-in: GRAPHRT_CUPTI_GRAPH_WARMUP=1
+    makes `graphrt profile` call it before capturing. Returns whether it ran."""
+    try:
+        from torch.profiler._utils import _init_for_cuda_graphs
+    except ImportError:
+        return False
+    _init_for_cuda_graphs()
+    return True
+
+
 def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attribution:
     """Run workload() under the PyTorch profiler with phase annotations on and attribute every
-    CUDA kernel it ran to its phase. trace_path: keep Kineto's raw Chrome trace there."""
+    CUDA kernel it ran to its phase. trace_path: keep Kineto's raw Chrome trace there.
+    Raises ProfilingError when the profile holds no GPU kernel at all (CUPTI collected nothing)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        raise RuntimeError("in-process kernel attribution needs a CUDA device: kernel records come from CUPTI")
+        raise ProfilingError("in-process kernel attribution needs a CUDA device: kernel records come from CUPTI")
     torch.cuda.synchronize()
     with torch_ranges(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                                  record_shapes=False, with_stack=False) as prof:
@@ -100,8 +115,15 @@ def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attr
         os.close(fd)
         try:
             prof.export_chrome_trace(tmp)
-            return attribute_chrome_trace(tmp, source="torch profiler (in process)")
+            result = attribute_chrome_trace(tmp, source="torch profiler (in process)")
         finally:
             os.unlink(tmp)
-    prof.export_chrome_trace(str(trace_path))
-    return attribute_chrome_trace(trace_path, source="torch profiler (in process)")
+    else:
+        prof.export_chrome_trace(str(trace_path))
+        result = attribute_chrome_trace(trace_path, source="torch profiler (in process)")
+    if result.total_kernels == 0:
+        raise ProfilingError(
+            "the PyTorch profiler recorded phase ranges but no CUDA kernel: CUPTI collected nothing "
+            "(another CUPTI client such as nsys or a profiler session opened before graph capture can do "
+            "this). Try GRAPHRT_CUPTI_GRAPH_WARMUP=1 (or unset it), --eager, or --nsys.")
+    return result

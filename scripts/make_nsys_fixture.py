@@ -7,10 +7,10 @@ How the committed file was made (run on the GPU machine, from the repository roo
 
 which runs
 
-    nsys profile -t cuda,nvtx --cuda-graph-trace=node -s none --cpuctxsw=none \
-        -o <tmp>/graphrt python -m graphrt profile --preset tiny --batch-sizes 1,4 \
-        --max-new-tokens 6 --prompt-len 8 --_inner --_meta <tmp>/meta.json
-    nsys export --type sqlite -o <tmp>/graphrt.sqlite <tmp>/graphrt.nsys-rep
+    nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+        --force-overwrite=true --output=<tmp>/graphrt python -m graphrt profile --preset tiny \
+        --batch-sizes 1,4 --max-new-tokens 6 --prompt-len 8 --_inner --_meta <tmp>/meta.json
+    nsys export --type=sqlite --force-overwrite=true --output=<tmp>/graphrt.sqlite <tmp>/graphrt.nsys-rep
 
 (tiny random preset, bf16, self-draft, K = 3, CUDA graphs for buckets 1 and 4; a short warm-up
 with NVTX off, then a handful of cycles at each batch size inside graphrt's NVTX ranges), then
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     if size > LIMIT_BYTES:
         raise SystemExit(f"{dst} is {size / 2**20:.1f} MiB (> 2 MiB): lower --max-new-tokens")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta["command"] = " ".join(["nsys profile", *NSYS_PROFILE_FLAGS, "-o <tmp>/graphrt", "python", *inner[1:]])
+    meta["command"] = " ".join(["nsys profile", *NSYS_PROFILE_FLAGS, "--output=<tmp>/graphrt", "python", *inner[1:]])
     try:
         meta["nsys_version"] = subprocess.run(["nsys", "--version"], capture_output=True, text=True).stdout.strip()
     except OSError:
