@@ -9,6 +9,7 @@ request's state and no request's KV (the scratch slot's block table is all trash
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ class CapturedGraph:
     batch_size: int
     graph: torch.cuda.CUDAGraph
     capture_s: float
-    pool_bytes_after: int
+    pool_bytes: int  # memory reserved by captures so far (the shared pool's growth)
     kernels: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -54,6 +55,11 @@ class CycleGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         self.pool = torch.cuda.graph_pool_handle()
+        # A graph object freed by the garbage collector in the middle of a capture (say, one of an
+        # earlier runtime) calls cudaGraphExecDestroy on a capturing stream and invalidates it.
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
                 for B in self.buckets:
@@ -61,6 +67,7 @@ class CycleGraphs:
                         fn(B)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
+            reserved0 = torch.cuda.memory_reserved()
             for B in self.buckets:
                 for name, fn in self.cycle.phases():
                     graph = _new_graph()
@@ -73,13 +80,16 @@ class CycleGraphs:
                         except RuntimeError:
                             pass  # already instantiated (keep_graph=False)
                     torch.cuda.synchronize()
-                    rec = CapturedGraph(name, B, graph, time.perf_counter() - t0, torch.cuda.memory_reserved())
+                    rec = CapturedGraph(name, B, graph, time.perf_counter() - t0,
+                                        torch.cuda.memory_reserved() - reserved0)
                     if inspect_kernels:
                         rec.kernels = kernel_names(graph)
                     self.graphs[(name, B)] = rec
                     if progress is not None:
                         progress(rec)
         finally:
+            if gc_was_enabled:
+                gc.enable()
             s.batch_slots.copy_(saved_slots)
             s.batch_num_drafts.copy_(saved_ndrafts)
             s.reset_scratch()

@@ -87,10 +87,8 @@ class Runtime:
             per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, dc.num_key_value_heads,
                                                 dc.head_dim, dtype)
         if kv_budget_tokens is None and kv_memory_fraction is None:
-            if device.type == "cuda":
-                kv_memory_fraction = 0.5
-            else:
-                kv_budget_tokens = max_batch_size * max_positions
+            # enough for every slot at full length; ask for a memory fraction to oversubscribe slots
+            kv_budget_tokens = max_batch_size * max_positions
         num_blocks = blocks_for_budget(block_size=block_size, bytes_per_block=per_block,
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)
@@ -285,6 +283,8 @@ class Runtime:
         if self._done_event is not None:
             self._done_event.record()
             self._done_event.synchronize()
+        if self.cycle.timer is not None:
+            self.cycle.timer.collect()  # this cycle's events are complete: reading them costs no sync
         emitted, nums, lps = self._host_emitted.tolist(), self._host_num.tolist(), self._host_logprobs.tolist()
         new: dict[int, list[int]] = {}
         for i, req in enumerate(reqs):

@@ -45,6 +45,8 @@ class PhaseTimer:
         """Fold finished phases into the totals. Call after the cycle's completion event was waited
         on (then no event query blocks); collecting earlier synchronises on the pending events."""
         for name, start, end in self._pending:
+            if self.cuda:
+                end.synchronize()  # already complete when called after the cycle's own event
             ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
             self.total_ms[name] += ms
             self.count[name] += 1
