@@ -356,8 +356,12 @@ def cli_main(args) -> int:
             nodes = {(p, int(b)): v for (p, b), v in nodes.items()}
             emit(read_nsys_sqlite(sqlite), args, expected_nodes=nodes, meta=meta)
             return 0
+        import torch
         from graphrt.profiling.torch_profile import profile_callable
 
+        if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+            raise ProfilingError("in-process kernel attribution needs a CUDA device (kernel records come from "
+                                 "CUPTI); on a machine without one, read an Nsight export with --from-sqlite FILE")
         w = Workload(args)
         w.warm_up()
         print(f"graphrt profile: {w.desc}; batch sizes {w.batch_sizes}, {w.max_new} new tokens per request",

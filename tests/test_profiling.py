@@ -660,6 +660,8 @@ def test_cli_main_errors_are_graphrt_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(GraphrtError, match="nsys .* is not on PATH"):
         report.cli_main(_profile_parser().parse_args(["--nsys"]))
+    with pytest.raises(GraphrtError, match="needs a CUDA device.*--from-sqlite"):  # before building anything
+        report.cli_main(_profile_parser().parse_args(["--device", "cpu"]))
 
 
 def test_nsys_inner_command_reproduces_the_workload():
