@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("checkpoint", nargs="?", help="target checkpoint (default: embedded llama-1b-shape)")
     c.add_argument("--dot", help="write each graph as a DOT file into this directory")
     c.add_argument("--json", dest="json_out", help="write the report as JSON")
+    c.add_argument("--max-batch-size", type=int, default=64, help="largest bucket (default buckets up to it)")
+    c.add_argument("--max-seq-len", type=int, default=2048)
+    c.add_argument("--no-draft", action="store_true", help="capture TARGET_DECODE only")
     _common(c)
 
     pr = sub.add_parser("profile", help="per-phase GPU kernel time (PyTorch profiler or Nsight Systems)")
@@ -126,8 +129,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_capture(args) -> int:
-    raise GraphrtError("graphrt capture needs CUDA graph capture support, which is not built yet (issue: "
-                       "CUDA graph capture per phase and batch size)")
+    from graphrt.capture.cli import cli_main
+
+    return cli_main(args)
 
 
 def cmd_profile(args) -> int:

@@ -68,8 +68,9 @@ class DecodeState:
     def reset_scratch(self):
         # Padded rows advance the scratch slot like any request; pin it back so its positions stay
         # small and inside block 0 forever.
-        self.num_tokens[self.scratch_slot] = 2
-        self.last_token[self.scratch_slot] = 0
+        # (fill_ on a view: a device-side fill, capturable, where item assignment copies from host)
+        self.num_tokens[self.scratch_slot :].fill_(2)
+        self.last_token[self.scratch_slot :].fill_(0)
 
 
 class Cycle:

@@ -41,3 +41,19 @@ def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
         self_draft(target, tmp, num_layers, kind=kind)
         tmp.rename(path)
     return path
+
+
+def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None):
+    """(target, draft, description of the draft) for the CLI: given paths, or the embedded
+    llama-1b-shape preset (CUDA) / tiny (CPU) with a self-draft of a quarter of its layers."""
+    from graphrt.config import load_config
+
+    if target is None:
+        target = ensure_preset("llama-1b-shape" if torch.cuda.is_available() else "tiny", dtype)
+    if no_draft:
+        return target, None, "none"
+    if draft is not None:
+        return target, draft, f"checkpoint {draft}"
+    layers = draft_layers or max(1, load_config(target).num_hidden_layers // 4)
+    desc = f"self-draft: the target's first {layers} layer(s), shared embeddings and LM head"
+    return target, ensure_self_draft(Path(target), layers), desc
