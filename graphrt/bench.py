@@ -31,14 +31,16 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     timer = PhaseTimer(rt.device)
     rt.cycle.timer = timer
     _sync(rt.device)
+    host0, cycles0 = rt.host_seconds, rt.num_cycles
     t0 = time.perf_counter()
-    cycles = 0
     while rt.has_unfinished():
         rt.step()
-        cycles += 1
     _sync(rt.device)
     elapsed = time.perf_counter() - t0
     rt.cycle.timer = None
+    cycles = rt.num_cycles - cycles0
+    host_us = 1e6 * (rt.host_seconds - host0) / max(cycles, 1)
+    phases = timer.summary()
     gens = [rt.get_generation(r) for r in rids]
     decoded = sum(len(x.token_ids) - 1 for x in gens)  # the first token of each came from prefill
     gpu_cycles = sum(x.num_cycles for x in gens) / len(gens)
@@ -50,7 +52,9 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
         "cycles": cycles,
         "cycle_ms": 1e3 * elapsed / max(cycles, 1),
         "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1),
-        "phases": timer.summary(),
+        "host_us_per_cycle": host_us,
+        "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1),
+        "phases": phases,
     }
 
 
@@ -117,12 +121,13 @@ def main(args) -> list[dict]:
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy")
     phase_names = ["TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", "TARGET_DECODE"]
-    head = f"{'mode':<12} {'B':>4} {'tok/s':>10} {'cycle ms':>9} {'accept len':>10}  " + "  ".join(
-        f"{p + ' us':>17}" for p in phase_names)
+    head = (f"{'mode':<12} {'B':>4} {'tok/s':>10} {'cycle ms':>9} {'host us':>8} {'gpu us':>8} {'accept len':>10}  "
+            + "  ".join(f"{p + ' us':>17}" for p in phase_names))
     print(head)
     for r in results:
         ph = "  ".join(f"{r['phases'].get(p, {}).get('mean_us', float('nan')):>17.1f}" for p in phase_names)
         print(f"{r['mode']:<12} {r['batch_size']:>4} {r['tokens_per_s']:>10.1f} {r['cycle_ms']:>9.2f} "
+              f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} "
               f"{r['mean_acceptance_length']:>10.2f}  {ph}")
     if args.json_out:
         meta = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,

@@ -8,6 +8,7 @@ per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,12 +117,22 @@ class Runtime:
 
         pin = device.type == "cuda"
         W = max(self.K, 1) + 1
-        self._host_slots = torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin)
-        self._host_ndrafts = torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin)
-        self._host_emitted = torch.zeros(max_batch_size, W, dtype=torch.int64, pin_memory=pin)
-        self._host_num = torch.zeros(max_batch_size, dtype=torch.int32, pin_memory=pin)
-        self._host_logprobs = torch.zeros(max_batch_size, W, dtype=torch.float32, pin_memory=pin)
-        self._done_event = torch.cuda.Event() if device.type == "cuda" else None
+
+        def host_buffers():
+            return {"slots": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
+                    "ndrafts": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
+                    "emitted": torch.zeros(max_batch_size, W, dtype=torch.int64, pin_memory=pin),
+                    "num": torch.zeros(max_batch_size, dtype=torch.int32, pin_memory=pin),
+                    "logprobs": torch.zeros(max_batch_size, W, dtype=torch.float32, pin_memory=pin),
+                    "event": torch.cuda.Event() if pin else None}
+
+        # two sets: cycle n+1 is launched into one while the host reads cycle n from the other
+        self._host_buffers = [host_buffers(), host_buffers()]
+        self._next_buffer = 0
+        self._inflight = None
+        self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
+        self.num_cycles = 0
+        self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
 
         self._free_slots = list(range(max_batch_size - 1, -1, -1))
         self._running: dict[int, _Request] = {}  # slot -> request
@@ -260,34 +271,61 @@ class Runtime:
         return next(b for b in self.buckets if b >= batch)
 
     def step(self) -> dict[int, list[int]]:
-        """One decode cycle over every running request. Returns the tokens each request gained."""
+        """One decode cycle over every running request. Returns the tokens each request gained.
+
+        On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
+        newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
+        A request that finished in cycle n rides along in cycle n+1 inside its reserved slack and
+        that cycle's tokens for it are dropped.
+        """
+        t0 = time.perf_counter()
         self._admit()
-        if not self._running:
-            return {}
-        if self.use_cuda_graphs and self.cycle.graphs is None:
+        if self.use_cuda_graphs and self.cycle.graphs is None and self._running:
             self.capture(inspect_kernels=False)
+        if self._inflight is None:
+            if not self._running:
+                return {}
+            self._inflight = self._launch()
+        done = self._inflight
+        self._inflight = self._launch() if self.overlap and self._running else None
+        self.host_seconds += time.perf_counter() - t0
+        return self._collect(done)
+
+    def _launch(self):
+        """Enqueue one cycle for the running requests; returns what _collect needs. No sync."""
         reqs = sorted(self._running.values(), key=lambda r: r.slot)
         B = len(reqs)
         Bk = self.bucket_for(B)
         s = self.state
-        self._host_slots[:Bk] = s.scratch_slot
-        self._host_slots[:B] = torch.tensor([r.slot for r in reqs])
-        self._host_ndrafts[:Bk] = 0
-        self._host_ndrafts[:B] = self.K
-        s.batch_slots[:Bk].copy_(self._host_slots[:Bk], non_blocking=True)
-        s.batch_num_drafts[:Bk].copy_(self._host_ndrafts[:Bk], non_blocking=True)
+        h = self._host_buffers[self._next_buffer]
+        self._next_buffer ^= 1
+        h["slots"][:Bk] = s.scratch_slot
+        h["slots"][:B] = torch.tensor([r.slot for r in reqs])
+        h["ndrafts"][:Bk] = 0
+        h["ndrafts"][:B] = self.K
+        s.batch_slots[:Bk].copy_(h["slots"][:Bk], non_blocking=True)
+        s.batch_num_drafts[:Bk].copy_(h["ndrafts"][:Bk], non_blocking=True)
         self.cycle.run(Bk)
-        self._host_emitted[:Bk].copy_(s.emitted[:Bk], non_blocking=True)
-        self._host_num[:Bk].copy_(s.num_emitted[:Bk], non_blocking=True)
-        self._host_logprobs[:Bk].copy_(s.logprobs[:Bk], non_blocking=True)
-        if self._done_event is not None:
-            self._done_event.record()
-            self._done_event.synchronize()
+        h["emitted"][:Bk].copy_(s.emitted[:Bk], non_blocking=True)
+        h["num"][:Bk].copy_(s.num_emitted[:Bk], non_blocking=True)
+        h["logprobs"][:Bk].copy_(s.logprobs[:Bk], non_blocking=True)
+        if h["event"] is not None:
+            h["event"].record()
+        self.num_cycles += 1
+        return reqs, h
+
+    def _collect(self, launched) -> dict[int, list[int]]:
+        reqs, h = launched
+        if h["event"] is not None:
+            h["event"].synchronize()
+        t0 = time.perf_counter()
         if self.cycle.timer is not None:
-            self.cycle.timer.collect()  # this cycle's events are complete: reading them costs no sync
-        emitted, nums, lps = self._host_emitted.tolist(), self._host_num.tolist(), self._host_logprobs.tolist()
+            self.cycle.timer.collect()  # completed phases only: reading them costs no sync
+        emitted, nums, lps = h["emitted"].tolist(), h["num"].tolist(), h["logprobs"].tolist()
         new: dict[int, list[int]] = {}
         for i, req in enumerate(reqs):
+            if req.gen.finish_reason is not None:  # finished in the previous cycle: a ride-along
+                continue
             n = nums[i]
             before = len(req.gen.token_ids)
             req.gen.num_cycles += 1
@@ -297,6 +335,7 @@ class Runtime:
             self._emit(req, emitted[i][:n], lps[i][:n])
             new[req.rid] = req.gen.token_ids[before:]
         self._admit()
+        self.host_seconds += time.perf_counter() - t0
         return new
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:

@@ -1,8 +1,9 @@
 """Always-on, cheap per-phase GPU timing: a CUDA event pair around each phase launch.
 
-Events come from a preallocated ring and are read only after the cycle's own completion event has
-been waited on, so timing adds no synchronisation. On the CPU the phases run synchronously and a
-wall clock is exact.
+Event pairs come from a preallocated free list and go back to it once the GPU has passed them.
+`collect()` folds in only phases whose end event has completed (a non-blocking query), so it can
+run while the next cycle is in flight without synchronising. On the CPU the phases run
+synchronously and a wall clock is exact.
 """
 
 from __future__ import annotations
@@ -15,23 +16,21 @@ import torch
 
 
 class PhaseTimer:
-    def __init__(self, device, ring: int = 64):
+    def __init__(self, device, prealloc: int = 64):
         self.cuda = torch.device(device).type == "cuda"
-        if self.cuda:
-            self._ring = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                          for _ in range(ring)]
-        self._next = 0
+        self._free = [self._pair() for _ in range(prealloc)] if self.cuda else []
         self._pending: list[tuple[str, object, object]] = []
         self.total_ms: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
 
+    @staticmethod
+    def _pair():
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
     @contextmanager
     def phase(self, name: str):
         if self.cuda:
-            if self._next == len(self._ring):  # ring full: results must be collected first
-                self.collect()
-            start, end = self._ring[self._next]
-            self._next += 1
+            start, end = self._free.pop() if self._free else self._pair()
             start.record()
             yield
             end.record()
@@ -41,24 +40,29 @@ class PhaseTimer:
             yield
             self._pending.append((name, t0, time.perf_counter()))
 
-    def collect(self) -> None:
-        """Fold finished phases into the totals. Call after the cycle's completion event was waited
-        on (then no event query blocks); collecting earlier synchronises on the pending events."""
+    def collect(self, wait: bool = False) -> None:
+        """Fold completed phases into the totals; with wait=True, wait for all pending ones."""
+        still = []
         for name, start, end in self._pending:
             if self.cuda:
-                end.synchronize()  # already complete when called after the cycle's own event
-            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+                if not wait and not end.query():
+                    still.append((name, start, end))
+                    continue
+                end.synchronize()
+                ms = start.elapsed_time(end)
+                self._free.append((start, end))
+            else:
+                ms = (end - start) * 1e3
             self.total_ms[name] += ms
             self.count[name] += 1
-        self._pending.clear()
-        self._next = 0
+        self._pending = still
 
     def reset(self) -> None:
-        self.collect()
+        self.collect(wait=True)
         self.total_ms.clear()
         self.count.clear()
 
     def summary(self) -> dict[str, dict[str, float]]:
-        self.collect()
+        self.collect(wait=True)
         return {k: {"total_ms": v, "calls": self.count[k], "mean_us": 1e3 * v / self.count[k]}
                 for k, v in self.total_ms.items()}
