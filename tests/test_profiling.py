@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+
 from graphrt.profiling import nvtx_ranges, report
 from graphrt.profiling.attribution import UNATTRIBUTED, Kernel, Launch, PhaseRange, attribute, short_kernel_name
 from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
@@ -770,11 +771,15 @@ def test_gpu_nsys_agrees_with_in_process(tmp_path):
     w = report.Workload(args)
     w.warm_up()
     torch_r = profile_callable(w.run)
-    for name, p in torch_r.phases.items():
+    for name, p in torch_r.phases.items():  # same seeds, greedy: the same cycles in both processes
         q = nsys.phases[name]
-        assert q.launches == p.launches, name
+        assert q.launches == pytest.approx(p.launches, rel=0.1), name
         assert q.kernels_per_launch == pytest.approx(p.kernels_per_launch), name
-        assert q.total_ns == pytest.approx(p.total_ns, rel=0.05), name
+        assert q.mean_ns_per_launch == pytest.approx(p.mean_ns_per_launch, rel=0.05), name
+    for key, n in meta.get("graph_kernel_nodes", {}).items():
+        phase, b = key.rsplit("/", 1)
+        cell = nsys.by_batch[(phase, int(b))]
+        assert cell.kernels == n * cell.launches, (key, cell.kernels, cell.launches, n)
     out = io.StringIO()
     report.emit(nsys, argparse.Namespace(top=3), out=out)
     assert "TARGET_VERIFY" in out.getvalue()
