@@ -63,11 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(c)
 
     pr = sub.add_parser("profile", help="per-phase GPU kernel time (PyTorch profiler or Nsight Systems)")
-    pr.add_argument("checkpoint", nargs="?", help="target checkpoint (default: embedded llama-1b-shape)")
-    pr.add_argument("--nsys", action="store_true", help="run under nsys and read its SQLite export")
-    pr.add_argument("--from-sqlite", help="attribute kernel time from an existing nsys SQLite export")
-    pr.add_argument("--batch-sizes", type=_int_list)
-    pr.add_argument("--json", dest="json_out")
+    from graphrt.profiling.report import add_profile_arguments
+
+    add_profile_arguments(pr)
     _common(pr)
     return parser
 
@@ -135,8 +133,9 @@ def cmd_capture(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    raise GraphrtError("graphrt profile needs the profiling layer, which is not built yet (issue: NVTX phase "
-                       "ranges and per-phase kernel-time attribution)")
+    from graphrt.profiling.report import cli_main
+
+    return cli_main(args)
 
 
 def main(argv=None) -> int:

@@ -20,18 +20,13 @@ State invariant at the start of a cycle, for a request with n verified tokens t_
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
+from graphrt.profiling.nvtx_ranges import PhaseHooks
 from graphrt.profiling.phases import DRAFT_DECODE, DRAFT_EXTEND, TARGET_DECODE, TARGET_VERIFY
-
-
-def _no_timer(name):
-    return nullcontext()
 
 
 class DecodeState:
@@ -87,7 +82,8 @@ class Cycle:
         self.batch_rows = torch.arange(state.batch_slots.shape[0], device=device)
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
         self.offset = draft.position_offset if draft is not None else 0
-        self.timer = None  # a graphrt.profiling.phase_timer.PhaseTimer, when phases are being timed
+        # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
+        self.hooks = PhaseHooks()
         self.graphs = None  # a graphrt.capture.graphs.CycleGraphs, once captured
 
     def _meta(self, slots, positions) -> AttentionMetadata:
@@ -184,6 +180,15 @@ class Cycle:
         self._advance(slots, n, B)
 
     # ---- one cycle ----------------------------------------------------------------------------
+    @property
+    def timer(self):
+        """A graphrt.profiling.phase_timer.PhaseTimer while phases are being timed, else None."""
+        return self.hooks.timer
+
+    @timer.setter
+    def timer(self, timer):
+        self.hooks.timer = timer
+
     def phases(self):
         """The phase launches of one cycle, in order: [(name, function of the bucket size)]."""
         if self.draft is None:
@@ -196,10 +201,9 @@ class Cycle:
     def run(self, B: int) -> None:
         """One cycle at bucket size B: each phase replays its CUDA graph when one was captured for
         this bucket, else runs eagerly. Either way it sits inside one timer/NVTX phase."""
-        phase = self.timer.phase if self.timer is not None else _no_timer
         for name, fn in self.phases():
             graph = self.graphs.get(name, B) if self.graphs is not None else None
-            with phase(name):
+            with self.hooks.phase(name, B):
                 if graph is not None:
                     graph.replay()
                 else:

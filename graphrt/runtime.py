@@ -21,6 +21,7 @@ from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import build_draft, build_target
 from graphrt.params import Generation, SamplingParams
+from graphrt.profiling.phases import PREFILL
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
@@ -228,7 +229,8 @@ class Runtime:
         s.block_tables[slot] = table.to(dev)
         s.temperature[slot] = float(req.params.temperature)
         s.seed[slot] = req.seed
-        first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
+        with self.cycle.hooks.phase(PREFILL, 1):
+            first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
         self._running[slot] = req
         self._emit(req, [int(first[0])], [float(logprob[0])])  # prefill is eager: one sync is fine
 
