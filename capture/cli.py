@@ -15,9 +15,10 @@ from graphrt.errors import GraphrtError
 def cli_main(args) -> int:
     if not torch.cuda.is_available() or (args.device and torch.device(args.device).type != "cuda"):
         raise GraphrtError("graphrt capture needs a CUDA device (CUDA graphs); none is available")
-    from graphrt import Runtime, SamplingParams
     from graphrt.capture.inspect import write_dot
     from graphrt.capture.validate import compare_replay_to_eager
+
+    from graphrt import Runtime, SamplingParams
     from graphrt.presets import default_checkpoints
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype, torch.bfloat16)

@@ -330,10 +330,11 @@ def emit(result: Attribution, args, *, expected_nodes=None, meta=None, out=None)
 def cli_main(args) -> int:
     """The body of `graphrt profile` (args from add_profile_arguments plus the CLI's common ones).
     Errors the user can fix are raised as GraphrtError with the fix in the message."""
-    from graphrt.errors import GraphrtError
     from graphrt.profiling import nsys_run
     from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
     from graphrt.profiling.nvtx_ranges import disable_nvtx, enable_nvtx
+
+    from graphrt.errors import GraphrtError
 
     try:
         if getattr(args, "from_sqlite", None):
@@ -356,7 +357,6 @@ def cli_main(args) -> int:
             emit(read_nsys_sqlite(sqlite), args, expected_nodes=nodes, meta=meta)
             return 0
         import torch
-
         from graphrt.profiling.torch_profile import profile_callable
 
         if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):

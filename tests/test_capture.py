@@ -3,9 +3,9 @@ the draft graphs contain no softmax kernel (read from the captured graphs themse
 
 import pytest
 import torch
+from graphrt.capture.validate import compare_replay_to_eager
 
 from graphrt import Runtime, SamplingParams
-from graphrt.capture.validate import compare_replay_to_eager
 from graphrt.checkpoint import load_checkpoint
 from tests.helpers import draft_dir, tiny_dir
 

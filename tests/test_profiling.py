@@ -18,7 +18,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-
 from graphrt.profiling import nvtx_ranges, report
 from graphrt.profiling.attribution import UNATTRIBUTED, Kernel, Launch, PhaseRange, attribute, short_kernel_name
 from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
