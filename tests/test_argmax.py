@@ -123,3 +123,18 @@ def test_triton_gpu_real_sizes(cuda, dtype, b, v):
     got = argmax(x)
     assert torch.equal(got[1], ref[1]), f"seed {seed}"
     assert torch.equal(got[0], ref[0]), f"seed {seed}"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_triton_fused_and_unfused_match_reference(fused):
+    """Both launch forms (last-program merge through the counter, or a second kernel)."""
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    x = torch.randn(5, 333, generator=gen).to(torch.bfloat16)
+    x[1, :] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, 100] = x[3, 200] = float("inf")
+    for _ in range(2):  # the counter is back at zero after a call
+        vals, idx = argmax_triton(x, block_v=16, num_splits=5, fused=fused)
+        ref_v, ref_i = argmax_reference(x)
+        assert torch.equal(idx, ref_i)
+        assert torch.equal(vals.float().nan_to_num(), ref_v.float().nan_to_num())

@@ -177,6 +177,21 @@ def test_triton_matches_reference(name):
             assert same_bits(args[key], value), f"{key} modified"
 
 
+
+@pytest.mark.parametrize("name", ["mixed", "onehot_fused", "mixed_fullq"])
+def test_triton_fused_walk_matches_reference(name):
+    """fused=True: the walk (and the race finish) run in the last program of each request."""
+    temps, full_q, ragged, hazards, k, fuse = CASES[name]
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = make_inputs(6, k, 75, gen=gen, temps=temps, full_q=full_q, ragged=ragged, hazards=hazards)
+    ref = rejection_sample_reference(**args)
+    for _ in range(2):  # the counters are back at zero after a call
+        got = rejection_sample_triton(**args, fuse_race=fuse, block_v=16, num_splits=3, fused=True)
+        assert torch.equal(got.token_ids, ref.token_ids), f"seed {seed}"
+        assert torch.equal(got.num_emitted, ref.num_emitted), f"seed {seed}"
+        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
+
 def test_triton_out_buffers_and_vocab_of_one():
     args = make_inputs(3, 2, 1, gen=torch.Generator().manual_seed(1), temps=[0.0, 1.0, 2.0])
     out = (torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int32), torch.empty(3, 3))
