@@ -753,7 +753,8 @@ def test_gpu_in_process_attribution(tmp_path):
         assert p.kernels > 0 and p.launches > 0, p.name
     for (phase, b), n in w.graph_nodes.items():  # a replay runs exactly its graph's kernel nodes
         cell = r.by_batch[(phase, b)]
-        assert cell.kernels == n * cell.launches, (phase, b, cell.kernels, cell.launches, n)
+        assert cell.kernels == n * cell.launches, (phase, b, cell.kernels, cell.launches, n, sorted(
+            (k.count / cell.launches, name) for name, k in cell.kernels_by_name.items()))
     print(report.format_table(r, expected_nodes=w.graph_nodes))
 
 
