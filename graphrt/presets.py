@@ -43,6 +43,37 @@ def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
     return path
 
 
+def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, alpha: float, *, seed: int = 0) -> Path:
+    """The preset with the residual-branch outputs (o_proj, down_proj) of every layer from
+    `draft_layers` on scaled by `alpha`.
+
+    Random weights make every layer rewrite the residual stream, so no shallow draft ever agrees
+    with the target. Damping the later layers makes the target's argmax mostly that of its first
+    `draft_layers` layers, so a self-draft of that depth is accepted often, while the target still
+    reads and multiplies every weight it had: costs are those of the real shape, acceptance is
+    synthetic. Reports say so wherever this preset is used.
+    """
+    from safetensors.torch import load_file, save_file
+
+    base = ensure_preset(name, dtype, seed=seed)
+    path = base.with_name(f"{base.name}-damped{draft_layers}x{alpha:g}")
+    if (path / "config.json").exists():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(base, tmp)
+    for file in sorted(tmp.glob("*.safetensors")):
+        tensors = load_file(file)
+        for key in tensors:
+            parts = key.split(".")
+            if (len(parts) > 3 and parts[1] == "layers" and int(parts[2]) >= draft_layers
+                    and key.endswith(("o_proj.weight", "down_proj.weight"))):
+                tensors[key] = (tensors[key].float() * alpha).to(tensors[key].dtype)
+        save_file(tensors, file, metadata={"format": "pt"})
+    tmp.rename(path)
+    return path
+
+
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None):
     """(target, draft, description of the draft) for the CLI: given paths, or the embedded
     llama-1b-shape preset (CUDA) / tiny (CPU) with a self-draft of a quarter of its layers."""
