@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graphrt.kernels.norm import add_rms_norm
 from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary, rms_norm
 
 
@@ -31,13 +32,19 @@ class DecoderLM:
     def forward(self, tokens, positions, meta: AttentionMetadata, kv):
         """tokens, positions: [N] int64. Returns (hidden [N, H], aux [N, len(aux)*H] or None)."""
         x = F.embedding(tokens, self.embed)
+        # The stream is carried as (x, residual), summed inside the next layer's fused add + norm
+        # (DecoderLayer.forward_residual); residual None means the stream is x itself.
+        residual = None
         streams = {}  # residual stream entering layer j (j = num_layers: after the last layer)
         for i, layer in enumerate(self.layers):
             if i in self.aux_layer_ids:
-                streams[i] = x
-            x = layer(x, positions, meta, kv.k[i], kv.v[i])
-        streams[len(self.layers)] = x
-        hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+                streams[i] = x if residual is None else residual + x
+            x, residual = layer.forward_residual(x, residual, positions, meta, kv.k[i], kv.v[i])
+        if residual is None:
+            streams[len(self.layers)] = x
+            hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        else:
+            hidden, streams[len(self.layers)] = add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
         aux = [streams[j] for j in self.aux_layer_ids]  # low, mid, high; ids may repeat on tiny targets
         return hidden, (torch.cat(aux, dim=-1) if aux else None)
 

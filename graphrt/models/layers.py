@@ -1,6 +1,12 @@
 """Building blocks shared by every architecture: RMSNorm, rotary embeddings, the paged attention
 block and the gated MLP. Weights are plain tensors; q/k/v and gate/up are fused at load so each
-projection is one GEMM."""
+projection is one GEMM.
+
+On CUDA a decoder layer is nine launches (ten when attention splits the KV): [residual add +]
+RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
+residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. The fused kernels live in
+kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each entry point runs its
+PyTorch reference, which is the eager code this file used to hold, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,7 +16,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.attention import paged_attention, store_kv
+from graphrt.kernels.activation import silu_and_mul
+from graphrt.kernels.attention import paged_attention
+from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
+from graphrt.kernels.norm import rms_norm as _rms_norm
+from graphrt.kernels.rotary import apply_rotary_reference, rotary_store_kv
 
 
 @dataclass
@@ -29,12 +39,12 @@ class AttentionMetadata:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalise in fp32 and cast back before the weight, as the reference implementations do, so
-    # logits match theirs in every dtype.
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
+    """x: [..., H]; weight: [H]. Normalises in fp32 and casts back before the weight, as the
+    reference implementations do, so logits match theirs in every dtype (kernels/norm.py).
+    CUDA 2-D input -> one Triton launch; otherwise rms_norm_reference."""
+    if x.dim() == 2:
+        return _rms_norm(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -66,13 +76,9 @@ class Rotary:
         self.sin = emb.sin().to(device)
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [N, heads, head_dim]; positions: [N] int64."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        xf = x.float()
-        half = xf.shape[-1] // 2
-        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
+        """x: [N, heads, head_dim]; positions: [N] int64. Eager PyTorch; the decode path uses the
+        fused kernels.rotary.rotary_store_kv with these tables instead."""
+        return apply_rotary_reference(x, positions, self.cos, self.sin)
 
 
 class AttentionBlock:
@@ -101,14 +107,14 @@ class AttentionBlock:
         q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)
         v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # Qwen3 normalises each head before the rotation
-            q = rms_norm(q, self.q_norm, self.eps)
-            k = rms_norm(k, self.k_norm, self.eps)
-        q = self.rotary.apply(q, positions)
-        k = self.rotary.apply(k, positions)
-        store_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)
+        # q, k, v stay column slices of qkv: one launch normalises (Qwen3) and rotates q and k,
+        # stores k and v and returns q contiguous.
+        q = rotary_store_kv(
+            q, k, v, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping,
+            q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
+        )
         out = paged_attention(
-            q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens,
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
         return F.linear(out.reshape(n, q_size), self.o_weight)
@@ -122,7 +128,7 @@ class GatedMLP:
 
     def __call__(self, x):
         gu = F.linear(x, self.gate_up)
-        return F.linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], self.down)
+        return F.linear(silu_and_mul(gu), self.down)
 
 
 class DecoderLayer:
@@ -137,6 +143,22 @@ class DecoderLayer:
         self.mlp = GatedMLP(weights, f"{prefix}.mlp")
 
     def __call__(self, x, positions, meta, k_cache, v_cache):
-        h = rms_norm(x, self.input_norm, self.eps) if self.input_norm is not None else x
-        x = x + self.attn(h, positions, meta, k_cache, v_cache)
-        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
+        """x: [N, H] residual stream in; returns the residual stream out."""
+        out, residual = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
+        return residual + out
+
+    def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
+        """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
+        when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it.
+        Deferring each residual add into the next norm saves a launch per add on CUDA."""
+        if residual is None:
+            residual = x
+            h = rms_norm(x, self.input_norm, self.eps) if self.input_norm is not None else x
+        elif self.input_norm is not None:
+            h, residual = add_rms_norm(x, residual, self.input_norm, self.eps)
+        else:
+            residual = residual + x
+            h = residual
+        attn_out = self.attn(h, positions, meta, k_cache, v_cache)
+        h, residual = add_rms_norm(attn_out, residual, self.post_norm, self.eps)
+        return self.mlp(h), residual

@@ -1,0 +1,182 @@
+"""RMSNorm, alone and fused with the residual add that precedes it in a pre-norm decoder layer.
+
+Semantics (Llama/Qwen reference implementations, which the logits must match in every dtype):
+
+    rms_norm(x, w):            xf = x.float(); xf = xf * rsqrt(mean(xf ** 2, -1) + eps)
+                               out = w * xf.to(x.dtype)          # the multiply in torch's promotion
+    add_rms_norm(x, res, w):   r = x + res                        # in x's dtype, rounded once
+                               return rms_norm(r, w), r
+
+`out` has dtype torch.promote_types(w.dtype, x.dtype) (bf16 for a bf16 model; fp32 if the norm
+weight was kept in fp32). The Triton kernel reproduces the rounding chain: fp32 statistics, one
+rounding of the normalised row to x's dtype, then the weight product in fp32 rounded once to the
+output dtype (what torch does for a bf16 * bf16 multiply). Only the order of the sum of squares
+differs from torch's reduction, so GPU results agree to a few ulps of fp32 before rounding.
+
+Each entry point comes twice: `*_reference` (PyTorch, the CPU path and test oracle) and `*_triton`
+(one program per row); `rms_norm` and `add_rms_norm` dispatch CUDA -> Triton, else the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "rms_norm",
+    "rms_norm_reference",
+    "rms_norm_triton",
+    "add_rms_norm",
+    "add_rms_norm_reference",
+    "add_rms_norm_triton",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [..., H] float; weight: [H]. Returns [..., H] in promote_types(weight, x)."""
+    # Normalise in fp32 and cast back before the weight, as the reference implementations do, so
+    # logits match theirs in every dtype.
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [N, H] same dtype; weight: [H]. Returns (rms_norm(x + residual), x + residual)."""
+    r = residual + x
+    return rms_norm_reference(r, weight, eps), r
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # [N, H], row stride stride_xn, unit column stride
+    res_ptr,  # [N, H] residual (read only if HAS_RESIDUAL)
+    w_ptr,  # [H]
+    out_ptr,  # [N, H] contiguous, promote_types(w, x)
+    sum_ptr,  # [N, H] contiguous, x's dtype: x + residual (written only if HAS_RESIDUAL)
+    H,
+    eps,
+    stride_xn,
+    stride_rn,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # power of two >= H: one program holds its whole row
+):
+    n = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_H)
+    mask = offs < H
+    x = tl.load(x_ptr + n * stride_xn + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + n * stride_rn + offs, mask=mask, other=0.0)
+        # torch adds two bf16/fp16 tensors in fp32 and rounds once: the same here.
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + n * H + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    mean_sq = tl.sum(xf * xf, axis=0) / H
+    rstd = tl.rsqrt(mean_sq + eps)
+    y = (xf * rstd).to(x.dtype)  # the one rounding to the input dtype, before the weight
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    out = w.to(tl.float32) * y.to(tl.float32)
+    tl.store(out_ptr + n * H + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"x must be [N, H], got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"x must be fp32/fp16/bf16, got {x.dtype}")
+    if x.shape[1] > 0 and x.stride(1) != 1:
+        raise ValueError(f"x must be contiguous along H (stride(1) == 1), got strides {x.stride()}")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"weight must be [{x.shape[1]}], got shape {tuple(weight.shape)}")
+    if weight.dtype not in _FLOAT_DTYPES or weight.stride(0) != 1:
+        raise ValueError(f"weight must be a contiguous fp32/fp16/bf16 vector, got {weight.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device}, x on {x.device}")
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(
+                f"residual must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(residual.shape)}, "
+                f"{residual.dtype}"
+            )
+        if x.shape[1] > 0 and residual.stride(1) != 1:
+            raise ValueError(f"residual must be contiguous along H, got strides {residual.stride()}")
+        if residual.device != x.device:
+            raise ValueError(f"residual is on {residual.device}, x on {x.device}")
+
+
+def _launch(x, weight, eps, residual):
+    n, h = x.shape
+    out = torch.empty((n, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    total = torch.empty((n, h), dtype=x.dtype, device=x.device) if residual is not None else out
+    if n == 0 or h == 0:
+        return out, total
+    block_h = triton.next_power_of_2(h)
+    num_warps = 1 if block_h <= 256 else 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
+    _rms_norm_kernel[(n,)](
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        total,
+        h,
+        float(eps),
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_H=block_h,
+        num_warps=num_warps,
+    )
+    return out, total
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [N, H] fp32/fp16/bf16 with unit column stride (any row stride); weight: [H].
+
+    Returns a new contiguous [N, H] tensor in promote_types(weight, x). No host sync.
+    """
+    _check_norm_args(x, weight)
+    return _launch(x, weight, eps, None)[0]
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [N, H] same dtype, unit column stride; weight: [H].
+
+    Returns (rms_norm(x + residual), x + residual), both new contiguous tensors. One pass: each
+    row is read once from x and residual and written twice. No host sync.
+    """
+    _check_norm_args(x, weight, residual)
+    return _launch(x, weight, eps, residual)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim. CUDA 2-D input -> Triton, else the reference (any rank)."""
+    if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        return rms_norm_triton(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual). CUDA 2-D inputs -> Triton, else the reference."""
+    if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and residual.stride(-1) == 1:
+        return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_reference(x, residual, weight, eps)

@@ -1,0 +1,286 @@
+"""Rotary position embedding of q and k, fused with the optional per-head q/k RMSNorm (Qwen3) and
+the store of this step's k and v into the paged KV cache: one launch between the qkv GEMM and
+paged attention.
+
+Convention: non-interleaved ("rotate_half"), table-driven. `cos`, `sin` are [max_positions,
+head_dim] fp32 tables as graphrt.models.layers.Rotary builds them (any scaling, e.g. llama3, is
+already in the table). For a head vector x of dtype T at position p:
+
+    xf = x.float(); rot = cat(-xf[D/2:], xf[:D/2])
+    out = (xf * cos[p] + rot * sin[p]).to(T)
+
+With per-head norm weights (Qwen3), x is first replaced by rms_norm(x, w, eps) over head_dim
+(kernels/norm.py semantics). The rotated k and the untouched v are then written to slot
+slot_mapping[n] of the cache, cast to its dtype; negative slots are skipped.
+
+Positions index the tables as torch indexing does: a negative position p reads row p +
+max_positions. Hazard (the position analogue of vLLM #43682): padded rows may carry any position;
+the kernel clamps the row into the table so it never reads out of bounds (the reference raises
+instead), and such rows' outputs are don't-care.
+
+`rotary_store_kv_reference` (PyTorch, CPU path and oracle) and `rotary_store_kv_triton` (one
+program per (token, head)) sit side by side; `rotary_store_kv` dispatches CUDA -> Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphrt.kernels.attention import store_kv
+from graphrt.kernels.norm import rms_norm_reference
+
+__all__ = [
+    "apply_rotary_reference",
+    "rotary_store_kv",
+    "rotary_store_kv_reference",
+    "rotary_store_kv_triton",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """x: [N, heads, head_dim]; positions: [N] int64; cos, sin: [max_positions, head_dim] fp32."""
+    c = cos[positions][:, None, :]
+    s = sin[positions][:, None, :]
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * c + rotated * s).to(x.dtype)
+
+
+def rotary_store_kv_reference(
+    q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, *, q_norm=None, k_norm=None, eps=1e-6
+) -> torch.Tensor:
+    """q: [N, Hq, D], k, v: [N, Hkv, D] (any strides); positions: [N] int64; cos, sin:
+    [max_positions, D] fp32; k_cache, v_cache: [num_blocks, page, Hkv, D]; slot_mapping: [N] int64;
+    q_norm, k_norm: [D] or None. Stores k, v; returns the rotated q, [N, Hq, D] contiguous.
+
+    Eager PyTorch, several kernels; the store goes through attention.store_kv, so this also serves
+    as the capturable CUDA fallback (store_kv_reference syncs on CUDA)."""
+    if q_norm is not None:  # Qwen3 normalises each head before the rotation
+        q = rms_norm_reference(q, q_norm, eps)
+        k = rms_norm_reference(k, k_norm, eps)
+    q = apply_rotary_reference(q, positions, cos, sin)
+    k = apply_rotary_reference(k, positions, cos, sin)
+    store_kv(k, v.contiguous(), k_cache, v_cache, slot_mapping)  # CPU: store_kv_reference
+    return q
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rotary_store_kv_kernel(
+    q_ptr,  # [N, Hq, D], strides (stride_qn, stride_qh, 1)
+    k_ptr,  # [N, Hkv, D], strides (stride_kn, stride_kh, 1)
+    v_ptr,  # [N, Hkv, D], strides (stride_vn, stride_vh, 1)
+    pos_ptr,  # [N] int64
+    cos_ptr,  # [max_positions, D] fp32, contiguous
+    sin_ptr,  # [max_positions, D] fp32, contiguous
+    q_norm_ptr,  # [D] (read only if HAS_NORM)
+    k_norm_ptr,  # [D] (read only if HAS_NORM)
+    q_out_ptr,  # [N, Hq, D] contiguous, q's dtype
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    slot_ptr,  # [N] int64, negative = skip
+    max_positions,
+    num_slots,
+    eps,
+    stride_qn,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,  # block_size: tokens per KV block
+    HAS_NORM: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,  # power of two >= HEAD_DIM // 2
+):
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)  # 0 .. NUM_Q_HEADS - 1: a q head; then the kv heads
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+
+    is_q = h < NUM_Q_HEADS
+    kh = h - NUM_Q_HEADS
+    if is_q:
+        src = q_ptr + n * stride_qn + h * stride_qh
+        norm_w = q_norm_ptr
+    else:
+        src = k_ptr + n * stride_kn + kh * stride_kh
+        norm_w = k_norm_ptr
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    if HAS_NORM:
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+        w1 = tl.load(norm_w + offs, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(norm_w + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+        x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+
+    # torch indexing semantics for negative positions; clamp so a padded row's garbage position
+    # never reads outside the table.
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    pos = tl.where(pos < 0, pos + max_positions, pos)
+    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
+    row = pos * HEAD_DIM
+    c1 = tl.load(cos_ptr + row + offs, mask=mask, other=0.0)
+    c2 = tl.load(cos_ptr + row + HALF + offs, mask=mask, other=0.0)
+    s1 = tl.load(sin_ptr + row + offs, mask=mask, other=0.0)
+    s2 = tl.load(sin_ptr + row + HALF + offs, mask=mask, other=0.0)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    o1 = (f1 * c1 + (-f2) * s1).to(x1.dtype)
+    o2 = (f2 * c2 + f1 * s2).to(x1.dtype)
+
+    if is_q:
+        dst = q_out_ptr + (n * NUM_Q_HEADS + h) * HEAD_DIM
+        tl.store(dst + offs, o1, mask=mask)
+        tl.store(dst + HALF + offs, o2, mask=mask)
+    else:
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        # Negative slot: skip the row; a slot past the pool is skipped too (no OOB write).
+        # (Broadcast through a tensor: the interpreter rejects a scalar-and-tensor mask.)
+        slot_v = offs.to(tl.int64) * 0 + slot
+        keep = mask & (slot_v >= 0) & (slot_v < num_slots)
+        blk = slot // PAGE
+        off = slot % PAGE
+        k_dst = k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kh * stride_kc_h
+        v_dst = v_cache_ptr + blk * stride_vc_b + off * stride_vc_s + kh * stride_vc_h
+        tl.store(k_dst + offs, o1.to(k_cache_ptr.dtype.element_ty), mask=keep)
+        tl.store(k_dst + HALF + offs, o2.to(k_cache_ptr.dtype.element_ty), mask=keep)
+        v_src = v_ptr + n * stride_vn + kh * stride_vh
+        v1 = tl.load(v_src + offs, mask=keep, other=0.0)
+        v2 = tl.load(v_src + HALF + offs, mask=keep, other=0.0)
+        tl.store(v_dst + offs, v1.to(v_cache_ptr.dtype.element_ty), mask=keep)
+        tl.store(v_dst + HALF + offs, v2.to(v_cache_ptr.dtype.element_ty), mask=keep)
+
+
+def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm, k_norm):
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [N, heads, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    n, hq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != n or k.shape[2] != d:
+        raise ValueError(f"k and v must be [{n}, Hkv, {d}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if d % 2:
+        raise ValueError(f"head_dim must be even, got {d}")
+    if q.dtype not in _FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along head_dim, got strides {t.stride()}")
+    if positions.shape != (n,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be [{n}] int64, got {tuple(positions.shape)} {positions.dtype}")
+    if slot_mapping.shape != (n,) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be [{n}] int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    if cos.dim() != 2 or cos.shape[1] != d or cos.dtype != torch.float32 or not cos.is_contiguous():
+        raise ValueError(
+            f"cos must be a contiguous [max_positions, {d}] fp32 table, got {tuple(cos.shape)} {cos.dtype}"
+        )
+    if sin.shape != cos.shape or sin.dtype != torch.float32 or not sin.is_contiguous():
+        raise ValueError(f"sin must match cos ({tuple(cos.shape)} fp32), got {tuple(sin.shape)} {sin.dtype}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (k.shape[1], d):
+        raise ValueError(
+            f"k_cache and v_cache must be [num_blocks, page, {k.shape[1]}, {d}], got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}"
+        )
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm must be given together")
+    if q_norm is not None:
+        for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+            if w.shape != (d,) or w.dtype != q.dtype or w.stride(0) != 1:
+                raise ValueError(f"{name} must be a contiguous [{d}] {q.dtype} vector, got {tuple(w.shape)} {w.dtype}")
+    tensors = {"k": k, "v": v, "positions": positions, "cos": cos, "sin": sin, "k_cache": k_cache,
+               "v_cache": v_cache, "slot_mapping": slot_mapping, "q_norm": q_norm, "k_norm": k_norm}
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+
+
+def rotary_store_kv_triton(
+    q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, *, q_norm=None, k_norm=None, eps=1e-6
+) -> torch.Tensor:
+    """Same contract as rotary_store_kv_reference. q, k, v may be column slices of one fused qkv
+    output (row stride != width); only unit stride along head_dim is required. Norm weights, when
+    given, must have q's dtype. One launch, grid (N, Hq + Hkv); no host sync."""
+    _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm, k_norm)
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    q_out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
+    if n == 0:
+        return q_out
+    num_blocks, page = k_cache.shape[:2]
+    has_norm = q_norm is not None
+    _rotary_store_kv_kernel[(n, hq + hkv)](
+        q,
+        k,
+        v,
+        positions,
+        cos,
+        sin,
+        q_norm if has_norm else cos,
+        k_norm if has_norm else cos,
+        q_out,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        cos.shape[0],
+        num_blocks * page,
+        float(eps),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        NUM_Q_HEADS=hq,
+        HEAD_DIM=d,
+        PAGE=page,
+        HAS_NORM=has_norm,
+        BLOCK_HALF=triton.next_power_of_2(d // 2),
+        num_warps=1 if d <= 128 else 2,
+    )
+    return q_out
+
+
+def rotary_store_kv(
+    q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, *, q_norm=None, k_norm=None, eps=1e-6
+) -> torch.Tensor:
+    """Rotate q and k (after the optional per-head norm), store k and v, return the rotated q.
+    CUDA -> Triton (norm weights in a dtype other than q's fall back to the reference), else the
+    reference."""
+    if q.is_cuda and (q_norm is None or (q_norm.dtype == q.dtype and k_norm.dtype == q.dtype)):
+        return rotary_store_kv_triton(
+            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
+        )
+    return rotary_store_kv_reference(
+        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
+    )
