@@ -58,8 +58,35 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     }
 
 
+def weight_bytes(ckpt, *, shared=None) -> int:
+    """Bytes a forward must read for its weights: every tensor once (tied ones once), but not an
+    untied embedding table, of which a forward reads only its tokens' rows."""
+    seen, total = set(), 0
+    skip = None if ckpt.config.tie_word_embeddings else ckpt.weights.get("embed_tokens.weight")
+    for t in ckpt.weights.values():
+        if t is skip or t.data_ptr() in seen or not t.is_floating_point():
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total + (shared or 0)
+
+
+def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
+    """Per-phase floor in microseconds: weight bytes read once over measured bandwidth (the KV
+    read at these context lengths is under 1% of it)."""
+    t = weight_bytes(rt.target_ckpt)
+    us = lambda nbytes: nbytes / (bandwidth_gbs * 1e3)  # noqa: E731
+    floors = {"TARGET_VERIFY": us(t), "TARGET_DECODE": us(t)}
+    if rt.draft_ckpt is not None:
+        shared = rt.target_ckpt.weights["lm_head.weight"] if rt.draft_ckpt.kind == "eagle" else None
+        d = weight_bytes(rt.draft_ckpt, shared=shared.numel() * shared.element_size() if shared is not None else 0)
+        floors["DRAFT_EXTEND"] = us(d)
+        floors["DRAFT_DECODE"] = us(d) * (rt.K - 1)
+    return floors
+
+
 def main(args) -> list[dict]:
-    from graphrt.presets import ensure_preset, ensure_self_draft
+    from graphrt.presets import default_checkpoints
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_cuda = device.type == "cuda"
@@ -67,26 +94,15 @@ def main(args) -> list[dict]:
         args.dtype, torch.bfloat16 if on_cuda else torch.float32)
     batch_sizes = args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64] if on_cuda else [1, 4])
     max_new = args.max_new_tokens or (128 if on_cuda else 32)
-    if args.target:
-        target, draft_desc = args.target, None
-    else:
+    if args.target is None:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device})")
-        target = ensure_preset(preset, dtype)
-    draft = None
-    if args.draft:
-        draft, draft_desc = args.draft, f"checkpoint {args.draft}"
-    elif not args.no_draft:
-        from graphrt.config import load_config
-
-        layers = args.draft_layers or max(1, load_config(target).num_hidden_layers // 4)
-        draft = ensure_self_draft(target, layers)
-        draft_desc = f"self-draft: the target's first {layers} layer(s), shared embeddings and LM head"
-
+    target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
+                                                    draft_layers=args.draft_layers, preset=args.preset,
+                                                    damped=args.damped)
     max_bs = max(batch_sizes)
     seq = args.prompt_len + max_new + 8
-    kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
-              kv_budget_tokens=max_bs * (seq + 64))
+    kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq)
     graphs = on_cuda and not args.eager
     runtimes = []
     if draft:
@@ -97,8 +113,7 @@ def main(args) -> list[dict]:
         if graphs:  # the same cycle without graphs, for the graph speed-up
             runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
                                                    num_draft_tokens=args.num_draft_tokens, device=device,
-                                                   max_batch_size=max_bs, max_seq_len=seq,
-                                                   kv_budget_tokens=max_bs * (seq + 64))))
+                                                   max_batch_size=max_bs, max_seq_len=seq)))
     else:
         base = target
     plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
@@ -107,8 +122,7 @@ def main(args) -> list[dict]:
         if rt.use_cuda_graphs:
             t0 = time.perf_counter()
             recs = rt.capture(inspect_kernels=False)
-            print(f"{name}: captured {len(recs)} graphs in {time.perf_counter() - t0:.1f} s, "
-                  f"pool {torch.cuda.memory_reserved(device) / 2**20:.0f} MiB reserved")
+            print(f"{name}: captured {len(recs)} graphs in {time.perf_counter() - t0:.1f} s")
 
     results = []
     jobs = [(m, rt, b) for m, rt in runtimes for b in batch_sizes]
@@ -118,20 +132,60 @@ def main(args) -> list[dict]:
         r["mode"] = mode
         results.append(r)
 
+    bandwidth = None
+    if on_cuda:
+        from graphrt.kernels.timing import memory_bandwidth_gbs
+
+        bandwidth = memory_bandwidth_gbs()
+        for r in results:
+            rt = dict(runtimes)[r["mode"]]
+            for phase, floor in rooflines(rt, bandwidth).items():
+                if phase in r["phases"]:
+                    r["phases"][phase]["floor_us"] = floor
+                    r["phases"][phase]["roofline_share"] = floor / r["phases"][phase]["mean_us"]
+
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
-          f"{max_new} new tokens per request, greedy")
+          f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else ""))
     phase_names = ["TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", "TARGET_DECODE"]
     head = (f"{'mode':<12} {'B':>4} {'tok/s':>10} {'cycle ms':>9} {'host us':>8} {'gpu us':>8} {'accept len':>10}  "
-            + "  ".join(f"{p + ' us':>17}" for p in phase_names))
+            + "  ".join(f"{p + ' us (roof)':>24}" for p in phase_names))
     print(head)
     for r in results:
-        ph = "  ".join(f"{r['phases'].get(p, {}).get('mean_us', float('nan')):>17.1f}" for p in phase_names)
+        cells = []
+        for p in phase_names:
+            ph = r["phases"].get(p)
+            cells.append(f"{'-':>24}" if ph is None else
+                         f"{ph['mean_us']:>15.1f} ({100 * ph.get('roofline_share', float('nan')):>4.0f}%)")
         print(f"{r['mode']:<12} {r['batch_size']:>4} {r['tokens_per_s']:>10.1f} {r['cycle_ms']:>9.2f} "
-              f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} "
-              f"{r['mean_acceptance_length']:>10.2f}  {ph}")
+              f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} {r['mean_acceptance_length']:>10.2f}  "
+              + "  ".join(cells))
+
+    peers = []
+    if args.peers and on_cuda:
+        from graphrt.peers import run_hf
+
+        peers = run_hf(target, draft, batch_sizes=[b for b in batch_sizes if b in (1, 8, 64)],
+                       prompt_len=args.prompt_len, new_tokens=max_new, num_draft_tokens=args.num_draft_tokens)
+        ours = {(r["mode"], r["batch_size"]): r["tokens_per_s"] for r in results}
+        print(f"{'peer':<18} {'B':>4} {'tok/s':>10}  graphrt plain-graphs / peer   spec-graphs / peer")
+        for p in peers:
+            pl, sp = ours.get(("plain-graphs", p["batch_size"])), ours.get(("spec-graphs", p["batch_size"]))
+            r_pl, r_sp = ((x or float("nan")) / p["tokens_per_s"] for x in (pl, sp))
+            print(f"{p['mode']:<18} {p['batch_size']:>4} {p['tokens_per_s']:>10.1f}  {r_pl:>27.2f}x  {r_sp:>17.2f}x")
+    if bandwidth:
+        t_bytes = weight_bytes(plain.target_ckpt)
+        print(f"weight-read roofline for plain decode at B=1: {bandwidth * 1e9 / t_bytes:.0f} tok/s "
+              f"({t_bytes / 2**30:.2f} GiB of weights)")
     if args.json_out:
         meta = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
-                "draft": draft_desc, "num_draft_tokens": args.num_draft_tokens, "target": str(target)}
+                "draft": draft_desc, "num_draft_tokens": args.num_draft_tokens, "target": str(target),
+                "bandwidth_gbs": bandwidth, "date": time.strftime("%Y-%m-%d")}
+        try:
+            import triton
+
+            meta["triton"] = triton.__version__
+        except ImportError:
+            pass
         with open(args.json_out, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=2)
+            json.dump({"meta": meta, "results": results, "peers": peers}, f, indent=2)
     return results

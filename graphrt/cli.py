@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, help="tokens generated per request (default 32 CPU / 128 CUDA)")
     b.add_argument("--no-draft", action="store_true", help="plain decoding only")
     b.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    b.add_argument("--damped", type=float, metavar="ALPHA",
+                   help="embedded preset with late residual branches scaled by ALPHA (synthetic acceptance)")
+    b.add_argument("--peers", action="store_true", help="also time Hugging Face transformers on the same checkpoint")
     b.add_argument("--json", dest="json_out", help="write the results to this JSON file")
     _common(b)
 

@@ -74,17 +74,26 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
     return path
 
 
-def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None):
-    """(target, draft, description of the draft) for the CLI: given paths, or the embedded
-    llama-1b-shape preset (CUDA) / tiny (CPU) with a self-draft of a quarter of its layers."""
+def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,
+                        preset: str | None = None, damped: float | None = None):
+    """(target, draft, description of the draft) for the CLI: given paths, or an embedded preset
+    (llama-1b-shape on CUDA, tiny on the CPU) with a self-draft of a quarter of its layers.
+    damped: use ensure_agreeable_preset with this factor (the description says so)."""
     from graphrt.config import load_config
 
     if target is None:
-        target = ensure_preset("llama-1b-shape" if torch.cuda.is_available() else "tiny", dtype)
+        preset = preset or ("llama-1b-shape" if torch.cuda.is_available() else "tiny")
+        layers = draft_layers or max(1, load_config(ensure_preset(preset, dtype)).num_hidden_layers // 4)
+        if damped is not None:
+            target = ensure_agreeable_preset(preset, dtype, layers, damped)
+        else:
+            target = ensure_preset(preset, dtype)
     if no_draft:
         return target, None, "none"
     if draft is not None:
         return target, draft, f"checkpoint {draft}"
     layers = draft_layers or max(1, load_config(target).num_hidden_layers // 4)
     desc = f"self-draft: the target's first {layers} layer(s), shared embeddings and LM head"
+    if damped is not None:
+        desc += f"; target layers >= {layers} have residual-branch outputs scaled by {damped:g} (synthetic acceptance)"
     return target, ensure_self_draft(Path(target), layers), desc

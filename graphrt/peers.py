@@ -1,0 +1,61 @@
+"""Peers on the same checkpoint: Hugging Face transformers' own decoding, timed the same way.
+
+Each figure is decode throughput: (tokens(N) - tokens(1)) / (time(N) - time(1)), so the prompt
+pass is excluded as it is from graphrt's figures. min_new_tokens pins the length (random weights
+hit an EOS id by chance).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _timed_generate(model, ids, new_tokens, **kw) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kw)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def decode_tokens_per_s(model, ids, new_tokens: int, **kw) -> float:
+    _timed_generate(model, ids, 4, **kw)  # warm-up (kernels, caches, static-cache allocation)
+    t1 = _timed_generate(model, ids, 1, **kw)
+    tn = _timed_generate(model, ids, new_tokens, **kw)
+    return ids.shape[0] * (new_tokens - 1) / max(tn - t1, 1e-9)
+
+
+def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32, new_tokens=64,
+           num_draft_tokens=3) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    load = dict(dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, **load).cuda().eval()
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.inference_mode():
+        for b in batch_sizes:
+            ids = torch.randint(0, model.config.vocab_size, (b, prompt_len), generator=g).cuda()
+            modes = [("hf-dynamic-cache", {}), ("hf-static-cache", {"cache_implementation": "static"})]
+            if b > 1:
+                modes = modes[:1]
+            for name, kw in modes:
+                rows.append({"mode": name, "batch_size": b, "tokens_per_s": decode_tokens_per_s(model, ids, new_tokens,
+                                                                                                 **kw)})
+        if draft_dir is not None:
+            draft = AutoModelForCausalLM.from_pretrained(draft_dir, **load).cuda().eval()
+            draft.generation_config.num_assistant_tokens = num_draft_tokens
+            draft.generation_config.num_assistant_tokens_schedule = "constant"
+            draft.generation_config.assistant_confidence_threshold = 0.0
+            ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=g).cuda()
+            rows.append({"mode": "hf-assisted", "batch_size": 1,
+                         "tokens_per_s": decode_tokens_per_s(model, ids, new_tokens, assistant_model=draft)})
+            del draft
+    del model
+    torch.cuda.empty_cache()
+    return rows
