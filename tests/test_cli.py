@@ -1,0 +1,62 @@
+"""The command line on the CPU: bench JSON fields, generate, clear refusals without CUDA."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from graphrt.cli import main
+from tests.helpers import draft_dir, tiny_dir
+
+
+def test_bench_json_has_the_fields_it_claims(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--device", "cpu", "--batch-sizes", "1,3", "--max-new-tokens", "6", "--prompt-len", "5",
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["meta"]["draft"].startswith("self-draft")
+    modes = {(r["mode"], r["batch_size"]) for r in d["results"]}
+    assert modes == {("spec-eager", 1), ("spec-eager", 3), ("plain-eager", 1), ("plain-eager", 3)}
+    for r in d["results"]:
+        assert r["tokens"] == r["batch_size"] * 5  # 6 new tokens each, the first from prefill
+        assert r["tokens_per_s"] > 0 and r["cycles"] >= 1 and r["cycle_ms"] > 0
+        assert 1.0 <= r["mean_acceptance_length"] <= 4.0
+        phases = {"spec-eager": {"TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"},
+                  "plain-eager": {"TARGET_DECODE"}}[r["mode"]]
+        assert set(r["phases"]) == phases
+        for p in r["phases"].values():
+            assert p["calls"] >= 1 and p["mean_us"] > 0
+
+
+def test_generate_with_prompt_ids_matches_the_api(capsys):
+    from graphrt import Runtime, SamplingParams
+    from tests.helpers import load
+
+    expected = Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32).generate(
+        [[1, 2, 3]], SamplingParams(max_new_tokens=7, ignore_eos=True))[0].token_ids
+    assert main(["generate", str(tiny_dir()), "--prompt-ids", "1,2,3", "--max-new-tokens", "7", "--ignore-eos",
+                 "--draft", str(draft_dir("eagle")), "--device", "cpu", "--dtype", "fp32", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["token_ids"] == expected
+
+
+def test_generate_text_prompt_without_tokenizer_is_a_clear_error(capsys):
+    assert main(["generate", str(tiny_dir()), "--prompt", "hello", "--device", "cpu"]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+@pytest.mark.parametrize("cmd", [["capture"], ["profile"]])
+def test_gpu_commands_refuse_clearly_without_cuda(cmd, capsys):
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err
+
+
+def test_bad_arguments_exit_cleanly():
+    r = subprocess.run([sys.executable, "-m", "graphrt", "bench", "--batch-sizes", "x"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "comma-separated integers" in r.stderr
