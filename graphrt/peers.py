@@ -35,7 +35,8 @@ def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32,
     hf_logging.set_verbosity_error()
     load = dict(dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(target_dir, **load).cuda().eval()
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id
+    eos = model.generation_config.eos_token_id
+    model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
     g = torch.Generator().manual_seed(0)
     rows = []
     with torch.inference_mode():

@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# The whole GPU pass in one device call: GPU tests, kernel benchmarks, decode benchmark.
-# Usage on the device machine (repo root, .gpu-carry carried):
-#   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [tests|kernels|decode ...]
-# Results land in $OUT (default ./out): pytest log, JSON tables, environment.
+# The GPU pass: GPU tests, kernel benchmarks, capture report, decode benchmarks (with peers),
+# per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
+# On the device machine, from the repo root, with .gpu-carry carried:
+#   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
+# Steps: tests kernels capture decode peers profile nvtx sanitize soak (default: all but sanitize soak).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export GRAPHRT_CACHE=${GRAPHRT_CACHE:-/tmp/graphrt-cache}
-steps=${*:-tests kernels decode}
+steps=${*:-tests kernels capture decode peers profile nvtx}
 {
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.version.cuda)'
+  python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__,
+"cuda", torch.version.cuda, "transformers", transformers.__version__)'
+  nsys --version 2>/dev/null
 } | tee "$OUT/env.txt"
+log() { tee -a "$OUT/log.txt"; }
 for step in $steps; do
+  echo "=== $step" | log
   case $step in
-    tests)
-      python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
-    alltests)
-      python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_all.log" | tail -25 ;;
-    kernels)
-      python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt" ;;
-    decode)
-      python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+    tests)    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | log | tail -30 ;;
+    kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
+    capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
+    decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;
+    peers)    python3 -m graphrt bench --damped 0.1 --batch-sizes 1,8,64 --peers --json "$OUT/decode_damped.json" \
+                2>&1 | grep -v '^bench' | log | tail -30 ;;
+    profile)  python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
+                2>&1 | log | tail -25
+              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" 2>&1 \
+                | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
+    nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
+                --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
+    sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20 ;;
+    soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
 done
