@@ -141,11 +141,13 @@ def write_png(result: Attribution, path) -> None:
     except ImportError:
         raise ProfilingError("the PNG chart needs matplotlib: `pip install matplotlib` (the table and JSON "
                            "do not)") from None
-    bs = result.batch_sizes()
+    # PREFILL is once per request, not once per cycle: it would stack a prompt pass onto a cycle
+    cycle_phases = [p for p in _ordered(result) if p.name != "PREFILL"]
+    bs = [b for b in result.batch_sizes() if any((p.name, b) in result.by_batch for p in cycle_phases)]
     labels = [str(b) if b is not None else "?" for b in bs]
     fig, ax = plt.subplots(figsize=(1.2 * len(bs) + 4, 4.5))
     bottom = [0.0] * len(bs)
-    for p in _ordered(result):
+    for p in cycle_phases:
         vals = []
         for b in bs:
             c = result.by_batch.get((p.name, b))
