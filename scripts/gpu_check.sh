@@ -3,7 +3,7 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests kernels capture decode peers profile nvtx sanitize soak (default: all but sanitize soak).
+# Steps: tests kernels capture decode decode8b peers profile nvtx sanitize soak (default: all but sanitize soak).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -24,6 +24,8 @@ for step in $steps; do
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
     decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;
+    decode8b) python3 -m graphrt bench --preset llama-8b-shape --batch-sizes 1,8,64 --max-new-tokens 64 \
+                --json "$OUT/decode8b.json" 2>&1 | grep -v '^bench' | log | tail -16 ;;
     peers)    python3 -m graphrt bench --damped 0.1 --batch-sizes 1,8,64 --peers --json "$OUT/decode_damped.json" \
                 2>&1 | grep -v '^bench' | log | tail -30 ;;
     profile)  python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
