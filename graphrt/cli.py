@@ -9,7 +9,7 @@ import sys
 from graphrt.errors import GraphrtError
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(",", " ").split()]
     except ValueError:
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("checkpoint", help="target checkpoint directory (config.json + *.safetensors)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
-    src.add_argument("--prompt-ids", type=_int_list, help="token ids, e.g. 1,2,3")
+    src.add_argument("--prompt-ids", type=int_list, help="token ids, e.g. 1,2,3")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int)
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset",
                    help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
     b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
-    b.add_argument("--batch-sizes", type=_int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
+    b.add_argument("--batch-sizes", type=int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
     b.add_argument("--prompt-len", type=int, default=32)
     b.add_argument("--max-new-tokens", type=int, help="tokens generated per request (default 32 CPU / 128 CUDA)")
     b.add_argument("--no-draft", action="store_true", help="plain decoding only")

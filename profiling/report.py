@@ -20,6 +20,8 @@ from pathlib import Path
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError, short_kernel_name
 from graphrt.profiling.phases import ALL_PHASES
 
+from graphrt.cli import int_list
+
 # ---- text -----------------------------------------------------------------------------------
 
 
@@ -195,13 +197,6 @@ def write_perfetto_trace(result: Attribution, path) -> None:
 # ---- the workload -------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `graphrt profile` (the CLI adds --draft, -k, --device, --dtype itself)."""
     p.add_argument("checkpoint", nargs="?", help="target checkpoint (default: an embedded random preset)")
@@ -213,7 +208,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nsys-dir", help="keep the .nsys-rep and .sqlite here (default: a temporary directory)")
     p.add_argument("--from-sqlite", help="attribute kernel time from an existing `nsys export --type sqlite` file")
     p.add_argument("--domain", default="graphrt", help="NVTX domain of the phase ranges (--from-sqlite)")
-    p.add_argument("--batch-sizes", type=_int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
+    p.add_argument("--batch-sizes", type=int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, help="tokens per request (default 32 CUDA / 8 CPU)")
     p.add_argument("--json", dest="json_out", help="write the table as JSON")
@@ -230,6 +225,7 @@ class Workload:
     def __init__(self, args):
         import torch
 
+        from graphrt.presets import default_checkpoints
         from graphrt.runtime import Runtime
 
         self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -239,9 +235,11 @@ class Workload:
         self.batch_sizes = list(getattr(args, "batch_sizes", None) or ([1, 8, 64] if on_cuda else [1, 4]))
         self.prompt_len = getattr(args, "prompt_len", 32)
         self.max_new = getattr(args, "max_new_tokens", None) or (32 if on_cuda else 8)
-        target, self.desc = _target(args, dtype, on_cuda)
-        draft = _draft(args, target)
-        self.desc += f"; draft: {draft or 'none'}"
+        target, draft, draft_desc = default_checkpoints(
+            getattr(args, "checkpoint", None), getattr(args, "draft", None), dtype,
+            no_draft=getattr(args, "no_draft", False), draft_layers=getattr(args, "draft_layers", None),
+            preset=getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny"))
+        self.desc = f"target {target}; draft: {draft_desc}"
         max_bs = max(self.batch_sizes)
         seq = self.prompt_len + self.max_new + 8
         graphs = on_cuda and not getattr(args, "eager", False)
@@ -293,27 +291,6 @@ class Workload:
                 "max_new_tokens": self.max_new, "torch": torch.__version__,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
                 "graph_kernel_nodes": {f"{p}/{b}": n for (p, b), n in sorted(self.graph_nodes.items())}}
-
-
-def _target(args, dtype, on_cuda):
-    if getattr(args, "checkpoint", None):
-        return args.checkpoint, f"target {args.checkpoint}"
-    from graphrt.presets import ensure_preset
-
-    preset = getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny")
-    return ensure_preset(preset, dtype), f"embedded random preset {preset} ({str(dtype).split('.')[-1]})"
-
-
-def _draft(args, target):
-    if getattr(args, "draft", None):
-        return args.draft
-    if getattr(args, "no_draft", False):
-        return None
-    from graphrt.config import load_config
-    from graphrt.presets import ensure_self_draft
-
-    layers = getattr(args, "draft_layers", None) or max(1, load_config(target).num_hidden_layers // 4)
-    return ensure_self_draft(Path(target), layers)
 
 
 # ---- graphrt profile ----------------------------------------------------------------------------
