@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 from graphrt.errors import RequestError
 
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request decoding parameters.
 
-    temperature 0 is greedy; > 0 samples exactly from the temperature-scaled target distribution
+    temperature 0 (or below 1e-5) is greedy; > 0 samples exactly from the temperature-scaled target distribution
     (speculative decoding never changes the distribution). `seed` makes a sampled request
     reproducible whatever else shares its batch; None draws a seed at admission.
     """
@@ -26,6 +28,10 @@ class SamplingParams:
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         self.validate()
+        if self.temperature < GREEDY_BELOW:
+            # 1/T of a tiny temperature overflows fp32, and such a distribution is a point mass
+            # on the argmax anyway: decode greedily (vLLM draws the line at the same place).
+            object.__setattr__(self, "temperature", 0.0)
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

@@ -187,6 +187,14 @@ class Runtime:
     def get_generation(self, request_id: int) -> Generation:
         return self._requests[request_id].gen
 
+    def pop_generation(self, request_id: int) -> Generation:
+        """Return a finished request's Generation and forget the request (an engine driving
+        add_request/step calls this, or the host keeps every finished request)."""
+        req = self._requests[request_id]
+        if req.gen.finish_reason is None:
+            raise RequestError(f"request {request_id} has not finished")
+        return self._requests.pop(request_id).gen
+
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting)
 
@@ -355,7 +363,7 @@ class Runtime:
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         while not all(self.finished(r) for r in rids):
             self.step()
-        return [self._requests.pop(r).gen for r in rids]
+        return [self.pop_generation(r) for r in rids]
 
     @property
     def acceptance_counts(self) -> list[int]:

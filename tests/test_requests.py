@@ -119,3 +119,18 @@ def test_mismatched_draft_is_refused(target, tmp_path):
     # the refused pairs leave nothing behind: a good pair still works
     rt = Runtime(target, load(draft_dir("self")), max_batch_size=1, max_seq_len=16)
     assert len(rt.generate([[1, 2]], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
+def test_tiny_temperature_is_greedy_and_finished_requests_can_be_dropped(target):
+    assert SamplingParams(temperature=1e-40).temperature == 0.0
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+    rt = Runtime(target, None, max_batch_size=2, max_seq_len=32)
+    rid = rt.add_request([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=1e-30, ignore_eos=True))
+    with pytest.raises(RequestError, match="not finished"):
+        rt.pop_generation(rid)
+    while rt.has_unfinished():
+        rt.step()
+    greedy = rt.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0].token_ids
+    assert rt.pop_generation(rid).token_ids == greedy
+    with pytest.raises(KeyError):
+        rt.get_generation(rid)
