@@ -104,6 +104,11 @@ for tool in $tools; do
     lines=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$log" | sed 's/^=* *//')
     errs=$(grep -oE "ERROR SUMMARY: [0-9]+" "$log" | awk '{s += $3} END {print s + 0}')
     nsum=$(grep -c "ERROR SUMMARY" "$log")
+    if [ "$nsum" = 0 ]; then  # racecheck prints "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)"
+      nsum=$(grep -c "RACECHECK SUMMARY" "$log")
+      errs=$(grep -oE "RACECHECK SUMMARY: .*\(([0-9]+) errors" "$log" | grep -oE "[0-9]+ errors" \
+        | awk '{s += $1} END {print s + 0}')
+    fi
     driver=$(grep -q "DRIVER OK" "$log" && echo ok || echo FAIL)
     if [ "$rc" = 124 ]; then driver=TIMEOUT; fi
     if [ "$nsum" = 0 ]; then errs="?"; fi
