@@ -12,6 +12,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from graphrt.errors import GraphrtError
 from graphrt.params import SamplingParams
 from graphrt.profiling.phase_timer import PhaseTimer
 from graphrt.runtime import Runtime
@@ -99,7 +100,7 @@ def main(args) -> list[dict]:
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device})")
     target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
                                                     draft_layers=args.draft_layers, preset=args.preset,
-                                                    damped=args.damped)
+                                                    damped=args.damped, draft_kind=args.draft_kind)
     max_bs = max(batch_sizes)
     seq = args.prompt_len + max_new + 8
     kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq)
@@ -176,6 +177,8 @@ def main(args) -> list[dict]:
         t_bytes = weight_bytes(plain.target_ckpt)
         print(f"weight-read roofline for plain decode at B=1: {bandwidth * 1e9 / t_bytes:.0f} tok/s "
               f"({t_bytes / 2**30:.2f} GiB of weights)")
+    if args.png:
+        write_png(results, args.png, title=f"graphrt bench: {target}\ndraft: {draft_desc}")
     if args.json_out:
         meta = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
                 "draft": draft_desc, "num_draft_tokens": args.num_draft_tokens, "target": str(target),
@@ -189,3 +192,30 @@ def main(args) -> list[dict]:
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "results": results, "peers": peers}, f, indent=2)
     return results
+
+
+def write_png(results: list[dict], path, *, title: str = "") -> None:
+    """Tokens/s against batch size, one line per mode."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GraphrtError("--png needs matplotlib: `pip install matplotlib`") from None
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        rows = sorted((r for r in results if r["mode"] == mode), key=lambda r: r["batch_size"])
+        ax.plot([r["batch_size"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    sizes = sorted({r["batch_size"] for r in results})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(title, fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

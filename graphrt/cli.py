@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded preset with late residual branches scaled by ALPHA (synthetic acceptance)")
     b.add_argument("--peers", action="store_true", help="also time Hugging Face transformers on the same checkpoint")
     b.add_argument("--json", dest="json_out", help="write the results to this JSON file")
+    b.add_argument("--png", help="write a tokens/s chart (matplotlib) to this file")
+    b.add_argument("--draft-kind", choices=["lm", "eagle"], default="lm",
+                   help="self-draft as a standalone LM or as an EAGLE-1/2-shaped head")
     _common(b)
 
     c = sub.add_parser("capture", help="capture every phase x bucket as CUDA graphs and report")

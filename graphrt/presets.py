@@ -75,9 +75,10 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
 
 
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,
-                        preset: str | None = None, damped: float | None = None):
+                        preset: str | None = None, damped: float | None = None, draft_kind: str = "lm"):
     """(target, draft, description of the draft) for the CLI: given paths, or an embedded preset
-    (llama-1b-shape on CUDA, tiny on the CPU) with a self-draft of a quarter of its layers.
+    (llama-1b-shape on CUDA, tiny on the CPU) with a self-draft of a quarter of its layers, as a
+    standalone LM (draft_kind "lm") or an EAGLE-1/2-shaped head ("eagle").
     damped: use ensure_agreeable_preset with this factor (the description says so)."""
     from graphrt.config import load_config
 
@@ -93,7 +94,8 @@ def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = F
     if draft is not None:
         return target, draft, f"checkpoint {draft}"
     layers = draft_layers or max(1, load_config(target).num_hidden_layers // 4)
-    desc = f"self-draft: the target's first {layers} layer(s), shared embeddings and LM head"
+    shape = "a standalone LM" if draft_kind == "lm" else "an EAGLE-1/2-shaped head"
+    desc = f"self-draft ({shape}): the target's first {layers} layer(s), shared embeddings and LM head"
     if damped is not None:
         desc += f"; target layers >= {layers} have residual-branch outputs scaled by {damped:g} (synthetic acceptance)"
-    return target, ensure_self_draft(Path(target), layers), desc
+    return target, ensure_self_draft(Path(target), layers, kind=draft_kind), desc

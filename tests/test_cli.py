@@ -13,9 +13,10 @@ from tests.helpers import draft_dir, tiny_dir
 
 def test_bench_json_has_the_fields_it_claims(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "bench.json"
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     assert main(["bench", "--device", "cpu", "--batch-sizes", "1,3", "--max-new-tokens", "6", "--prompt-len", "5",
-                 "--json", str(out)]) == 0
+                 "--json", str(out), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads(out.read_text())
     assert d["meta"]["draft"].startswith("self-draft")
     modes = {(r["mode"], r["batch_size"]) for r in d["results"]}
@@ -29,6 +30,19 @@ def test_bench_json_has_the_fields_it_claims(tmp_path, monkeypatch):
         assert set(r["phases"]) == phases
         for p in r["phases"].values():
             assert p["calls"] >= 1 and p["mean_us"] > 0
+
+
+def test_bench_eagle_shaped_self_draft(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--device", "cpu", "--batch-sizes", "2", "--max-new-tokens", "5", "--prompt-len", "4",
+                 "--draft-kind", "eagle", "--no-draft", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["meta"]["draft"] == "none"
+    assert main(["bench", "--device", "cpu", "--batch-sizes", "2", "--max-new-tokens", "5", "--prompt-len", "4",
+                 "--draft-kind", "eagle", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert "EAGLE" in d["meta"]["draft"]
+    assert {r["mode"] for r in d["results"]} == {"spec-eager", "plain-eager"}
 
 
 def test_generate_with_prompt_ids_matches_the_api(capsys):
