@@ -119,13 +119,11 @@ class Cycle:
         hidden, aux = self.target.forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
                                           self.target_kv)
         logits = self.target.logits(hidden).view(B, K + 1, -1)
-        out = rejection_sample(
+        rejection_sample(  # writes the cycle's results straight into the static buffers
             logits, drafts, s.temperature[slots], s.seed[slots], n,
             num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=s.acceptance_counts,
+            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]),
         )
-        s.emitted[:B] = out.token_ids
-        s.num_emitted[:B] = out.num_emitted
-        s.logprobs[:B] = out.logprobs
         if s.target_hidden is not None:
             s.target_hidden[: B * (K + 1)] = aux if self.draft.target_hidden == "aux" else hidden
         self._advance(slots, n, B)
