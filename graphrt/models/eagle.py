@@ -11,26 +11,32 @@ import torch.nn.functional as F
 from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
 
 
-class EagleHead:
-    """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer (the
-    published heads have no input norm on it) -> the target's LM head, with no final norm."""
+class _EagleBase:
+    """What both EAGLE generations share: one layer, one position behind, the target's hidden
+    states as input, and the target's embedding table unless the head ships its own."""
 
     position_offset = -1
     uses_target_hidden = True
-    target_hidden = "final"
+    num_layers = 1
 
     def __init__(self, cfg, weights: dict, target, max_positions: int, device):
         self.cfg = cfg
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
         self.embed = weights.get("embed_tokens.weight", target.embed)
-        self.lm_head = target.lm_head
         self.fc_weight = weights["fc.weight"]
+
+
+class EagleHead(_EagleBase):
+    """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer (the
+    published heads have no input norm on it) -> the target's LM head, with no final norm."""
+
+    target_hidden = "final"
+
+    def __init__(self, cfg, weights: dict, target, max_positions: int, device):
+        super().__init__(cfg, weights, target, max_positions, device)
+        self.lm_head = target.lm_head
         self.fc_bias = weights.get("fc.bias")
         self.layers = [DecoderLayer(weights, "layers.0", cfg, self.rotary, has_input_norm=cfg.has_input_layernorm)]
-
-    @property
-    def num_layers(self) -> int:
-        return 1
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         x = torch.cat([F.embedding(tokens, self.embed), hidden_in], dim=-1)
@@ -61,28 +67,19 @@ class Eagle3Layer(DecoderLayer):
         return h + self.mlp(rms_norm(h, self.post_norm, self.eps))
 
 
-class Eagle3Head:
+class Eagle3Head(_EagleBase):
     """EAGLE-3: fc fuses the target's low/mid/high residual streams (3H -> H) on the first step;
     later steps feed back the head's own pre-norm output. Its LM head covers a reduced draft
     vocabulary; d2t maps a draft id to a target id (target = draft + d2t[draft])."""
 
-    position_offset = -1
-    uses_target_hidden = True
     target_hidden = "aux"
 
     def __init__(self, cfg, weights: dict, target, max_positions: int, device):
-        self.cfg = cfg
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
-        self.embed = weights.get("embed_tokens.weight", target.embed)
-        self.fc_weight = weights["fc.weight"]
+        super().__init__(cfg, weights, target, max_positions, device)
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
         self.d2t = weights["d2t"].to(torch.int64)
         self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)]
-
-    @property
-    def num_layers(self) -> int:
-        return 1
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
