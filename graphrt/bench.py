@@ -155,8 +155,12 @@ def main(args) -> list[dict]:
         cells = []
         for p in phase_names:
             ph = r["phases"].get(p)
-            cells.append(f"{'-':>24}" if ph is None else
-                         f"{ph['mean_us']:>15.1f} ({100 * ph.get('roofline_share', float('nan')):>4.0f}%)")
+            if ph is None:
+                cells.append(f"{'-':>24}")
+            elif "roofline_share" in ph:
+                cells.append(f"{ph['mean_us']:>15.1f} ({100 * ph['roofline_share']:>4.0f}%)")
+            else:  # no bandwidth on the CPU, so no roofline
+                cells.append(f"{ph['mean_us']:>24.1f}")
         print(f"{r['mode']:<12} {r['batch_size']:>4} {r['tokens_per_s']:>10.1f} {r['cycle_ms']:>9.2f} "
               f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} {r['mean_acceptance_length']:>10.2f}  "
               + "  ".join(cells))
