@@ -37,7 +37,7 @@ class DecodeState:
     """
 
     def __init__(self, *, max_batch_size, num_draft_tokens, max_blocks, target_hidden_size, draft_state_size,
-                 device):
+                 hidden_dtype=torch.float32, device):
         S, B, K = max_batch_size, max_batch_size, max(num_draft_tokens, 1)
         i64 = dict(dtype=torch.int64, device=device)
         self.scratch_slot = S
@@ -56,9 +56,10 @@ class DecodeState:
         self.num_emitted = torch.zeros(B, dtype=torch.int32, device=device)
         self.logprobs = torch.zeros(B, K + 1, dtype=torch.float32, device=device)
         self.acceptance_counts = torch.zeros(K, **i64)
+        hid = dict(dtype=hidden_dtype, device=device)
         self.target_hidden = None if target_hidden_size is None else torch.zeros(
-            B * (K + 1), target_hidden_size, device=device)
-        self.draft_state = None if draft_state_size is None else torch.zeros(B, draft_state_size, device=device)
+            B * (K + 1), target_hidden_size, **hid)
+        self.draft_state = None if draft_state_size is None else torch.zeros(B, draft_state_size, **hid)
 
     def reset_scratch(self):
         # Padded rows advance the scratch slot like any request; pin it back so its positions stay

@@ -109,10 +109,7 @@ class Runtime:
                 draft_state = dc.hidden_size
         self.state = DecodeState(max_batch_size=max_batch_size, num_draft_tokens=self.K,
                                  max_blocks=self.max_blocks, target_hidden_size=target_hidden,
-                                 draft_state_size=draft_state, device=device)
-        if target_hidden is not None:
-            self.state.target_hidden = self.state.target_hidden.to(dtype)
-            self.state.draft_state = self.state.draft_state.to(dtype)
+                                 draft_state_size=draft_state, hidden_dtype=dtype, device=device)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
                            state=self.state, num_draft_tokens=max(self.K, 1))
 
