@@ -48,7 +48,8 @@ class Runtime:
     def __init__(self, target: Checkpoint, draft: Checkpoint | None = None, *, num_draft_tokens: int = 3,
                  device=None, max_batch_size: int = 64, max_seq_len: int = 2048, block_size: int = 16,
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
-                 buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None):
+                 buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
+                 seed: int | None = None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if use_cuda_graphs and device.type != "cuda":
             raise ValueError("use_cuda_graphs=True needs a CUDA device")
@@ -137,7 +138,7 @@ class Runtime:
         self._waiting: deque[_Request] = deque()
         self._requests: dict[int, _Request] = {}
         self._next_id = 0
-        self._rng = random.Random()
+        self._rng = random.Random(seed)  # draws the seeds of requests that bring none
 
     @classmethod
     def from_pretrained(cls, target, draft=None, *, num_draft_tokens: int = 3, device=None, dtype=None,

@@ -49,7 +49,7 @@ class SoakConfig:
         return Runtime(target, draft, num_draft_tokens=self.num_draft_tokens, device=device,
                        max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
                        block_size=self.block_size, kv_budget_tokens=self.kv_blocks * self.block_size,
-                       buckets=self.buckets, use_cuda_graphs=self.use_cuda_graphs)
+                       buckets=self.buckets, use_cuda_graphs=self.use_cuda_graphs, seed=0)
 
 
 @dataclass
