@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 
 __all__ = ["silu_and_mul", "silu_and_mul_reference", "silu_and_mul_triton"]
 
@@ -35,7 +36,11 @@ def _silu_and_mul_kernel(
     inter,  # I
     stride_gn,
     BLOCK_I: tl.constexpr,  # columns per program
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = offs < inter
@@ -67,7 +72,9 @@ def silu_and_mul_triton(gu: torch.Tensor) -> torch.Tensor:
         return out
     block_i = min(1024, triton.next_power_of_2(inter))
     grid = (n, triton.cdiv(inter, block_i))
-    _silu_and_mul_kernel[grid](gu, out, inter, gu.stride(0), BLOCK_I=block_i, num_warps=4 if block_i >= 512 else 1)
+    pdl = pdl_enabled(gu.device)
+    _silu_and_mul_kernel[grid](gu, out, inter, gu.stride(0), BLOCK_I=block_i, USE_PDL=pdl,
+                               num_warps=4 if block_i >= 512 else 1, **pdl_launch(pdl))
     return out
 
 

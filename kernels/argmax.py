@@ -18,11 +18,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 _INT32_MAX = tl.constexpr(2**31 - 1)
-# Enough programs for ~2 waves on a 132-SM H100/H200 at a few resident programs per SM.
-_TARGET_PROGRAMS = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +94,11 @@ def _argmax_split_kernel(
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     FUSED: tl.constexpr = False,  # the last chunk of a row to finish merges the row
     SPLITS_POW2: tl.constexpr = 1,
+    USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent: wait for the producer
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     split = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
@@ -147,7 +150,11 @@ def _argmax_combine_kernel(
     stride_row,
     SPLITS,
     SPLITS_POW2: tl.constexpr,  # all chunks of a row in one tile
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     _argmax_combine(tl.program_id(0), logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr,
                     stride_row, SPLITS, SPLITS_POW2)
 
@@ -158,9 +165,18 @@ def _counters(dev, n):
     return counters(dev, n)
 
 
-def _num_splits(batch: int, vocab: int, block_v: int) -> int:
-    tiles = triton.cdiv(vocab, block_v)
-    return max(1, min(tiles, triton.cdiv(_TARGET_PROGRAMS, batch)))
+def _launch_config(batch: int) -> tuple[int, int, int, bool]:
+    """(block_v, chunks per row, num_warps, fused) by batch size: the fastest of a sweep over
+    block_v {1024, 2048, 4096} x chunks {4..128} x warps {4, 8} x fused, with PDL, on an H200
+    (V = 128256 bf16, scripts/pdl_probe.py, 2026-11-22). Small batches want many programs per row
+    and the two-launch merge; from B = 32 the in-launch merge wins; B >= 128 keeps ~1024 programs."""
+    if batch <= 4:
+        return 1024, 128, 4, False  # B=1: 2.43 us
+    if batch <= 16:
+        return 4096, 32, 4, False  # B=8: 3.03 us
+    if batch <= 64:
+        return 1024, 8, 8, True  # B=64: 7.61 us
+    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us
 
 
 def _validate(logits: torch.Tensor) -> None:
@@ -182,8 +198,9 @@ def argmax_triton(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_v: int | None = None,
     num_splits: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     fused: bool | None = None,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
@@ -192,9 +209,10 @@ def argmax_triton(
     allocator; under CUDA graph capture it comes from the graph's private pool and stays fixed
     for every replay, so the kernel is capturable as is.
     block_v / num_splits / num_warps: override the launch heuristics (tests use small blocks to
-    exercise the split logic at small V). fused (default: B >= 64, where it measured faster): one
-    launch, the last chunk of each row to finish merges the row (rejection._counters); without the
-    counter buffer (first call inside a capture) the two-launch path runs.
+    exercise the split logic at small V); unset ones come from _launch_config. fused: one launch,
+    the last chunk of each row to finish merges the row (rejection._counters); without the
+    counter buffer (first call inside a capture) the two-launch path runs. pdl: launch as
+    programmatic dependents (default: kernels/pdl.pdl_enabled).
     """
     _validate(logits)
     batch, vocab = logits.shape
@@ -209,18 +227,17 @@ def argmax_triton(
             raise ValueError(f"out[1] (indices) must be [{batch}] int64 on {logits.device}")
         if not (values.is_contiguous() and indices.is_contiguous()):
             raise ValueError("out tensors must be contiguous")
-    if block_v is None:
-        # 2048 entries per tile = two 16-byte loads in flight per thread at 4 warps (bf16); the
-        # smaller tile keeps enough programs on the SMs when a single row is split.
-        block_v = 1024 if batch * vocab <= 1024 * 1024 else 2048
+    cfg_block, cfg_splits, cfg_warps, cfg_fused = _launch_config(batch)
+    block_v = block_v or cfg_block
+    num_warps = num_warps or cfg_warps
+    pdl = pdl_enabled(logits.device) if pdl is None else pdl
     tiles = triton.cdiv(vocab, block_v)
-    splits = _num_splits(batch, vocab, block_v) if num_splits is None else max(1, min(num_splits, tiles))
+    splits = max(1, min(num_splits or cfg_splits, tiles))
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)  # no empty chunk: each starts below V
     part_val = torch.empty(batch, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(batch, splits, dtype=torch.int32, device=logits.device)
-    # H200: 8.3 vs 8.7 us at B=64, 19.5 vs 20.2 at 256 fused; not better below.
-    want = batch >= 64 if fused is None else fused
+    want = cfg_fused if fused is None else fused
     ctr = _counters(logits.device, batch) if want else None
     if fused and ctr is None:
         raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
@@ -228,12 +245,13 @@ def argmax_triton(
         logits, part_val, part_idx, values, indices, ctr if ctr is not None else part_idx,
         logits.stride(0), vocab, splits, tiles_per_split,
         BLOCK_V=block_v, FUSED=ctr is not None, SPLITS_POW2=triton.next_power_of_2(splits),
-        num_warps=num_warps,
+        USE_PDL=pdl, num_warps=num_warps, **pdl_launch(pdl),
     )
     if ctr is None:
         _argmax_combine_kernel[(batch,)](
             logits, part_val, part_idx, values, indices, logits.stride(0), splits,
             SPLITS_POW2=triton.next_power_of_2(splits), num_warps=1 if splits <= 128 else 4,
+            USE_PDL=pdl, **pdl_launch(pdl),
         )
     return values, indices
 

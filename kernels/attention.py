@@ -28,6 +28,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 
 __all__ = [
     "store_kv",
@@ -337,7 +338,11 @@ def _paged_attn_partial_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches (no tf32), "tf32" otherwise (ignored)
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     q_tile = tl.program_id(2)
@@ -463,7 +468,11 @@ def _paged_attn_merge_kernel(
     SPLITS_P2: tl.constexpr,  # power of two >= NUM_SPLITS
     BLOCK_H: tl.constexpr,  # query heads per program
     BLOCK_DM: tl.constexpr,  # head_dim slice per program
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
     d_tile = tl.program_id(2)
@@ -640,6 +649,7 @@ def paged_attention_triton(
     if query.dtype != k_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} differs from the cache's {k_cache.dtype}")
     extra = {} if num_stages is None else {"num_stages": num_stages}
+    pdl = pdl_enabled(query.device)
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
         query,
         k_cache,
@@ -678,8 +688,10 @@ def paged_attention_triton(
         # Triton's interpreter (CPU tests) runs tl.dot as numpy matmul on bf16's raw uint16 bits
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
+        USE_PDL=pdl,
         num_warps=num_warps,
         **extra,
+        **pdl_launch(pdl),
     )
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
@@ -706,7 +718,9 @@ def paged_attention_triton(
             SPLITS_P2=splits_p2,
             BLOCK_H=merge_h,
             BLOCK_DM=merge_d,
+            USE_PDL=pdl,
             num_warps=4,
+            **pdl_launch(pdl),
         )
     return out
 

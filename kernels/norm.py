@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 
 __all__ = [
     "rms_norm",
@@ -76,7 +77,11 @@ def _rms_norm_kernel(
     stride_rn,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr,  # power of two >= H: one program holds its whole row
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -127,6 +132,7 @@ def _launch(x, weight, eps, residual):
     if n == 0 or h == 0:
         return out, total
     block_h = triton.next_power_of_2(h)
+    pdl = pdl_enabled(x.device)
     num_warps = 1 if block_h <= 256 else 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
     _rms_norm_kernel[(n,)](
         x,
@@ -140,7 +146,9 @@ def _launch(x, weight, eps, residual):
         residual.stride(0) if residual is not None else 0,
         HAS_RESIDUAL=residual is not None,
         BLOCK_H=block_h,
+        USE_PDL=pdl,
         num_warps=num_warps,
+        **pdl_launch(pdl),
     )
     return out, total
 

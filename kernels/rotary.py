@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.attention import store_kv
 from graphrt.kernels.norm import rms_norm_reference
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 
 __all__ = [
     "apply_rotary_reference",
@@ -112,7 +113,11 @@ def _rotary_store_kv_kernel(
     PAGE: tl.constexpr,  # block_size: tokens per KV block
     HAS_NORM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,  # power of two >= HEAD_DIM // 2
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # 0 .. NUM_Q_HEADS - 1: a q head; then the kv heads
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -233,6 +238,7 @@ def rotary_store_kv_triton(
         return q_out
     num_blocks, page = k_cache.shape[:2]
     has_norm = q_norm is not None
+    pdl = pdl_enabled(q.device)
     _rotary_store_kv_kernel[(n, hq + hkv)](
         q,
         k,
@@ -266,7 +272,9 @@ def rotary_store_kv_triton(
         PAGE=page,
         HAS_NORM=has_norm,
         BLOCK_HALF=triton.next_power_of_2(d // 2),
+        USE_PDL=pdl,
         num_warps=1 if d <= 128 else 2,
+        **pdl_launch(pdl),
     )
     return q_out
 

@@ -3,7 +3,7 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests kernels capture decode decode8b peers profile nvtx sanitize soak (default: all but sanitize soak).
+# Steps: tests kernels capture decode decode8b peers profile decprof cupti nvtx sanitize soak (default: all but sanitize soak).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -32,6 +32,10 @@ for step in $steps; do
                 2>&1 | log | tail -25
               python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" 2>&1 \
                 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
+    decprof)  python3 -m graphrt profile --nsys --no-draft --batch-sizes 1,64 --top 30 --json "$OUT/profile_plain.json" \
+                2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
+    cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
+                --json "$OUT/profile_cupti$v.json" 2>&1 | sed "s/^/CUPTI_WARMUP=$v /" | log | tail -20; done ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20 ;;
