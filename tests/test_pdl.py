@@ -23,7 +23,8 @@ def test_gpu_argmax_same_with_and_without_pdl_in_a_graph(cuda, batch):
     static = torch.empty_like(src[0])
     outs = {}
     for pdl in (False, True):
-        res = (torch.empty(batch, dtype=torch.bfloat16, device=cuda), torch.empty(batch, dtype=torch.int64, device=cuda))
+        res = (torch.empty(batch, dtype=torch.bfloat16, device=cuda),
+               torch.empty(batch, dtype=torch.int64, device=cuda))
         static.copy_(src[0])
         argmax_triton(static, out=res, pdl=pdl)  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
