@@ -6,7 +6,9 @@ On CUDA a decoder layer is nine launches (ten when attention splits the KV): [re
 RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
 residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. The fused kernels live in
 kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each entry point runs its
-PyTorch reference, which is the eager code this file used to hold, bit for bit.
+PyTorch reference, which is the eager code this file used to hold, bit for bit. The four GEMMs go
+through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
+reads the small decode matrices far below peak bandwidth), F.linear otherwise (CPU included).
 
 Measured 2026-11-22 (H200, triton 3.6, llama-1b-shape bf16, plain decode under CUDA graphs, both
 versions in one run): TARGET_DECODE 2052 -> 1086 us at B = 1 (34% -> 65% of the weight-read
@@ -18,10 +20,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from graphrt.kernels.activation import silu_and_mul
 from graphrt.kernels.attention import paged_attention
+from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.rotary import apply_rotary_reference, rotary_store_kv
@@ -106,7 +108,7 @@ class AttentionBlock:
 
     def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
         n = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)
@@ -121,7 +123,7 @@ class AttentionBlock:
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
-        return F.linear(out.reshape(n, q_size), self.o_weight)
+        return linear(out.reshape(n, q_size), self.o_weight)
 
 
 class GatedMLP:
@@ -131,8 +133,8 @@ class GatedMLP:
         self.inter = self.down.shape[1]
 
     def __call__(self, x):
-        gu = F.linear(x, self.gate_up)
-        return F.linear(silu_and_mul(gu), self.down)
+        gu = linear(x, self.gate_up)
+        return linear(silu_and_mul(gu), self.down)
 
 
 class DecoderLayer:

@@ -1,0 +1,422 @@
+"""Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) with M = a few rows.
+
+At decode time every projection reads its whole weight matrix to produce a handful of rows, so the
+time is the weight read: the kernel has to stream w from DRAM at close to peak bandwidth. cuBLAS
+picks tiles made for large M; on an H200 at M = 1 its kernels read an 8 MB matrix at 1.4 TB/s
+(llama-1b o_proj, 5.8 us) against the ~4.3 TB/s the chip sustains.
+
+Two code paths in one kernel, both deterministic:
+  - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
+    one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
+    thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling), and
+    keeps per-lane fp32 partial products for each of the M rows; the cross-lane reduction along K
+    happens once, at the end.
+  - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
+    Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
+Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
+fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
+reset by that program) sums the partials in split order and writes y, in the same launch. When the
+counter buffer is unavailable (first call inside a CUDA graph capture, or more tiles than counters)
+a second small kernel does the sum instead. Either way the order of the sum is fixed: the result
+does not depend on which program finishes first.
+
+`linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
+exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+__all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
+_FAST_DTYPES = (torch.bfloat16, torch.float16)
+# The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
+# to 0 to time cuBLAS in the same process).
+MAX_M = 16
+_MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
+_FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def linear_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K], w [N, K], bias [N] or None -> [M, N] in x's dtype (F.linear)."""
+    return F.linear(x, w, bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr):
+    if MASK_K:
+        xv = tl.load(x_row_ptr + offs_k, mask=kmask, other=0.0)
+    else:
+        xv = tl.load(x_row_ptr + offs_k)
+    return acc + w * xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _store_row(vals, m, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split,
+               HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    # One output row of the FMA path: straight to y, or to the split's partial slab.
+    nmask = offs_n < N
+    if SPLIT:
+        tl.store(ws_ptr + (split * M + m).to(tl.int64) * N + offs_n, vals, mask=nmask)
+    else:
+        if HAS_BIAS:
+            vals += tl.load(bias_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, vals.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # BLOCK_M: a power of 2 >= M.
+    # Sum the SPLIT_K partials of one output tile in split order (deterministic), + bias, cast.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for s in range(0, SPLIT_K):
+        # .cg: the partials were written by other SMs; L1 is not coherent with them.
+        acc += tl.load(ws_ptr + s * M * N + idx, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
+    w_ptr,  # [N, K] same dtype, contiguous
+    bias_ptr,  # [N] (HAS_BIAS only)
+    y_ptr,  # [M, N] x's dtype, last dim contiguous (row stride stride_ym)
+    ws_ptr,  # [SPLIT_K, M, N] fp32 partials (SPLIT only)
+    ctr_ptr,  # [>= cdiv(N, BLOCK_N)] int32 zeros (FUSED only): splits of each tile done
+    M, N, K,
+    stride_xm, stride_ym,
+    K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
+    SPLIT_K,  # number of splits (grid dim 1)
+    BLOCK_M: tl.constexpr,  # rows of x per program: M padded (DOT: >= 16; FMA: == ceil M, <= 4)
+    BLOCK_N: tl.constexpr,  # rows of w (output columns) per program
+    BLOCK_K: tl.constexpr,  # columns of w per step
+    USE_DOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,  # SPLIT_K > 1: partials to ws_ptr
+    FUSED: tl.constexpr,  # SPLIT and the last split of a tile reduces it (ctr_ptr)
+    RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
+    DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past N re-read row N - 1 instead of masking every load; they are never stored.
+    rows = tl.minimum(offs_n, N - 1)
+    offs_k = tl.arange(0, BLOCK_K)
+    k0 = split * K_PER_SPLIT
+    k_end = tl.minimum(k0 + K_PER_SPLIT, K)
+    k_full = k0 + ((k_end - k0) // BLOCK_K) * BLOCK_K
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
+
+    if USE_DOT:
+        offs_m = tl.arange(0, BLOCK_M)
+        # Padding rows read row 0 (valid memory); their outputs are masked at the store.
+        x_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(k0, k_full, BLOCK_K):
+            w = tl.load(w_ptrs + k)
+            xt = tl.load(x_ptrs + k)
+            acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
+            kmask = (k_full + offs_k) < k_end
+            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
+            xt = tl.load(x_ptrs + k_full, mask=kmask[None, :], other=0.0)
+            acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        offs_m2 = offs_m[:, None]
+        mask = (offs_m2 < M) & (offs_n[None, :] < N)
+        if SPLIT:
+            tl.store(ws_ptr + (split * M + offs_m2).to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[None, :],
+                     acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
+        # dead code. Per-lane partials: the cross-lane sum along K happens once, after the loop.
+        a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        a1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        a2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        a3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k in range(k0, k_full, BLOCK_K):
+            w = tl.load(w_ptrs + k).to(tl.float32)
+            a0 = _fma_step(a0, w, x_ptr + k, offs_k, None, False)
+            if BLOCK_M > 1:
+                a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, None, False)
+            if BLOCK_M > 2:
+                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, None, False)
+            if BLOCK_M > 3:
+                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, None, False)
+        if k_full < k_end:  # K tail
+            kmask = (k_full + offs_k) < k_end
+            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+            a0 = _fma_step(a0, w, x_ptr + k_full, offs_k, kmask, True)
+            if BLOCK_M > 1:
+                a1 = _fma_step(a1, w, x_ptr + stride_xm + k_full, offs_k, kmask, True)
+            if BLOCK_M > 2:
+                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k_full, offs_k, kmask, True)
+            if BLOCK_M > 3:
+                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k_full, offs_k, kmask, True)
+        _store_row(tl.sum(a0, axis=1), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS, SPLIT)
+        if BLOCK_M > 1:
+            _store_row(tl.sum(a1, axis=1), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
+                       SPLIT)
+        if BLOCK_M > 2:
+            _store_row(tl.sum(a2, axis=1), 2, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
+                       SPLIT)
+        if BLOCK_M > 3:
+            _store_row(tl.sum(a3, axis=1), 3, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
+                       SPLIT)
+
+    if FUSED:
+        # Release our partials / acquire everyone else's; the last arrival resets the counter for
+        # the next launch or graph replay, then reduces the tile.
+        tl.debug_barrier()
+        done = tl.atomic_add(ctr_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:
+            tl.atomic_xchg(ctr_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+            _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS,
+                         RED_M, BLOCK_N)
+
+
+@triton.jit
+def _gemv_reduce_kernel(
+    ws_ptr,  # [SPLIT_K, M, N] fp32
+    bias_ptr,  # [N] (HAS_BIAS only)
+    y_ptr,  # [M, N]
+    M, N, stride_ym, SPLIT_K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    _reduce_tile(tl.program_id(0), ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Counters for the fused split-K reduction
+# ---------------------------------------------------------------------------------------------
+
+_COUNTER_SLOTS = 1 << 14
+_counter_bufs: dict[torch.device, torch.Tensor] = {}
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _counters(dev: torch.device, n: int) -> torch.Tensor | None:
+    """Per-device int32 zeros, one "splits done" counter per output tile.
+
+    Every fused launch leaves the counters it used at zero (the last program of each tile resets
+    its own), so one buffer serves every call and every graph replay, as long as launches that use
+    it do not run concurrently on different streams (graphrt runs a forward on one stream).
+    Allocated on first use outside capture; None inside a capture that has no buffer yet, or when n
+    exceeds it: the caller then takes the two-launch path.
+    """
+    if n > _COUNTER_SLOTS:
+        return None
+    buf = _counter_bufs.get(dev)
+    if buf is None:
+        if _capturing():
+            return None
+        buf = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=dev)
+        _counter_bufs[dev] = buf
+    return buf
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _validate(x, w, bias, out) -> None:
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise ValueError("x and w must be torch.Tensors")
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got shape {tuple(x.shape)}")
+    if w.dim() != 2:
+        raise ValueError(f"w must be [N, K], got shape {tuple(w.shape)}")
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError(f"x [M, K] and w [N, K] disagree on K: {tuple(x.shape)} vs {tuple(w.shape)}")
+    if m < 1 or n < 1 or k < 1:
+        raise ValueError(f"empty problem: x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if m > _MAX_KERNEL_M:
+        raise ValueError(f"gemv_triton takes M <= {_MAX_KERNEL_M} rows, got {m} (use F.linear)")
+    if x.dtype not in _SUPPORTED:
+        raise ValueError(f"x dtype must be bf16/fp16/fp32, got {x.dtype}")
+    if w.dtype != x.dtype:
+        raise ValueError(f"w dtype {w.dtype} differs from x dtype {x.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"x on {x.device}, w on {w.device}")
+    if x.stride(1) != 1:
+        raise ValueError(f"x must be contiguous in K, got strides {x.stride()}")
+    if not w.is_contiguous():
+        raise ValueError(f"w must be contiguous [N, K], got strides {w.stride()}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (n,):
+            raise ValueError(f"bias must be [{n}], got {getattr(bias, 'shape', type(bias).__name__)}")
+        if bias.dtype != x.dtype or bias.device != x.device or not bias.is_contiguous():
+            raise ValueError(f"bias must be contiguous {x.dtype} on {x.device}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != (m, n) or out.dtype != x.dtype:
+            raise ValueError(f"out must be [{m}, {n}] {x.dtype}")
+        if out.device != x.device or out.stride(1) != 1:
+            raise ValueError(f"out must be on {x.device} and contiguous in N")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def select_config(m: int, n: int, k: int) -> dict:
+    """Launch configuration for an [m, k] x [n, k]^T product: keyword arguments of gemv_triton
+    (split_k is derived from target_programs there).
+
+    Tuned on an H200 (132 SMs, triton 3.6, bf16) with scripts/gemv_sweep.py: graph-replayed,
+    weights rotated past L2.
+    """
+    if m <= _FMA_MAX_M:
+        return dict(use_dot=False, block_n=4, block_k=1024 if k >= 1024 else 256, num_warps=4, num_stages=1,
+                    target_programs=4)
+    return dict(use_dot=True, block_n=64, block_k=128, num_warps=4, num_stages=4, target_programs=4)
+
+
+def _split_for(tiles: int, steps: int, target_programs_per_sm: int, num_sms: int) -> int:
+    # Split K only when the N tiles alone leave SMs short of programs.
+    target = target_programs_per_sm * num_sms
+    return 1 if tiles >= target else max(1, min(steps, target // tiles))
+
+
+def gemv_triton(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    use_dot: bool | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    fused: bool | None = None,
+) -> torch.Tensor:
+    """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
+
+    bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
+    M <= 4).
+    out: optional preallocated [M, N] (last dim contiguous). The split-K workspace ([split_k, M, N]
+    fp32) comes from torch's caching allocator, i.e. from the graph's pool under capture.
+    use_dot / block_n / block_k / split_k / num_warps / num_stages override select_config (the sweep
+    and the tests use them). fused (default: when split_k > 1 and the counter buffer is available):
+    the split-K sum in the same launch; fused=False forces the second kernel.
+    """
+    _validate(x, w, bias, out)
+    m, k = x.shape
+    n = w.shape[0]
+    if use_dot is False and m > _FMA_MAX_M:
+        raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
+    cfg = select_config(m, n, k)
+    if use_dot is not None and use_dot != cfg["use_dot"]:  # the other path's defaults
+        cfg = select_config(_FMA_MAX_M + 1 if use_dot else 1, n, k)
+    use_dot = cfg["use_dot"]
+    block_n = cfg["block_n"] if block_n is None else block_n
+    block_k = cfg["block_k"] if block_k is None else block_k
+    num_warps = cfg["num_warps"] if num_warps is None else num_warps
+    num_stages = cfg["num_stages"] if num_stages is None else num_stages
+    for name, v in (("block_n", block_n), ("block_k", block_k)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of 2, got {v}")
+    if use_dot and (block_n < 16 or block_k < 16):
+        raise ValueError(f"the DOT path needs block_n, block_k >= 16, got {block_n}, {block_k}")
+    tiles = triton.cdiv(n, block_n)
+    steps = triton.cdiv(k, block_k)
+    if split_k is None:
+        split_k = _split_for(tiles, steps, cfg["target_programs"], _num_sms(x.device))
+    split_k = max(1, min(split_k, steps))
+    k_per_split = triton.cdiv(steps, split_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)  # no empty split
+    block_m = max(16, triton.next_power_of_2(m)) if use_dot else m
+
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    ctr = None
+    if split_k > 1:
+        ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        if fused is None or fused:
+            ctr = _counters(x.device, tiles)
+        if fused and ctr is None:
+            raise RuntimeError("fused=True needs the counter buffer (first call outside capture, "
+                               f"<= {_COUNTER_SLOTS} tiles)")
+    else:
+        ws = y  # unused
+    b = bias if bias is not None else y  # unused when HAS_BIAS is False
+    _gemv_kernel[(tiles, split_k)](
+        x, w, b, y, ws, ctr if ctr is not None else y,
+        m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, HAS_BIAS=bias is not None,
+        SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split_k > 1 and ctr is None:
+        rb_m = triton.next_power_of_2(m)
+        rb_n = max(16, min(256, 4096 // rb_m))
+        _gemv_reduce_kernel[(triton.cdiv(n, rb_n),)](
+            ws, b, y, m, n, y.stride(0), split_k, HAS_BIAS=bias is not None, BLOCK_M=rb_m, BLOCK_N=rb_n,
+            num_warps=4,
+        )
+    return y
+
+
+def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return (
+        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= MAX_M and x.dtype in _FAST_DTYPES
+        and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
+        and x.stride(1) == 1 and w.device == x.device
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
+    )
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K], w [N, K], bias [N] or None -> [M, N] in x's dtype.
+
+    CUDA bf16/fp16 with M <= MAX_M and a supported layout -> gemv_triton; anything else (CPU, fp32,
+    prefill-sized M, strided weights) -> F.linear, unchanged.
+    """
+    if _triton_ok(x, w, bias):
+        return gemv_triton(x, w, bias)
+    return F.linear(x, w, bias)

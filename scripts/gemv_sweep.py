@@ -1,0 +1,123 @@
+"""Sweep of graphrt.kernels.gemv against cuBLAS (F.linear) at decode shapes, on CUDA.
+
+    python scripts/gemv_sweep.py --out gemv.json [--budget-s 130]
+
+For the projections of the llama-1b and llama-8b shapes (and the 1b lm_head, for reference) and
+M in {1, 4, 8, 16}, times F.linear and every Triton config of a pruned grid with
+time_in_graph (CUDA graph replay, weights rotated over enough copies to exceed the 50 MB L2), then
+prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s.
+All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) takes
+under ~2.5 min on an H200; past --budget-s the remaining Triton configs are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from graphrt.kernels.bench import _num_sets
+from graphrt.kernels.gemv import _FMA_MAX_M, _split_for, gemv_triton, select_config
+from graphrt.kernels.timing import time_in_graph
+
+PEAK_GBS = 4300.0  # H200 sustained read bandwidth
+
+SHAPES = [  # (name, N, K)
+    ("1b.qkv", 3072, 2048), ("1b.o", 2048, 2048), ("1b.gate_up", 16384, 2048), ("1b.down", 2048, 8192),
+    ("8b.qkv", 6144, 4096), ("8b.o", 4096, 4096), ("8b.gate_up", 28672, 4096), ("8b.down", 4096, 14336),
+    ("1b.lm_head", 128256, 2048),
+]
+MS = [1, 4, 8, 16]
+
+# (block_n, block_k, num_warps): 16-byte vectors per thread per load = block_n*block_k/(8*32*warps).
+FMA_TILES = [(4, 512, 4), (4, 1024, 4), (8, 1024, 4), (2, 2048, 4), (4, 2048, 8), (16, 512, 4)]
+# (block_n, block_k, num_warps, num_stages)
+DOT_TILES = [(64, 128, 4, 4), (32, 256, 4, 3), (128, 128, 4, 3), (64, 256, 4, 3), (32, 128, 4, 6),
+             (16, 256, 4, 4)]
+PROGRAMS_PER_SM = [2, 4, 8]
+
+
+def configs(m: int, n: int, k: int, sms: int, big: bool) -> list[dict]:
+    out = []
+    tiles = []
+    if m <= _FMA_MAX_M:
+        for bn, bk, warps in FMA_TILES:
+            if m > 1 and bn * bk // (8 * 32 * warps) > 4:
+                continue  # m fp32 partials per vector: spills past 4 vectors at m = 4
+            tiles.append(dict(use_dot=False, block_n=bn, block_k=bk, num_warps=warps, num_stages=1))
+    if m > 1:
+        for bn, bk, warps, stages in DOT_TILES:
+            tiles.append(dict(use_dot=True, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages))
+    if big:  # lm_head-sized: plenty of tiles, a few configs are enough for a reference point
+        tiles = tiles[:2] + [t for t in tiles if t["use_dot"]][:1]
+    for t in tiles:
+        n_tiles = -(-n // t["block_n"])
+        steps = -(-k // t["block_k"])
+        splits = sorted({1} | {_split_for(n_tiles, steps, p, sms) for p in PROGRAMS_PER_SM})
+        for s in splits:
+            out.append(dict(t, split_k=s))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON output path")
+    ap.add_argument("--budget-s", type=float, default=130.0, help="skip remaining Triton configs past this")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gemv_sweep needs CUDA")
+    t0 = time.perf_counter()
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    dtype = torch.bfloat16
+    rows = []
+    print(f"{'shape':<12} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>9} {'GB/s':>6} {'triton us':>9} {'GB/s':>6} "
+          f"{'%4.3T':>6} {'heur us':>8}  best config")
+    for name, n, k in SHAPES:
+        big = n * k > 200_000_000
+        wbytes = n * k * 2
+        sets_w = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(_num_sets(wbytes))]
+        for m in MS:
+            sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
+            nbytes = wbytes + 2 * m * k + 2 * m * n
+            ref_us = time_in_graph(lambda x, w: F.linear(x, w), sets, replays=15)
+            # Default (heuristic) config, the one the dispatcher runs.
+            heur_us = time_in_graph(lambda x, w: gemv_triton(x, w), sets, replays=15)
+            results = []
+            for cfg in configs(m, n, k, sms, big):
+                if time.perf_counter() - t0 > args.budget_s:
+                    break
+                try:
+                    us = time_in_graph(lambda x, w, c=cfg: gemv_triton(x, w, **c), sets, replays=15)
+                except Exception as exc:  # a config that does not compile (shared memory, registers)
+                    results.append(dict(cfg, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    continue
+                results.append(dict(cfg, us=us))
+            timed = [r for r in results if "us" in r]
+            best = min(timed, key=lambda r: r["us"]) if timed else dict(us=heur_us, note="heuristic only")
+            if heur_us < best["us"]:
+                best = dict(select_config(m, n, k), us=heur_us, note="heuristic")
+            row = dict(shape=name, N=n, K=k, M=m, bytes=nbytes, cublas_us=ref_us, heuristic_us=heur_us,
+                       best_us=best["us"], best=best, configs=results)
+            rows.append(row)
+            cfg_s = ("dot" if best.get("use_dot") else "fma") + " " + " ".join(
+                f"{key}={best[key]}" for key in ("block_n", "block_k", "num_warps", "num_stages", "split_k")
+                if key in best)
+            print(f"{name:<12} {n:>6} {k:>6} {m:>3} {ref_us:>9.2f} {nbytes / ref_us / 1e3:>6.0f} "
+                  f"{best['us']:>9.2f} {nbytes / best['us'] / 1e3:>6.0f} "
+                  f"{100 * nbytes / best['us'] / 1e3 / PEAK_GBS:>5.0f}% {heur_us:>8.2f}  {cfg_s}", flush=True)
+        del sets_w, sets
+        torch.cuda.empty_cache()
+    elapsed = time.perf_counter() - t0
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
+                       triton=__import__("triton").__version__, elapsed_s=elapsed, peak_gbs=PEAK_GBS,
+                       rows=rows), f, indent=1)
+    print(f"sweep took {elapsed:.0f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

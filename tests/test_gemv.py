@@ -1,0 +1,191 @@
+"""Skinny GEMM (kernels/gemv.py): Triton vs F.linear.
+
+On CPU the kernel runs under TRITON_INTERPRET=1 (tests/conftest.py) at small, odd sizes, both code
+paths (FMA, DOT), with and without split-K (fused and two-launch); the interpreter's tl.dot does not
+handle bf16, so the DOT path is checked there in fp32 and fp16 and in bf16 only on the GPU. The
+`gpu` tests repeat the comparison at the llama-1b / 8b projection sizes in bf16 and inside a CUDA
+graph. Every random case draws a fresh seed and prints it in the assertion message.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from graphrt.kernels import gemv
+from graphrt.kernels.gemv import gemv_triton, linear, linear_reference
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _case(m, n, k, dtype, gen, *, bias, device="cpu", x_pad=0):
+    """x [m, k] (a column slice of a NaN-padded buffer when x_pad: row stride k + x_pad), w, bias."""
+    xb = torch.full((m, k + x_pad), float("nan"), dtype=dtype, device=device)
+    xb[:, :k] = torch.randn(m, k, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    return xb[:, :k], w, b
+
+
+def _check(y, x, w, b, msg):
+    # Oracle: the exact product in fp64 of the (already rounded) inputs; the kernel sums in fp32 and
+    # rounds once to the output dtype, so the error is about one output ulp plus fp32 ordering.
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert y.dtype == x.dtype and y.shape == ref.shape, msg
+    assert torch.isfinite(y).all(), f"non-finite output; {msg}"
+    eps = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}[x.dtype]
+    tol = 2 * eps * ref.abs() + 1e-4 * (1 + ref.abs().max())
+    err = (y.double() - ref).abs()
+    assert bool((err <= tol).all()), f"{msg}: max err {err.max().item():.3g}"
+
+
+# (m, n, k, block_n, block_k, split_k, fused): odd sizes, K tails, N tails, splits with a short last
+# chunk; split_k None = the heuristic (no split at these sizes).
+FMA_CASES = [
+    (1, 37, 100, 4, 32, None, None),
+    (1, 300, 16, 8, 16, 1, None),
+    (2, 64, 300, 4, 64, 3, True),
+    (3, 50, 130, 2, 32, 2, False),
+    (4, 19, 257, 4, 64, 5, True),
+]
+DOT_CASES = [
+    (1, 37, 100, 16, 32, None, None),
+    (5, 64, 300, 16, 64, 3, True),
+    (16, 50, 130, 32, 32, 2, False),
+    (9, 200, 48, 64, 16, 3, True),
+    (12, 16, 16, 16, 16, 1, None),
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", FMA_CASES)
+def test_fma_path_matches_reference(case, dtype, bias):
+    m, n, k, bn, bk, split, fused = case
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=3)
+    y = gemv_triton(x, w, b, use_dot=False, block_n=bn, block_k=bk, split_k=split, fused=fused)
+    _check(y, x, w, b, f"seed={seed} case={case} {dtype}")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", DOT_CASES)
+def test_dot_path_matches_reference(case, dtype, bias):
+    m, n, k, bn, bk, split, fused = case
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=5)
+    y = gemv_triton(x, w, b, use_dot=True, block_n=bn, block_k=bk, split_k=split, fused=fused)
+    _check(y, x, w, b, f"seed={seed} case={case} {dtype}")
+
+
+def test_fused_and_unfused_split_agree_bitwise():
+    # The split-K sum runs in split order either way: same bits, whichever program finishes last.
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b = _case(3, 40, 200, torch.float32, gen, bias=True)
+    kw = dict(use_dot=False, block_n=8, block_k=32, split_k=4)
+    y1 = gemv_triton(x, w, b, fused=True, **kw)
+    y2 = gemv_triton(x, w, b, fused=False, **kw)
+    assert torch.equal(y1, y2), f"seed={seed}"
+    # The counters are left at zero for the next launch.
+    assert not gemv._counters(x.device, 8).any()
+
+
+def test_out_and_default_config():
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(2, 24, 40, torch.float32, gen, bias=False)
+    out = torch.full((2, 24), float("nan"))
+    y = gemv_triton(x, w, out=out)
+    assert y is out
+    _check(y, x, w, None, f"seed={seed}")
+
+
+def test_linear_on_cpu_is_f_linear_bitwise():
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = _case(3, 33, 65, dtype, gen, bias=True)
+        assert torch.equal(linear(x, w, b), F.linear(x, w, b)), f"seed={seed}"
+        assert torch.equal(linear_reference(x, w), F.linear(x, w)), f"seed={seed}"
+
+
+@pytest.mark.parametrize(
+    "kwargs,args,match",
+    [
+        (dict(), (torch.zeros(2, 3, 4), torch.zeros(5, 4)), r"x must be \[M, K\]"),
+        (dict(), (torch.zeros(2, 4), torch.zeros(5, 3)), "disagree on K"),
+        (dict(), (torch.zeros(2, 4), torch.zeros(5, 4, dtype=torch.float16)), "dtype"),
+        (dict(), (torch.zeros(2, 4, dtype=torch.int32), torch.zeros(5, 4, dtype=torch.int32)), "dtype"),
+        (dict(), (torch.zeros(4, 2).t(), torch.zeros(5, 4)), "contiguous in K"),
+        (dict(), (torch.zeros(2, 4), torch.zeros(4, 5).t()), "w must be contiguous"),
+        (dict(), (torch.zeros(65, 4), torch.zeros(5, 4)), "M <= 64"),
+        (dict(), (torch.zeros(0, 4), torch.zeros(5, 4)), "empty"),
+        (dict(), (torch.zeros(2, 4), torch.zeros(5, 4), torch.zeros(4)), "bias must be"),
+        (dict(use_dot=False), (torch.zeros(5, 4), torch.zeros(5, 4)), "FMA path"),
+        (dict(block_n=12), (torch.zeros(2, 4), torch.zeros(5, 4)), "power of 2"),
+        (dict(use_dot=True, block_n=8), (torch.zeros(2, 4), torch.zeros(5, 4)), ">= 16"),
+        (dict(out=torch.zeros(3, 5)), (torch.zeros(2, 4), torch.zeros(5, 4)), "out must be"),
+    ],
+)
+def test_bad_inputs(kwargs, args, match):
+    with pytest.raises(ValueError, match=match):
+        gemv_triton(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: real sizes, bf16, the dispatcher's configs and a CUDA graph
+# ---------------------------------------------------------------------------------------------
+
+GPU_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (6144, 4096), (4096, 14336)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("n,k", GPU_SHAPES)
+def test_gpu_real_sizes(cuda, n, k, m):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for bias in (False, True):
+        x, w, b = _case(m, n, k, torch.bfloat16, gen, bias=bias, device=cuda)
+        y = linear(x, w, b)
+        _check(y, x, w, b, f"seed={seed} m={m} n={n} k={k} bias={bias}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_paths_and_splits(cuda, use_dot, fused):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for m in (1, 3, 4):
+        x, w, b = _case(m, 2048 + 40, 2048 + 72, torch.bfloat16, gen, bias=True, device=cuda, x_pad=8)
+        for split in (1, 3, 8):
+            y = gemv_triton(x, w, b, use_dot=use_dot, split_k=split, fused=fused)
+            _check(y, x, w, b, f"seed={seed} m={m} split={split}")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_is_deterministic(cuda):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(4, 2048, 8192, torch.bfloat16, gen, bias=False, device=cuda)
+    linear(x, w)  # compile and allocate the counters outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = linear(x, w)
+    for _ in range(5):
+        x.copy_(torch.randn(4, 8192, generator=gen).to(torch.bfloat16))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(y, x, w, None, f"seed={seed}")
+        again = linear(x, w)
+        assert torch.equal(again, y), f"seed={seed}: eager and replay differ"
+    assert not gemv._counters(x.device, 1).any()
