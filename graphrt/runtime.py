@@ -90,8 +90,9 @@ class Runtime:
             per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, dc.num_key_value_heads,
                                                 dc.head_dim, dtype)
         if kv_budget_tokens is None and kv_memory_fraction is None:
-            # enough for every slot at full length; ask for a memory fraction to oversubscribe slots
-            kv_budget_tokens = max_batch_size * max_positions
+            # enough for every slot at full length, each rounded up to whole blocks as it is
+            # allocated; ask for a memory fraction to oversubscribe slots
+            kv_budget_tokens = max_batch_size * -(-max_positions // block_size) * block_size
         num_blocks = blocks_for_budget(block_size=block_size, bytes_per_block=per_block,
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)

@@ -134,3 +134,15 @@ def test_tiny_temperature_is_greedy_and_finished_requests_can_be_dropped(target)
     assert rt.pop_generation(rid).token_ids == greedy
     with pytest.raises(KeyError):
         rt.get_generation(rid)
+
+
+
+def test_default_pool_holds_every_slot_at_full_length(target):
+    """The default KV budget admits max_batch_size requests of max_seq_len together: a per-request
+    rounding to whole blocks once left the last one waiting (graphrt bench at B = 8 then ran its
+    batch in two waves)."""
+    rt = Runtime(target, None, max_batch_size=8, max_seq_len=32 + 64 + 8)
+    sp = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    for p in _rand_prompts(8, target.config.vocab_size, seed=5):
+        rt.add_request((p * 32)[:32], sp)
+    assert len(rt._running) == 8 and not rt._waiting
