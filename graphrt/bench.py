@@ -172,11 +172,15 @@ def main(args) -> list[dict]:
         peers = run_hf(target, draft, batch_sizes=[b for b in batch_sizes if b in (1, 8, 64)],
                        prompt_len=args.prompt_len, new_tokens=max_new, num_draft_tokens=args.num_draft_tokens)
         ours = {(r["mode"], r["batch_size"]): r["tokens_per_s"] for r in results}
-        print(f"{'peer':<18} {'B':>4} {'tok/s':>10}  graphrt plain-graphs / peer   spec-graphs / peer")
+        print(f"{'peer':<18} {'B':>4} {'tok/s':>10} {'accept len':>10}  graphrt plain-graphs / peer   "
+              "spec-graphs / peer")
         for p in peers:
             pl, sp = ours.get(("plain-graphs", p["batch_size"])), ours.get(("spec-graphs", p["batch_size"]))
             r_pl, r_sp = ((x or float("nan")) / p["tokens_per_s"] for x in (pl, sp))
-            print(f"{p['mode']:<18} {p['batch_size']:>4} {p['tokens_per_s']:>10.1f}  {r_pl:>27.2f}x  {r_sp:>17.2f}x")
+            acc = p.get("mean_acceptance_length")
+            acc = f"{acc:>10.2f}" if acc is not None else f"{'-':>10}"
+            print(f"{p['mode']:<18} {p['batch_size']:>4} {p['tokens_per_s']:>10.1f} {acc}  {r_pl:>27.2f}x  "
+                  f"{r_sp:>17.2f}x")
     if bandwidth:
         t_bytes = weight_bytes(plain.target_ckpt)
         print(f"weight-read roofline for plain decode at B=1: {bandwidth * 1e9 / t_bytes:.0f} tok/s "

@@ -54,8 +54,18 @@ def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32,
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
             ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=g).cuda()
-            rows.append({"mode": "hf-assisted", "batch_size": 1,
-                         "tokens_per_s": decode_tokens_per_s(model, ids, new_tokens, assistant_model=draft)})
+            tps = decode_tokens_per_s(model, ids, new_tokens, assistant_model=draft)
+            # Acceptance, measured like graphrt's: tokens after the first over target forwards after
+            # the prompt pass (each verify forward emits its accepted drafts plus one token).
+            calls = [0]
+            hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+            try:
+                _timed_generate(model, ids, new_tokens, assistant_model=draft)
+            finally:
+                hook.remove()
+            rows.append({"mode": "hf-assisted", "batch_size": 1, "tokens_per_s": tps,
+                         "mean_acceptance_length": (new_tokens - 1) / max(calls[0] - 1, 1),
+                         "target_forwards": calls[0]})
             del draft
     del model
     torch.cuda.empty_cache()
