@@ -60,12 +60,30 @@ def linear_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 
 @triton.jit
-def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr):
+def _fma_zeros(BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
+    if REDUCE_EACH:
+        return tl.zeros([BLOCK_N], tl.float32)
+    return tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+
+
+@triton.jit
+def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
     if MASK_K:
         xv = tl.load(x_row_ptr + offs_k, mask=kmask, other=0.0)
     else:
         xv = tl.load(x_row_ptr + offs_k)
+    if REDUCE_EACH:
+        # Reduce along K every step: a few shuffles per step, but the accumulator is one register
+        # per row instead of one per loaded element, which leaves room for more loads in flight.
+        return acc + tl.sum(w * xv.to(tl.float32)[None, :], axis=1)
     return acc + w * xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _fma_final(acc, REDUCE_EACH: tl.constexpr):
+    if REDUCE_EACH:
+        return acc
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -116,6 +134,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,  # rows of w (output columns) per program
     BLOCK_K: tl.constexpr,  # columns of w per step
     USE_DOT: tl.constexpr,
+    REDUCE_EACH: tl.constexpr,  # FMA path: sum along K every step instead of once at the end
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,  # SPLIT_K > 1: partials to ws_ptr
     FUSED: tl.constexpr,  # SPLIT and the last split of a tile reduces it (ctr_ptr)
@@ -159,39 +178,40 @@ def _gemv_kernel(
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
         # dead code. Per-lane partials: the cross-lane sum along K happens once, after the loop.
-        a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+        a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+        a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+        a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         for k in range(k0, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
-            a0 = _fma_step(a0, w, x_ptr + k, offs_k, None, False)
+            a0 = _fma_step(a0, w, x_ptr + k, offs_k, None, False, REDUCE_EACH)
             if BLOCK_M > 1:
-                a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, None, False)
+                a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, None, False, REDUCE_EACH)
             if BLOCK_M > 2:
-                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, None, False)
+                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
             if BLOCK_M > 3:
-                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, None, False)
+                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
         if k_full < k_end:  # K tail
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0 = _fma_step(a0, w, x_ptr + k_full, offs_k, kmask, True)
+            a0 = _fma_step(a0, w, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
             if BLOCK_M > 1:
-                a1 = _fma_step(a1, w, x_ptr + stride_xm + k_full, offs_k, kmask, True)
+                a1 = _fma_step(a1, w, x_ptr + stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
             if BLOCK_M > 2:
-                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k_full, offs_k, kmask, True)
+                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
             if BLOCK_M > 3:
-                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k_full, offs_k, kmask, True)
-        _store_row(tl.sum(a0, axis=1), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS, SPLIT)
+                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
+        _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
+                   split, HAS_BIAS, SPLIT)
         if BLOCK_M > 1:
-            _store_row(tl.sum(a1, axis=1), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
-                       SPLIT)
+            _store_row(_fma_final(a1, REDUCE_EACH), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
+                       split, HAS_BIAS, SPLIT)
         if BLOCK_M > 2:
-            _store_row(tl.sum(a2, axis=1), 2, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
-                       SPLIT)
+            _store_row(_fma_final(a2, REDUCE_EACH), 2, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
+                       split, HAS_BIAS, SPLIT)
         if BLOCK_M > 3:
-            _store_row(tl.sum(a3, axis=1), 3, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split, HAS_BIAS,
-                       SPLIT)
+            _store_row(_fma_final(a3, REDUCE_EACH), 3, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
+                       split, HAS_BIAS, SPLIT)
 
     if FUSED:
         # Release our partials / acquire everyone else's; the last arrival resets the counter for
@@ -302,22 +322,37 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def select_config(m: int, n: int, k: int) -> dict:
-    """Launch configuration for an [m, k] x [n, k]^T product: keyword arguments of gemv_triton
-    (split_k is derived from target_programs there).
+# Defaults of each path for gemv_triton when called directly (the dispatcher uses select_config).
+_FMA_DEFAULT = dict(use_dot=False, reduce_each=False, block_n=2, block_k=2048, num_warps=4, num_stages=1,
+                    programs_per_sm=0)
+_DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=32, block_k=256, num_warps=4, num_stages=3,
+                    programs_per_sm=2)
 
-    Tuned on an H200 (132 SMs, triton 3.6, bf16) with scripts/gemv_sweep.py: graph-replayed,
-    weights rotated past L2.
+
+def select_config(m: int, n: int, k: int) -> dict | None:
+    """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
+    where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, except
+    programs_per_sm (0: never split K), from which gemv_triton derives split_k.
+
+    Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py: graph
+    replays, weights rotated past L2; figures in that sweep's output (see the commit message).
     """
-    if m <= _FMA_MAX_M:
-        return dict(use_dot=False, block_n=4, block_k=1024 if k >= 1024 else 256, num_warps=4, num_stages=1,
-                    target_programs=4)
-    return dict(use_dot=True, block_n=64, block_k=128, num_warps=4, num_stages=4, target_programs=4)
+    if m == 1:
+        if 16384 <= n <= 32768:  # gate_up-like: cuBLAS streams these at ~4.2 TB/s already
+            return None
+        return dict(_FMA_DEFAULT, block_k=min(2048, triton.next_power_of_2(k)))
+    if k >= n:  # o_proj / down_proj-like: tall K, few N tiles
+        return dict(_DOT_DEFAULT)
+    return None
 
 
-def _split_for(tiles: int, steps: int, target_programs_per_sm: int, num_sms: int) -> int:
-    # Split K only when the N tiles alone leave SMs short of programs.
-    target = target_programs_per_sm * num_sms
+def _path_default(use_dot: bool) -> dict:
+    return dict(_DOT_DEFAULT if use_dot else _FMA_DEFAULT)
+
+
+def _split_for(tiles: int, steps: int, programs_per_sm: int, num_sms: int) -> int:
+    # Split K only when the N tiles alone leave SMs short of programs (0: never).
+    target = programs_per_sm * num_sms
     return 1 if tiles >= target else max(1, min(steps, target // tiles))
 
 
@@ -328,6 +363,7 @@ def gemv_triton(
     *,
     out: torch.Tensor | None = None,
     use_dot: bool | None = None,
+    reduce_each: bool | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
@@ -341,8 +377,9 @@ def gemv_triton(
     M <= 4).
     out: optional preallocated [M, N] (last dim contiguous). The split-K workspace ([split_k, M, N]
     fp32) comes from torch's caching allocator, i.e. from the graph's pool under capture.
-    use_dot / block_n / block_k / split_k / num_warps / num_stages override select_config (the sweep
-    and the tests use them). fused (default: when split_k > 1 and the counter buffer is available):
+    use_dot / reduce_each / block_n / block_k / split_k / num_warps / num_stages override the
+    configuration (select_config's, or the path's default where it has none); the sweep and the
+    tests use them. fused (default: when split_k > 1 and the counter buffer is available):
     the split-K sum in the same launch; fused=False forces the second kernel.
     """
     _validate(x, w, bias, out)
@@ -350,10 +387,13 @@ def gemv_triton(
     n = w.shape[0]
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
-    cfg = select_config(m, n, k)
-    if use_dot is not None and use_dot != cfg["use_dot"]:  # the other path's defaults
-        cfg = select_config(_FMA_MAX_M + 1 if use_dot else 1, n, k)
+    cfg = select_config(m, n, k) if m <= MAX_M else None
+    if cfg is None:
+        cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
+    if use_dot is not None and use_dot != cfg["use_dot"]:
+        cfg = _path_default(use_dot)
     use_dot = cfg["use_dot"]
+    reduce_each = cfg["reduce_each"] if reduce_each is None else reduce_each
     block_n = cfg["block_n"] if block_n is None else block_n
     block_k = cfg["block_k"] if block_k is None else block_k
     num_warps = cfg["num_warps"] if num_warps is None else num_warps
@@ -366,7 +406,7 @@ def gemv_triton(
     tiles = triton.cdiv(n, block_n)
     steps = triton.cdiv(k, block_k)
     if split_k is None:
-        split_k = _split_for(tiles, steps, cfg["target_programs"], _num_sms(x.device))
+        split_k = _split_for(tiles, steps, cfg["programs_per_sm"], _num_sms(x.device))
     split_k = max(1, min(split_k, steps))
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split
@@ -387,7 +427,8 @@ def gemv_triton(
     _gemv_kernel[(tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
+        HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
@@ -408,14 +449,16 @@ def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> b
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
         and x.stride(1) == 1 and w.device == x.device
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
+        and select_config(x.shape[0], w.shape[0], w.shape[1]) is not None
     )
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K], w [N, K], bias [N] or None -> [M, N] in x's dtype.
 
-    CUDA bf16/fp16 with M <= MAX_M and a supported layout -> gemv_triton; anything else (CPU, fp32,
-    prefill-sized M, strided weights) -> F.linear, unchanged.
+    CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
+    configuration -> gemv_triton; anything else (CPU, fp32, prefill-sized M, strided weights, shapes
+    where cuBLAS measured as fast) -> F.linear, unchanged.
     """
     if _triton_ok(x, w, bias):
         return gemv_triton(x, w, bias)

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 from graphrt.kernels.bench import _num_sets
-from graphrt.kernels.gemv import _FMA_MAX_M, _split_for, gemv_triton, select_config
+from graphrt.kernels.gemv import _split_for, gemv_triton, linear, select_config
 from graphrt.kernels.timing import time_in_graph
 
 PEAK_GBS = 4300.0  # H200 sustained read bandwidth
@@ -29,36 +29,51 @@ SHAPES = [  # (name, N, K)
     ("8b.qkv", 6144, 4096), ("8b.o", 4096, 4096), ("8b.gate_up", 28672, 4096), ("8b.down", 4096, 14336),
     ("1b.lm_head", 128256, 2048),
 ]
-MS = [1, 4, 8, 16]
+MS = [1, 2, 4, 8, 16]
 
-# (block_n, block_k, num_warps): 16-byte vectors per thread per load = block_n*block_k/(8*32*warps).
-FMA_TILES = [(4, 512, 4), (4, 1024, 4), (8, 1024, 4), (2, 2048, 4), (4, 2048, 8), (16, 512, 4)]
+# FMA (M <= 2; at M = 4 it measured 2-3x slower than cuBLAS: M x-loads and conversions per weight
+# load): (block_n, block_k, num_warps, reduce_each). 16-byte loads per thread per step =
+# block_n * block_k / (8 * 32 * warps); reduce_each frees the per-element accumulators for more.
+FMA_TILES = [(4, 512, 4, False), (4, 1024, 4, False), (2, 2048, 4, False), (16, 512, 4, False),
+             (8, 1024, 4, False), (2, 2048, 4, True), (4, 2048, 4, True), (8, 2048, 4, True),
+             (16, 1024, 4, True), (8, 2048, 8, True), (4, 1024, 4, True)]
 # (block_n, block_k, num_warps, num_stages)
-DOT_TILES = [(64, 128, 4, 4), (32, 256, 4, 3), (128, 128, 4, 3), (64, 256, 4, 3), (32, 128, 4, 6),
-             (16, 256, 4, 4)]
-PROGRAMS_PER_SM = [2, 4, 8]
+DOT_TILES = [(64, 128, 4, 4), (32, 256, 4, 3), (16, 256, 4, 4), (16, 512, 4, 4), (32, 512, 4, 3),
+             (16, 1024, 4, 3), (32, 128, 4, 6), (32, 256, 8, 4), (64, 256, 4, 3), (128, 128, 4, 3)]
+PROGRAMS_PER_SM = [1, 2, 4]
 
 
 def configs(m: int, n: int, k: int, sms: int, big: bool) -> list[dict]:
     out = []
     tiles = []
-    if m <= _FMA_MAX_M:
-        for bn, bk, warps in FMA_TILES:
-            if m > 1 and bn * bk // (8 * 32 * warps) > 4:
-                continue  # m fp32 partials per vector: spills past 4 vectors at m = 4
-            tiles.append(dict(use_dot=False, block_n=bn, block_k=bk, num_warps=warps, num_stages=1))
+    if m <= 2:
+        for bn, bk, warps, red in FMA_TILES:
+            if m > 1 and not red and bn * bk // (8 * 32 * warps) > 4:
+                continue  # 8 fp32 partials per 16-byte load and row: spills
+            tiles.append(dict(use_dot=False, reduce_each=red, block_n=bn, block_k=bk, num_warps=warps,
+                              num_stages=1))
     if m > 1:
         for bn, bk, warps, stages in DOT_TILES:
-            tiles.append(dict(use_dot=True, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages))
+            tiles.append(dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=warps,
+                              num_stages=stages))
     if big:  # lm_head-sized: plenty of tiles, a few configs are enough for a reference point
         tiles = tiles[:2] + [t for t in tiles if t["use_dot"]][:1]
     for t in tiles:
         n_tiles = -(-n // t["block_n"])
         steps = -(-k // t["block_k"])
-        splits = sorted({1} | {_split_for(n_tiles, steps, p, sms) for p in PROGRAMS_PER_SM})
+        # The FMA path measured best unsplit nearly everywhere: one split candidate only.
+        pps = PROGRAMS_PER_SM if t["use_dot"] else [8]
+        splits = sorted({1} | {_split_for(n_tiles, steps, p, sms) for p in pps})
         for s in splits:
             out.append(dict(t, split_k=s))
     return out
+
+
+def _write(path, dev, t0, rows) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
+                       triton=__import__("triton").__version__, elapsed_s=time.perf_counter() - t0,
+                       peak_gbs=PEAK_GBS, rows=rows), f, indent=1)
 
 
 def main() -> int:
@@ -74,7 +89,7 @@ def main() -> int:
     dtype = torch.bfloat16
     rows = []
     print(f"{'shape':<12} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>9} {'GB/s':>6} {'triton us':>9} {'GB/s':>6} "
-          f"{'%4.3T':>6} {'heur us':>8}  best config")
+          f"{'%4.3T':>6} {'disp us':>8}  best config")
     for name, n, k in SHAPES:
         big = n * k > 200_000_000
         wbytes = n * k * 2
@@ -83,8 +98,8 @@ def main() -> int:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n
             ref_us = time_in_graph(lambda x, w: F.linear(x, w), sets, replays=15)
-            # Default (heuristic) config, the one the dispatcher runs.
-            heur_us = time_in_graph(lambda x, w: gemv_triton(x, w), sets, replays=15)
+            # The dispatcher (graphrt.kernels.gemv.linear): Triton or cuBLAS, as select_config says.
+            heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
             results = []
             for cfg in configs(m, n, k, sms, big):
                 if time.perf_counter() - t0 > args.budget_s:
@@ -98,11 +113,13 @@ def main() -> int:
             timed = [r for r in results if "us" in r]
             best = min(timed, key=lambda r: r["us"]) if timed else dict(us=heur_us, note="heuristic only")
             if heur_us < best["us"]:
-                best = dict(select_config(m, n, k), us=heur_us, note="heuristic")
+                best = dict(select_config(m, n, k) or dict(use_dot=None), us=heur_us, note="dispatcher")
             row = dict(shape=name, N=n, K=k, M=m, bytes=nbytes, cublas_us=ref_us, heuristic_us=heur_us,
                        best_us=best["us"], best=best, configs=results)
             rows.append(row)
-            cfg_s = ("dot" if best.get("use_dot") else "fma") + " " + " ".join(
+            _write(args.out, dev, t0, rows)  # after every row: a cut-off run keeps what it measured
+            path = {True: "dot", False: "fma_r" if best.get("reduce_each") else "fma", None: "cuBLAS"}
+            cfg_s = path[best.get("use_dot")] + " " + " ".join(
                 f"{key}={best[key]}" for key in ("block_n", "block_k", "num_warps", "num_stages", "split_k")
                 if key in best)
             print(f"{name:<12} {n:>6} {k:>6} {m:>3} {ref_us:>9.2f} {nbytes / ref_us / 1e3:>6.0f} "
@@ -110,12 +127,7 @@ def main() -> int:
                   f"{100 * nbytes / best['us'] / 1e3 / PEAK_GBS:>5.0f}% {heur_us:>8.2f}  {cfg_s}", flush=True)
         del sets_w, sets
         torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - t0
-    with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
-                       triton=__import__("triton").__version__, elapsed_s=elapsed, peak_gbs=PEAK_GBS,
-                       rows=rows), f, indent=1)
-    print(f"sweep took {elapsed:.0f} s -> {args.out}")
+    print(f"sweep took {time.perf_counter() - t0:.0f} s -> {args.out}")
     return 0
 
 

@@ -69,8 +69,10 @@ def test_fma_path_matches_reference(case, dtype, bias):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=3)
-    y = gemv_triton(x, w, b, use_dot=False, block_n=bn, block_k=bk, split_k=split, fused=fused)
-    _check(y, x, w, b, f"seed={seed} case={case} {dtype}")
+    reduce_each = bool(seed % 2)  # both accumulator layouts, alternately
+    y = gemv_triton(x, w, b, use_dot=False, reduce_each=reduce_each, block_n=bn, block_k=bk, split_k=split,
+                    fused=fused)
+    _check(y, x, w, b, f"seed={seed} reduce_each={reduce_each} case={case} {dtype}")
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -160,15 +162,16 @@ def test_gpu_real_sizes(cuda, n, k, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("path", ["fma", "fma_reduce_each", "dot"])
 @pytest.mark.parametrize("fused", [False, True])
-def test_gpu_paths_and_splits(cuda, use_dot, fused):
+def test_gpu_paths_and_splits(cuda, path, fused):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     for m in (1, 3, 4):
         x, w, b = _case(m, 2048 + 40, 2048 + 72, torch.bfloat16, gen, bias=True, device=cuda, x_pad=8)
         for split in (1, 3, 8):
-            y = gemv_triton(x, w, b, use_dot=use_dot, split_k=split, fused=fused)
+            y = gemv_triton(x, w, b, use_dot=path == "dot", reduce_each=path == "fma_reduce_each",
+                            split_k=split, fused=fused)
             _check(y, x, w, b, f"seed={seed} m={m} split={split}")
 
 
@@ -189,3 +192,23 @@ def test_gpu_cuda_graph_replay_is_deterministic(cuda):
         again = linear(x, w)
         assert torch.equal(again, y), f"seed={seed}: eager and replay differ"
     assert not gemv._counters(x.device, 1).any()
+
+
+@pytest.mark.gpu
+def test_gpu_runtime_bf16_graphs_match_eager(cuda):
+    # tests/test_gpu_runtime.py runs fp32 checkpoints, which the dispatcher leaves to F.linear; in
+    # bf16 the decode GEMMs take the Triton kernel. One request at a time, so eager and the graph
+    # bucket run the same M (and so the same configs): the tokens must match exactly.
+    from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint import load_checkpoint
+    from tests.helpers import draft_dir, tiny_dir
+
+    target = load_checkpoint(tiny_dir(), dtype=torch.bfloat16, device=cuda)
+    draft = load_checkpoint(draft_dir("self"), dtype=torch.bfloat16, device=cuda)
+    sp = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    for d in (None, draft):
+        got = {}
+        for graphs in (False, True):
+            rt = Runtime(target, d, device=cuda, max_batch_size=4, max_seq_len=64, use_cuda_graphs=graphs)
+            got[graphs] = [rt.generate([p], sp)[0].token_ids for p in ([3, 4, 5, 6], [7] * 9)]
+        assert got[True] == got[False], f"draft={d is not None}"
