@@ -46,13 +46,24 @@ the row pass compute-bound, done for one row per request it re-reads 1/(K+1) of 
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
-from graphrt.kernels.rng import accept_uniform, race_gumbel, tl_accept_uniform, tl_race_gumbel, tl_race_key
+from graphrt.kernels.rng import (
+    accept_uniform,
+    race_gumbel,
+    tl_accept_uniform,
+    tl_bits_to_uniform,
+    tl_gumbel,
+    tl_gumbel_upper_bound,
+    tl_race_bits,
+    tl_race_gumbel,
+    tl_race_key,
+)
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _FLT_MAX = 3.4028234663852886e38
@@ -64,9 +75,19 @@ _TARGET_PROGRAMS = 1024  # ~2 waves of a few programs per SM on a 132-SM H100/H2
 # Fused race (two logs per entry of every row) only while tiny: measured on an H200 (K=3, V=128256),
 # B=8 one-hot took 36 us fused vs 19 us with the separate race over one row per request.
 _FUSE_RACE_MAX_ROWS = 8
-# Stat planes of the row pass workspace ([planes, rows, splits] fp32 / int32).
-_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE = 0, 1, 2, 3, 4, 5
-_NUM_FPLANES = 6
+# Launch defaults (scripts/rejection_sweep.py on an H200, K=3, V=128256 bf16).
+_ROW_BLOCK_V = 1024
+_ROW_WARPS = 4
+_RACE_BLOCK_V = 1024
+_RACE_WARPS = 4
+_RACE_PROGRAMS = 1024
+_PRUNE = True
+_BOUND_PER_LANE = False
+_FUSE_FINISH = False
+_PDL = True
+# Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
+_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD = (tl.constexpr(i) for i in range(9))
+_NUM_FPLANES = 9
 
 
 class RejectionOutput(NamedTuple):
@@ -319,6 +340,21 @@ def _inv_temperature(temp_ptr, b):
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Programmatic dependent launch: let the next kernel be scheduled now, then wait for the
+    previous one (its writes visible). Every program runs it before touching memory."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _tile_offsets(BLOCK_V: tl.constexpr, VEC: tl.constexpr):
+    """[BLOCK_V // VEC, VEC] offsets inside a tile: each lane (row) holds VEC consecutive entries."""
+    return tl.arange(0, BLOCK_V // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+
+
+@triton.jit
 def _online_lse_step(x, m_run, s_lane):
     """One tile of an online logsumexp: scalar running max, per-lane running sums."""
     m_new = tl.maximum(m_run, tl.max(x, axis=0))
@@ -329,19 +365,20 @@ def _online_lse_step(x, m_run, s_lane):
 
 @triton.jit
 def _stats_step(raw, t, best, bt, s, c):
-    """One tile of the raw-domain online stats, per lane, with no cross-lane work and one exp2.
+    """One [lanes, VEC] tile of the raw-domain online stats: one rescale per lane, one exp2 per entry.
 
-    best: running max of raw (NaN never counts), bt: the tile where it was first reached (a strict
-    `>`: the lowest index), s: sum of exp((raw_i - best) * inv_t) over the lane (c = inv_t * log2e).
-    Either the new value is the max (s * exp(-d) + 1) or it is not (s + exp(-d)), d = |raw - best|:
-    one exp per entry. A NaN/-inf entry adds exp2(-inf) = 0 (the max() below turns NaN into -inf).
+    best: the lane's running max of raw (NaN never counts: max() ignores it), bt: the tile where it
+    was first reached (a strict `>`, so the lowest), s: sum over the lane of exp((raw_i - best) *
+    inv_t), c = inv_t * log2e. A NaN/-inf entry adds exp2(max(NaN or -inf, -inf)) = 0.
     """
-    take = raw > best
-    e = tl.exp2(tl.maximum(-tl.abs(raw - best) * c, _NEG_INF))
-    s = tl.where(take, tl.fma(s, e, 1.0), s + e)
-    best = tl.maximum(best, raw)
+    m = tl.max(raw, axis=1)
+    take = m > best
+    new = tl.maximum(best, m)
+    alpha = tl.exp2(tl.maximum((best - new) * c, _NEG_INF))  # 1, or 0 from -inf (NaN -> -inf)
+    e = tl.exp2(tl.maximum((raw - new[:, None]) * c, _NEG_INF))
+    s = s * alpha + tl.sum(e, axis=1)
     bt = tl.where(take, t, bt)
-    return best, bt, s
+    return new, bt, s
 
 
 @triton.jit
@@ -354,6 +391,20 @@ def _stats_finish(best, s, inv_t, c):
     mx = mr * inv_t
     ok = (mr == _NEG_INF) | ((mx > _NEG_INF) & (mx < float("inf")))
     return _scaled(mr, inv_t), ssum, ok
+
+
+@triton.jit
+def _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V: tl.constexpr, VEC: tl.constexpr):
+    """(max, lowest index) of a chunk from the per-lane (best, first tile): the lanes holding the
+    max re-read their entries of that one tile (cached) to find its position. All -inf/NaN: the
+    chunk's lowest index."""
+    rm = tl.max(best, axis=0)
+    hit = (best == rm) & (best > _NEG_INF)
+    offs = chunk_start + tl.where(hit, bt, 0)[:, None] * BLOCK_V + _tile_offsets(BLOCK_V, VEC)
+    m2 = hit[:, None] & (offs < V)
+    raw = tl.load(row_ptr + offs, mask=m2, other=float("-inf")).to(tl.float32)
+    ri = tl.min(tl.min(tl.where(m2 & (raw == rm), offs, _INT32_MAX), axis=1), axis=0)
+    return rm, tl.where(rm > _NEG_INF, ri, chunk_start)
 
 
 @triton.jit
@@ -370,11 +421,46 @@ def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V: tl.conste
 
 
 @triton.jit
-def _race_step(raw, offs, inv_t, rkey, excl, inb, race_best, race_idx):
-    key = _scaled(raw, inv_t) + tl_race_gumbel(rkey, offs)
-    key = tl.where(inb & (offs != excl), key, _NEG_INF)
-    win = key > race_best
-    return tl.where(win, key, race_best), tl.where(win, offs, race_idx)
+def _race_tile(raw, offs, live, inv_t, rkey, best, idx, bx, best_run,
+               PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
+    """One [lanes, VEC] tile of the Gumbel-max race: key = x + g where live, else -inf.
+
+    best/idx/bx: per-entry running best key, its index and its x (a strict `>`: tiles come in
+    index order, so ties keep the lowest index). PRUNE: skip the two logs per entry when no entry
+    of the tile can beat best_run, the best key of the earlier tiles: x <= raw * inv_t and
+    g <= tl_gumbel_upper_bound(u), and fp32 rounding is monotone, so key <= round(raw * inv_t +
+    bound) exactly; a skipped entry at most ties an earlier, lower index. The bound is per entry,
+    or per lane (max raw, max u of the lane: fewer ops, looser). NaN never raises it (max ignores
+    NaN), an excluded entry only loosens it.
+    """
+    u = tl_bits_to_uniform(tl_race_bits(rkey, offs))
+    if PRUNE:
+        if BOUND_PER_LANE:
+            lane_bound = tl.max(raw, axis=1) * inv_t + tl_gumbel_upper_bound(tl.max(u, axis=1), FAST)
+            run = tl.max(lane_bound, axis=0) > best_run
+        else:
+            run = tl.max(tl.max(raw * inv_t + tl_gumbel_upper_bound(u, FAST), axis=1), axis=0) > best_run
+    else:
+        run = True
+    if run:
+        x = _scaled(raw, inv_t)
+        key = tl.where(live, x + tl_gumbel(u), _NEG_INF)
+        win = key > best
+        best = tl.where(win, key, best)
+        idx = tl.where(win, offs, idx)
+        bx = tl.where(win, x, bx)
+        if PRUNE:
+            best_run = tl.maximum(best_run, tl.max(tl.max(key, axis=1), axis=0))
+    return best, idx, bx, best_run
+
+
+@triton.jit
+def _race_result(best, idx, bx):
+    """Per-entry race state -> (best key, its lowest index, its x); (-inf, INT32_MAX, -inf) if none."""
+    km = tl.max(tl.max(best, axis=1), axis=0)
+    wi = tl.min(tl.min(tl.where(best == km, idx, _INT32_MAX), axis=1), axis=0)
+    xw = tl.max(tl.max(tl.where(idx == wi, bx, _NEG_INF), axis=1), axis=0)
+    return km, wi, xw
 
 
 @triton.jit
@@ -386,7 +472,7 @@ def _row_stats_kernel(
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
     nd_ptr,  # [B] int32/int64 num_draft_tokens (HAS_ND only)
-    fstat_ptr,  # [6, B*(K+1), SPLITS] fp32 stat planes
+    fstat_ptr,  # [_NUM_FPLANES, B*(K+1), SPLITS] fp32 stat planes
     istat_ptr,  # [2, B*(K+1), SPLITS] int32: raw argmax, race winner
     # FUSED_WALK only: the last program of a request runs the walk (same arguments as _walk_kernel)
     tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr, race_f_ptr, ctr_ptr,
@@ -396,11 +482,17 @@ def _row_stats_kernel(
     FULL_Q: tl.constexpr,
     FUSE_RACE: tl.constexpr,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
+    VEC: tl.constexpr = 8,  # consecutive entries per lane (16 bytes of bf16)
+    PRUNE: tl.constexpr = False,
+    BOUND_PER_LANE: tl.constexpr = False,
+    FAST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
     FUSED_WALK: tl.constexpr = False,
     HAS_COUNTS: tl.constexpr = False,
     R_POW2: tl.constexpr = 1,
     SPLITS_POW2: tl.constexpr = 1,
 ):
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = row // R
@@ -424,28 +516,39 @@ def _row_stats_kernel(
     # Tiles of this chunk, and how many of them lie wholly inside the row (loaded without a mask).
     n_tiles = tl.minimum(TILES_PER_SPLIT, tl.cdiv(V, BLOCK_V) - tile0)
     n_full = tl.maximum(tl.minimum(n_tiles, V // BLOCK_V - tile0), 0)
-    offs0 = tl.arange(0, BLOCK_V)
-    best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-    bt = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
-    s = tl.zeros([BLOCK_V], tl.float32)
-    qbest = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-    qbt = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
-    qs = tl.zeros([BLOCK_V], tl.float32)
-    race_best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-    race_idx = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
-    all_in = offs0 < BLOCK_V
+    # The chunk holding the draft stores its logits for the walk (no dependent read there).
+    dc = tl.minimum(tl.maximum(d, 0), V - 1)
+    mine = (j < K) & (dc >= chunk_start) & (dc < chunk_start + n_tiles * BLOCK_V)
+    x_d = _scaled(tl.load(row_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
+    if FULL_Q:
+        y_d = _scaled(tl.load(q_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
+
+    toffs = _tile_offsets(BLOCK_V, VEC)
+    best = tl.full([BLOCK_V // VEC], _NEG_INF, tl.float32)
+    bt = tl.full([BLOCK_V // VEC], _INT32_MAX, tl.int32)
+    s = tl.zeros([BLOCK_V // VEC], tl.float32)
+    qbest = tl.full([BLOCK_V // VEC], _NEG_INF, tl.float32)
+    qbt = tl.full([BLOCK_V // VEC], _INT32_MAX, tl.int32)
+    qs = tl.zeros([BLOCK_V // VEC], tl.float32)
+    race_best = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+    race_idx = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
+    race_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+    best_run = tl.max(tl.max(race_best, axis=1), axis=0)
     # Whole tiles, two loads in flight before either is used.
     for t in range(0, n_full - 1, 2):
-        offs_a = chunk_start + t * BLOCK_V + offs0
+        offs_a = chunk_start + t * BLOCK_V + toffs
         ra = tl.load(row_ptr + offs_a).to(tl.float32)
         rb = tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32)
         best, bt, s = _stats_step(ra, t, best, bt, s, c)
         best, bt, s = _stats_step(rb, t + 1, best, bt, s, c)
         if FUSE_RACE:
             if ~greedy:
-                race_best, race_idx = _race_step(ra, offs_a, inv_t, rkey, excl, all_in, race_best, race_idx)
-                race_best, race_idx = _race_step(rb, offs_a + BLOCK_V, inv_t, rkey, excl, all_in,
-                                                 race_best, race_idx)
+                race_best, race_idx, race_x, best_run = _race_tile(
+                    ra, offs_a, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
+                    PRUNE, BOUND_PER_LANE, FAST)
+                race_best, race_idx, race_x, best_run = _race_tile(
+                    rb, offs_a + BLOCK_V, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
+                    race_x, best_run, PRUNE, BOUND_PER_LANE, FAST)
         if FULL_Q:
             if need_q:
                 ya = tl.load(q_ptr + offs_a).to(tl.float32)
@@ -454,13 +557,15 @@ def _row_stats_kernel(
                 qbest, qbt, qs = _stats_step(yb, t + 1, qbest, qbt, qs, c)
     # The odd whole tile and the partial last one, masked.
     for t in range(n_full - (n_full % 2), n_tiles):
-        offs = chunk_start + t * BLOCK_V + offs0
+        offs = chunk_start + t * BLOCK_V + toffs
         inb = offs < V
         raw = tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
         best, bt, s = _stats_step(raw, t, best, bt, s, c)
         if FUSE_RACE:
             if ~greedy:
-                race_best, race_idx = _race_step(raw, offs, inv_t, rkey, excl, inb, race_best, race_idx)
+                race_best, race_idx, race_x, best_run = _race_tile(
+                    raw, offs, inb & (offs != excl), inv_t, rkey, race_best, race_idx, race_x, best_run,
+                    PRUNE, BOUND_PER_LANE, FAST)
         if FULL_Q:
             if need_q:
                 y = tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
@@ -468,10 +573,7 @@ def _row_stats_kernel(
 
     plane = tl.num_programs(0).to(tl.int64) * SPLITS  # elements per plane
     o = row * SPLITS + split
-    rm = tl.max(best, axis=0)
-    lane_idx = tl.where(bt == _INT32_MAX, _INT32_MAX, chunk_start + bt * BLOCK_V + offs0)
-    ri = tl.min(tl.where(best == rm, lane_idx, _INT32_MAX), axis=0)
-    ri = tl.where(ri == _INT32_MAX, chunk_start, ri)  # all -inf/NaN: the chunk's lowest index
+    rm, ri = _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V, VEC)
     m_run, s_run, ok = _stats_finish(best, s, inv_t, c)
     if ~ok:
         m_run, s_run = _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V)
@@ -482,15 +584,19 @@ def _row_stats_kernel(
         if need_q:
             if ~qok:
                 qm_run, qs_run = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V)
-    tl.store(fstat_ptr + 0 * plane + o, rm)
-    tl.store(fstat_ptr + 1 * plane + o, m_run)
-    tl.store(fstat_ptr + 2 * plane + o, s_run)
-    tl.store(fstat_ptr + 3 * plane + o, qm_run)
-    tl.store(fstat_ptr + 4 * plane + o, qs_run)
-    kmax = tl.max(race_best, axis=0)
-    tl.store(fstat_ptr + 5 * plane + o, kmax)
+        tl.store(fstat_ptr + _P_YD * plane + row * SPLITS, y_d, mask=mine)
+    tl.store(fstat_ptr + _P_XD * plane + row * SPLITS, x_d, mask=mine)
+    tl.store(fstat_ptr + _P_RAW_MAX * plane + o, rm)
+    tl.store(fstat_ptr + _P_MAX * plane + o, m_run)
+    tl.store(fstat_ptr + _P_SUM * plane + o, s_run)
+    tl.store(fstat_ptr + _P_QMAX * plane + o, qm_run)
+    tl.store(fstat_ptr + _P_QSUM * plane + o, qs_run)
     tl.store(istat_ptr + o, ri)
-    tl.store(istat_ptr + plane + o, tl.min(tl.where(race_best == kmax, race_idx, _INT32_MAX), axis=0))
+    if FUSE_RACE:
+        kmax, kidx, kx = _race_result(race_best, race_idx, race_x)
+        tl.store(fstat_ptr + _P_RACE * plane + o, kmax)
+        tl.store(fstat_ptr + _P_RACE_X * plane + o, kx)
+        tl.store(istat_ptr + plane + o, kidx)
     if FUSED_WALK:
         # Last program of request b to finish runs its walk: a release/acquire counter per request
         # (reset by that program, so it is zero again for the next call or graph replay).
@@ -499,9 +605,9 @@ def _row_stats_kernel(
         if done == R * SPLITS - 1:
             tl.atomic_xchg(ctr_ptr + b, 0, sem="relaxed", scope="gpu")
             _walk_body(b, plane,
-                       logits_ptr, qlogits_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
+                       draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                        fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-                       race_f_ptr, stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+                       race_f_ptr, stride_db, stride_dk,
                        R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2)
 
 
@@ -516,13 +622,16 @@ def _merge_lse(m_part, s_part, mask):
 
 @triton.jit
 def _walk_body(b, plane,
-               logits_ptr, qlogits_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
+               draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-               race_f_ptr, stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+               race_f_ptr, stride_db, stride_dk,
                R, V, SPLITS,
                HAS_ND: tl.constexpr, HAS_COUNTS: tl.constexpr, FULL_Q: tl.constexpr,
                FUSE_RACE: tl.constexpr, R_POW2: tl.constexpr, SPLITS_POW2: tl.constexpr):
-    """Request b: merge its chunks, walk its drafts (see _walk_kernel). plane = B*(K+1)*SPLITS."""
+    """Request b: merge its chunks, walk its drafts (see _walk_kernel). plane = B*(K+1)*SPLITS.
+
+    Every load is addressed by b alone (the row pass stored the drafts' logits and, when fused,
+    the race winners' x), so they all issue at once: no read waits on another."""
     K = R - 1
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     kb = K
@@ -536,29 +645,28 @@ def _walk_body(b, plane,
     row_ok = jr < R
     m2 = row_ok[:, None] & (s < SPLITS)[None, :]
     o2 = (b * R + jr)[:, None] * SPLITS + s[None, :]
-    raw_m = tl.load(fstat_ptr + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
+    raw_m = tl.load(fstat_ptr + _P_RAW_MAX * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
     raw_i = tl.load(istat_ptr + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
     rmax = tl.max(raw_m, axis=1)
     amax = tl.min(tl.where(raw_m == rmax[:, None], raw_i, _INT32_MAX), axis=1).to(tl.int64)
     amax = tl.where(row_ok, amax, 0)
-    lse = _merge_lse(tl.load(fstat_ptr + plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg"),
-                     tl.load(fstat_ptr + 2 * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
+    x_amax = _scaled(rmax, inv_t)  # x at the argmax (-inf on a dead row)
+    lse = _merge_lse(tl.load(fstat_ptr + _P_MAX * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg"),
+                     tl.load(fstat_ptr + _P_SUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
     dead = lse == _NEG_INF
 
     is_draft = jr < K
     d = tl.load(draft_ptr + b * stride_db + jr * stride_dk, mask=is_draft, other=-1).to(tl.int64)
     valid = is_draft & (d >= 0) & (d < V)
-    dc = tl.minimum(tl.maximum(d, 0), V - 1)  # never index with an invalid id
-    x_d = _scaled(tl.load(logits_ptr + b * stride_lb + jr * stride_lj + dc, mask=is_draft, other=0.0)
-                  .to(tl.float32), inv_t)
+    o_row = (b * R + jr) * SPLITS
+    x_d = tl.load(fstat_ptr + _P_XD * plane + o_row, mask=is_draft, other=0.0, cache_modifier=".cg")
     p_d = tl.where(valid & ~dead, tl.exp(x_d - lse), 0.0)
     u = tl_accept_uniform(seed, pos + jr)
     if FULL_Q:
         mq = is_draft[:, None] & (s < SPLITS)[None, :]
-        lse_q = _merge_lse(tl.load(fstat_ptr + 3 * plane + o2, mask=mq, other=_NEG_INF, cache_modifier=".cg"),
-                           tl.load(fstat_ptr + 4 * plane + o2, mask=mq, other=0.0, cache_modifier=".cg"), mq)
-        y_d = _scaled(tl.load(qlogits_ptr + b * stride_qb + jr * stride_qj + dc, mask=is_draft, other=0.0)
-                      .to(tl.float32), inv_t)
+        lse_q = _merge_lse(tl.load(fstat_ptr + _P_QMAX * plane + o2, mask=mq, other=_NEG_INF, cache_modifier=".cg"),
+                           tl.load(fstat_ptr + _P_QSUM * plane + o2, mask=mq, other=0.0, cache_modifier=".cg"), mq)
+        y_d = tl.load(fstat_ptr + _P_YD * plane + o_row, mask=is_draft, other=0.0, cache_modifier=".cg")
         q_d = tl.where(lse_q > _NEG_INF, tl.exp(y_d - lse_q), 0.0)
         acc_sampled = u * q_d < p_d
     else:
@@ -571,6 +679,7 @@ def _walk_body(b, plane,
 
     at_n = jr == n_acc
     amax_n = tl.sum(tl.where(at_n, amax, 0), axis=0)
+    x_amax_n = tl.max(tl.where(at_n, x_amax, _NEG_INF), axis=0)
     lse_n = tl.max(tl.where(at_n, lse, _NEG_INF), axis=0)
     lse_q_n = tl.max(tl.where(at_n, lse_q, _NEG_INF), axis=0)
     d_n = tl.sum(tl.where(at_n & valid, d, 0), axis=0)
@@ -583,15 +692,20 @@ def _walk_body(b, plane,
     excl = tl.where(is_bonus | use_res | ~valid_n, -1, d_n)
 
     tok_n = amax_n
+    x_t = x_amax_n
     if FUSE_RACE:
-        if ~greedy:
-            o1 = (b * R + n_acc) * SPLITS + s
-            keys = tl.load(fstat_ptr + 5 * plane + o1, mask=s < SPLITS, other=_NEG_INF, cache_modifier=".cg")
-            idxs = tl.load(istat_ptr + plane + o1, mask=s < SPLITS, other=_INT32_MAX, cache_modifier=".cg")
-            kmax = tl.max(keys, axis=0)
-            win = tl.min(tl.where(keys == kmax, idxs, _INT32_MAX), axis=0).to(tl.int64)
-            tok_n = tl.where(kmax > _NEG_INF, win, amax_n)
-    x_t = _scaled(tl.load(logits_ptr + b * stride_lb + n_acc * stride_lj + tok_n).to(tl.float32), inv_t)
+        # Every row's race ran in the row pass (row j excluding its draft): take row n_acc's.
+        keys = tl.load(fstat_ptr + _P_RACE * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
+        idxs = tl.load(istat_ptr + plane + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
+        xs = tl.load(fstat_ptr + _P_RACE_X * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
+        sel = at_n[:, None] & m2
+        keys = tl.where(sel, keys, _NEG_INF)
+        kmax = tl.max(tl.max(keys, axis=1), axis=0)
+        win = tl.min(tl.min(tl.where(sel & (keys == kmax), idxs, _INT32_MAX), axis=1), axis=0)
+        x_win = tl.max(tl.max(tl.where(sel & (idxs == win), xs, _NEG_INF), axis=1), axis=0)
+        raced = ~greedy & (kmax > _NEG_INF)
+        tok_n = tl.where(raced, win.to(tl.int64), amax_n)
+        x_t = tl.where(raced, x_win, x_amax_n)
     lp_n = tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)
 
     toks = tl.where(jr < n_acc, d, tl.where(at_n, tok_n, -1))
@@ -607,28 +721,27 @@ def _walk_body(b, plane,
         tl.store(race_i_ptr + b * 4 + 1, excl.to(tl.int32))
         tl.store(race_i_ptr + b * 4 + 2, tl.where(use_res, 1, 0).to(tl.int32))
         tl.store(race_i_ptr + b * 4 + 3, amax_n.to(tl.int32))
-        tl.store(race_f_ptr + b * 2 + 0, lse_n)
-        tl.store(race_f_ptr + b * 2 + 1, lse_q_n)
+        tl.store(race_f_ptr + b * 3 + 0, lse_n)
+        tl.store(race_f_ptr + b * 3 + 1, lse_q_n)
+        tl.store(race_f_ptr + b * 3 + 2, x_amax_n)
 
 
 @triton.jit
 def _walk_kernel(
-    logits_ptr,  # [B, K+1, V]
-    qlogits_ptr,  # [B, K, V] (FULL_Q only)
     draft_ptr,  # [B, K] integer
     temp_ptr,  # [B] fp32
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
     nd_ptr,  # [B] int32/int64 (HAS_ND only)
-    fstat_ptr,  # [6, B*(K+1), SPLITS] fp32
+    fstat_ptr,  # [_NUM_FPLANES, B*(K+1), SPLITS] fp32
     istat_ptr,  # [2, B*(K+1), SPLITS] int32
     tok_ptr,  # [B, K+1] int64 out
     nemit_ptr,  # [B] int32 out
     lp_ptr,  # [B, K+1] fp32 out
     counts_ptr,  # [K] int64, accumulated (HAS_COUNTS only)
     race_i_ptr,  # [B, 4] int32 out: race row (-1: none), excluded id (-1: none), residual?, argmax
-    race_f_ptr,  # [B, 2] fp32 out: lse of p and of q on the race row
-    stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+    race_f_ptr,  # [B, 3] fp32 out: lse of p and of q on the race row, x at its argmax
+    stride_db, stride_dk,
     R, V, SPLITS,
     HAS_ND: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
@@ -636,12 +749,14 @@ def _walk_kernel(
     FUSE_RACE: tl.constexpr,
     R_POW2: tl.constexpr,  # K+1 rows of one request in one tile
     SPLITS_POW2: tl.constexpr,  # all vocab chunks of a row in one tile
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     _walk_body(b, tl.num_programs(0).to(tl.int64) * R * SPLITS,
-               logits_ptr, qlogits_ptr, draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
+               draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-               race_f_ptr, stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
+               race_f_ptr, stride_db, stride_dk,
                R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2)
 
 
@@ -653,45 +768,61 @@ def _race_kernel(
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
     race_i_ptr,  # [B, 4] int32 from _walk_kernel
-    race_f_ptr,  # [B, 2] fp32 from _walk_kernel
+    race_f_ptr,  # [B, 3] fp32 from _walk_kernel
     part_k_ptr,  # [2, B, SPLITS] fp32 out: best key per chunk (p race, residual race)
     part_i_ptr,  # [2, B, SPLITS] int32 out: its lowest index
+    part_x_ptr,  # [2, B, SPLITS] fp32 out: its x
     tok_ptr, lp_ptr, ctr_ptr,  # FUSED_FINISH only: the last program of a request runs the finish
     stride_lb, stride_lj, stride_qb, stride_qj,
     R, V, SPLITS, TILES_PER_SPLIT,
     FULL_Q: tl.constexpr,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
+    VEC: tl.constexpr = 8,
+    PRUNE: tl.constexpr = False,
+    BOUND_PER_LANE: tl.constexpr = False,
+    FAST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
     FUSED_FINISH: tl.constexpr = False,
     SPLITS_POW2: tl.constexpr = 1,
 ):
+    _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
     if race_row >= 0:  # greedy requests have their token already
         excl = tl.load(race_i_ptr + b * 4 + 1)
         use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
-        lse_p = tl.load(race_f_ptr + b * 2)
-        lse_q = tl.load(race_f_ptr + b * 2 + 1)
+        lse_p = tl.load(race_f_ptr + b * 3)
+        lse_q = tl.load(race_f_ptr + b * 3 + 1)
         _, inv_t = _inv_temperature(temp_ptr, b)
         rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + race_row)
         row_ptr = logits_ptr + b * stride_lb + race_row * stride_lj
         q_ptr = qlogits_ptr + b * stride_qb + race_row * stride_qj
-        chunk_start = split * TILES_PER_SPLIT * BLOCK_V
-        offs0 = tl.arange(0, BLOCK_V)
-        best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-        best_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
-        rbest = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-        rbest_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
+        toffs = split * TILES_PER_SPLIT * BLOCK_V + _tile_offsets(BLOCK_V, VEC)
+        lim = tl.minimum(V, (split + 1) * TILES_PER_SPLIT * BLOCK_V)  # end of this chunk
+        best = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        best_i = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
+        best_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        best_run = tl.max(tl.max(best, axis=1), axis=0)
+        rbest = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        rbest_i = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
+        rbest_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        # Software-pipelined: the next tile's load is in flight while this one is raced.
+        raw = tl.load(row_ptr + toffs, mask=toffs < V, other=float("-inf")).to(tl.float32)
         for t in range(TILES_PER_SPLIT):
-            offs = chunk_start + t * BLOCK_V + offs0
+            offs = toffs + t * BLOCK_V
+            nxt = offs + BLOCK_V
+            raw_next = tl.load(row_ptr + nxt, mask=nxt < lim, other=float("-inf")).to(tl.float32)
             inb = offs < V
-            x = _scaled(tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
-            g = tl_race_gumbel(rkey, offs)
-            key = tl.where(inb & (offs != excl), x + g, _NEG_INF)
-            win = key > best
-            best = tl.where(win, key, best)
-            best_i = tl.where(win, offs, best_i)
             if FULL_Q:
+                # Unpruned: the residual needs every entry, and the p race is its fallback.
+                x = _scaled(raw, inv_t)
+                g = tl_race_gumbel(rkey, offs)
+                key = tl.where(inb & (offs != excl), x + g, _NEG_INF)
+                win = key > best
+                best = tl.where(win, key, best)
+                best_i = tl.where(win, offs, best_i)
+                best_x = tl.where(win, x, best_x)
                 if use_res:
                     y = _scaled(tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
                     p = tl.where(lse_p > _NEG_INF, tl.exp(x - lse_p), 0.0)
@@ -701,69 +832,82 @@ def _race_kernel(
                     rwin = rkey_v > rbest
                     rbest = tl.where(rwin, rkey_v, rbest)
                     rbest_i = tl.where(rwin, offs, rbest_i)
+                    rbest_x = tl.where(rwin, x, rbest_x)
+            else:
+                best, best_i, best_x, best_run = _race_tile(
+                    raw, offs, inb & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
+                    PRUNE, BOUND_PER_LANE, FAST)
+            raw = raw_next
         o = b * SPLITS + split
         plane = tl.num_programs(0).to(tl.int64) * SPLITS
-        km = tl.max(best, axis=0)
+        km, ki, kx = _race_result(best, best_i, best_x)
         tl.store(part_k_ptr + o, km)
-        tl.store(part_i_ptr + o, tl.min(tl.where(best == km, best_i, _INT32_MAX), axis=0))
-        rm = tl.max(rbest, axis=0)
+        tl.store(part_i_ptr + o, ki)
+        tl.store(part_x_ptr + o, kx)
+        rm, ri, rx = _race_result(rbest, rbest_i, rbest_x)
         tl.store(part_k_ptr + plane + o, rm)
-        tl.store(part_i_ptr + plane + o, tl.min(tl.where(rbest == rm, rbest_i, _INT32_MAX), axis=0))
+        tl.store(part_i_ptr + plane + o, ri)
+        tl.store(part_x_ptr + plane + o, rx)
         if FUSED_FINISH:
             tl.debug_barrier()
             done = tl.atomic_add(ctr_ptr + b, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
                 tl.atomic_xchg(ctr_ptr + b, 0, sem="relaxed", scope="gpu")
-                _finish_body(b, race_row, plane, logits_ptr, temp_ptr, race_i_ptr, race_f_ptr, part_k_ptr,
-                             part_i_ptr, tok_ptr, lp_ptr, stride_lb, stride_lj, R, SPLITS, SPLITS_POW2)
+                _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_ptr,
+                             part_x_ptr, tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2)
 
 
 @triton.jit
 def _finish_kernel(
-    logits_ptr,  # [B, K+1, V]
-    temp_ptr,  # [B] fp32
     race_i_ptr,  # [B, 4] int32
-    race_f_ptr,  # [B, 2] fp32
+    race_f_ptr,  # [B, 3] fp32
     part_k_ptr,  # [2, B, SPLITS] fp32
     part_i_ptr,  # [2, B, SPLITS] int32
+    part_x_ptr,  # [2, B, SPLITS] fp32
     tok_ptr,  # [B, K+1] int64 out
     lp_ptr,  # [B, K+1] fp32 out
-    stride_lb, stride_lj,
     R, SPLITS,
     SPLITS_POW2: tl.constexpr,  # all race chunks of a request in one tile
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
     if race_row >= 0:
-        _finish_body(b, race_row, tl.num_programs(0).to(tl.int64) * SPLITS, logits_ptr, temp_ptr,
-                     race_i_ptr, race_f_ptr, part_k_ptr, part_i_ptr, tok_ptr, lp_ptr, stride_lb,
-                     stride_lj, R, SPLITS, SPLITS_POW2)
+        _finish_body(b, race_row, tl.num_programs(0).to(tl.int64) * SPLITS, race_i_ptr, race_f_ptr,
+                     part_k_ptr, part_i_ptr, part_x_ptr, tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2)
 
 
 @triton.jit
-def _finish_body(b, race_row, plane, logits_ptr, temp_ptr, race_i_ptr, race_f_ptr, part_k_ptr,
-                 part_i_ptr, tok_ptr, lp_ptr, stride_lb, stride_lj, R, SPLITS,
-                 SPLITS_POW2: tl.constexpr):
+def _merge_race(k_ptr, i_ptr, x_ptr, o, sm):
+    """Race chunks -> (best key, its lowest index, its x)."""
+    keys = tl.load(k_ptr + o, mask=sm, other=_NEG_INF, cache_modifier=".cg")
+    idxs = tl.load(i_ptr + o, mask=sm, other=_INT32_MAX, cache_modifier=".cg")
+    xs = tl.load(x_ptr + o, mask=sm, other=_NEG_INF, cache_modifier=".cg")
+    km = tl.max(keys, axis=0)
+    win = tl.min(tl.where(keys == km, idxs, _INT32_MAX), axis=0)
+    return km, win.to(tl.int64), tl.max(tl.where(idxs == win, xs, _NEG_INF), axis=0)
+
+
+@triton.jit
+def _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_ptr, part_x_ptr,
+                 tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2: tl.constexpr):
     """Request b (race row race_row >= 0): merge the race chunks, write the token and its logprob."""
     use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
     amax_n = tl.load(race_i_ptr + b * 4 + 3).to(tl.int64)
-    lse_n = tl.load(race_f_ptr + b * 2)
-    _, inv_t = _inv_temperature(temp_ptr, b)
+    lse_n = tl.load(race_f_ptr + b * 3)
+    x_amax = tl.load(race_f_ptr + b * 3 + 2)
     s = tl.arange(0, SPLITS_POW2)
     sm = s < SPLITS
     o = b * SPLITS + s
-    keys = tl.load(part_k_ptr + o, mask=sm, other=_NEG_INF, cache_modifier=".cg")
-    idxs = tl.load(part_i_ptr + o, mask=sm, other=_INT32_MAX, cache_modifier=".cg")
-    km = tl.max(keys, axis=0)
-    win = tl.min(tl.where(keys == km, idxs, _INT32_MAX), axis=0).to(tl.int64)
+    km, win, xw = _merge_race(part_k_ptr, part_i_ptr, part_x_ptr, o, sm)
+    rm, rwin, rxw = _merge_race(part_k_ptr + plane, part_i_ptr + plane, part_x_ptr + plane, o, sm)
     tok = tl.where(km > _NEG_INF, win, amax_n)
-    rkeys = tl.load(part_k_ptr + plane + o, mask=sm, other=_NEG_INF, cache_modifier=".cg")
-    ridxs = tl.load(part_i_ptr + plane + o, mask=sm, other=_INT32_MAX, cache_modifier=".cg")
-    rm = tl.max(rkeys, axis=0)
-    rwin = tl.min(tl.where(rkeys == rm, ridxs, _INT32_MAX), axis=0).to(tl.int64)
+    x_t = tl.where(km > _NEG_INF, xw, x_amax)
     # An all-zero residual (p == q) falls back to the race over p.
-    tok = tl.where(use_res & (rm > _NEG_INF), rwin, tok)
-    x_t = _scaled(tl.load(logits_ptr + b * stride_lb + race_row * stride_lj + tok).to(tl.float32), inv_t)
+    res = use_res & (rm > _NEG_INF)
+    tok = tl.where(res, rwin, tok)
+    x_t = tl.where(res, rxw, x_t)
     tl.store(tok_ptr + b * R + race_row, tok)
     tl.store(lp_ptr + b * R + race_row, tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n))
 
@@ -792,11 +936,21 @@ def _counters(dev: torch.device, n: int) -> torch.Tensor | None:
     return buf
 
 
-def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None) -> tuple[int, int]:
+def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None,
+            target_programs: int = _TARGET_PROGRAMS) -> tuple[int, int]:
     tiles = triton.cdiv(vocab, block_v)
-    splits = max(1, min(tiles, triton.cdiv(_TARGET_PROGRAMS, rows))) if num_splits is None else num_splits
+    splits = max(1, min(tiles, triton.cdiv(target_programs, rows))) if num_splits is None else num_splits
     tiles_per_split = triton.cdiv(tiles, max(1, min(splits, tiles)))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split  # no empty chunk
+
+
+def _on_gpu(dev: torch.device) -> bool:
+    """A real CUDA launch (not the interpreter): inline PTX and PDL are available."""
+    return dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _pdl_default(dev: torch.device) -> bool:
+    return _PDL and _on_gpu(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 def rejection_sample_triton(
@@ -813,22 +967,32 @@ def rejection_sample_triton(
     fuse_race: bool | None = None,
     block_v: int | None = None,
     num_splits: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     fused: bool | None = None,
+    race_block_v: int | None = None,
+    race_warps: int | None = None,
+    target_programs: int | None = None,
+    race_programs: int | None = None,
+    prune: bool | None = None,
+    bound_per_lane: bool | None = None,
+    fuse_finish: bool | None = None,
+    pdl: bool | None = None,
+    _stop_after: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
     Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
-    (stat planes [6, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 6], race partials) come
+    (stat planes [9, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 7], race partials) come
     from torch's caching allocator; under capture they live in the graph's private pool and stay
     fixed for every replay. Every workspace slot a later kernel reads is written by an earlier one
     in the same call, so nothing needs zeroing.
-    fuse_race / block_v / num_splits / num_warps override the launch heuristics (tests use them to
-    exercise both paths and the split logic at small V). fused=True: the last program of each
-    request runs the walk (and the race's last program the finish) through a per-request counter
-    instead of separate launches (see _counters). Off by default: measured slower on an H200
-    (greedy K=3: 7.1 vs 6.6 us at B=1, 103 vs 84 us at B=256), the release/acquire atomic at the
-    end of every program costs more than the launch it saves.
+    The other keywords override the launch heuristics (tests use them to exercise every path and the
+    split logic at small V; scripts/rejection_sweep.py times them): fuse_race, block_v / num_warps /
+    target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
+    (both), prune / bound_per_lane (race pruning), pdl (programmatic dependent launch),
+    fuse_finish (the race's last program per request runs the finish, through a per-request
+    counter: see _counters), fused (that, and the row pass's last program per request runs the
+    walk). _stop_after=n launches only the first n kernels (timing breakdowns).
     """
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
               num_draft_tokens, acceptance_counts, out)
@@ -840,9 +1004,20 @@ def rejection_sample_triton(
     if fuse_race is None:
         fuse_race = rows <= _FUSE_RACE_MAX_ROWS
     fuse_race = fuse_race and not full_q  # the residual needs lse first
-    if block_v is None:
-        block_v = 1024  # H200, greedy K=3: 29 vs 33 us (B=64), 95 vs 103 us (B=256) against 2048
-    splits, tiles_per_split = _splits(rows, v, block_v, num_splits)
+    vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
+    block_v = block_v or _ROW_BLOCK_V
+    race_block_v = race_block_v or (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V)
+    vec = min(vec, block_v, race_block_v)
+    if num_warps is None:
+        num_warps = _ROW_WARPS
+    if race_warps is None:
+        race_warps = _RACE_WARPS
+    prune = _PRUNE if prune is None else prune
+    bound_per_lane = _BOUND_PER_LANE if bound_per_lane is None else bound_per_lane
+    fast = _on_gpu(dev)
+    pdl = _pdl_default(dev) if pdl is None else (pdl and _on_gpu(dev))
+    launch = {"launch_pdl": True} if pdl else {}
+    splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
     if out is None:
         out = (torch.empty((b, r), dtype=torch.int64, device=dev),
                torch.empty((b,), dtype=torch.int32, device=dev),
@@ -851,7 +1026,7 @@ def rejection_sample_triton(
     fstat = torch.empty((_NUM_FPLANES, rows, splits), dtype=torch.float32, device=dev)
     istat = torch.empty((2, rows, splits), dtype=torch.int32, device=dev)
     race_i = torch.empty((b, 4), dtype=torch.int32, device=dev)
-    race_f = torch.empty((b, 2), dtype=torch.float32, device=dev)
+    race_f = torch.empty((b, 3), dtype=torch.float32, device=dev)
     q = draft_logits if full_q else target_logits  # a valid pointer when unused
     q_strides = (q.stride(0), q.stride(1))
     nd = num_draft_tokens if num_draft_tokens is not None else seed
@@ -859,50 +1034,53 @@ def rejection_sample_triton(
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q)
-    # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
-    # keys drift by an ulp and near-ties could pick different tokens.
-    ctr = _counters(dev, b) if fused else None
+    fuse_finish = (_FUSE_FINISH if fuse_finish is None else fuse_finish) or bool(fused)
+    ctr = _counters(dev, b) if (fused or fuse_finish) else None
     if fused and ctr is None:
         raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
-    fused = ctr is not None
-    ctr_arg = ctr if fused else nemit
+    fused = bool(fused) and ctr is not None
+    fuse_finish = fuse_finish and ctr is not None
+    ctr_arg = ctr if ctr is not None else nemit
     walk_args = (tok, nemit, lp, counts, race_i, race_f)
+    stages = _stop_after if _stop_after is not None else 4
+    prune_args = dict(PRUNE=prune, BOUND_PER_LANE=bound_per_lane, FAST=fast, PDL=pdl)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
         target_logits, q, ids, temperature, seed, position, nd, fstat, istat, *walk_args, ctr_arg,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
         r, v, splits, tiles_per_split,
-        FUSE_RACE=fuse_race, BLOCK_V=block_v, FUSED_WALK=fused, HAS_COUNTS=acceptance_counts is not None,
+        FUSE_RACE=fuse_race, BLOCK_V=block_v, VEC=vec, FUSED_WALK=fused,
+        HAS_COUNTS=acceptance_counts is not None,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits),
-        num_warps=num_warps, enable_fp_fusion=False, **common,
+        num_warps=num_warps, enable_fp_fusion=False, **prune_args, **common, **launch,
     )
-    if not fused:
+    if not fused and stages >= 2:
         _walk_kernel[(b,)](
-            target_logits, q, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
-            target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
+            ids, temperature, seed, position, nd, fstat, istat, *walk_args, *ids_strides,
             r, v, splits,
             HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
-            R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits),
-            num_warps=1 if r * splits <= 256 else 4, enable_fp_fusion=False, **common,
+            R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits), PDL=pdl,
+            num_warps=1 if r * splits <= 256 else 4, enable_fp_fusion=False, **common, **launch,
         )
-    if not fuse_race:
-        rsplits, rtiles = _splits(b, v, block_v, num_splits)
+    if not fuse_race and stages >= 3:
+        rsplits, rtiles = _splits(b, v, race_block_v, num_splits, race_programs or _RACE_PROGRAMS)
         part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
+        part_x = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         _race_kernel[(b, rsplits)](
-            target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i,
+            target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
             tok, lp, ctr_arg,
             target_logits.stride(0), target_logits.stride(1), *q_strides,
-            r, v, rsplits, rtiles, FULL_Q=full_q, BLOCK_V=block_v, FUSED_FINISH=fused,
-            SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=4, enable_fp_fusion=False,
+            r, v, rsplits, rtiles, FULL_Q=full_q, BLOCK_V=race_block_v, VEC=vec, FUSED_FINISH=fuse_finish,
+            SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=race_warps, enable_fp_fusion=False,
+            **prune_args, **launch,
         )
-        if not fused:
+        if not fuse_finish and stages >= 4:
             _finish_kernel[(b,)](
-                target_logits, temperature, race_i, race_f, part_k, part_i, tok, lp,
-                target_logits.stride(0), target_logits.stride(1), r, rsplits,
-                SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=1 if rsplits <= 128 else 4,
-                enable_fp_fusion=False,
+                race_i, race_f, part_k, part_i, part_x, tok, lp, r, rsplits,
+                SPLITS_POW2=triton.next_power_of_2(rsplits), PDL=pdl,
+                num_warps=1 if rsplits <= 128 else 4, enable_fp_fusion=False, **launch,
             )
     return RejectionOutput(tok, nemit, lp)
 

@@ -162,6 +162,28 @@ def tl_race_bits(rkey, vocab):
 
 
 @triton.jit
-def tl_race_gumbel(rkey, vocab):
-    u = tl_bits_to_uniform(tl_race_bits(rkey, vocab))
+def tl_gumbel(u):
+    """gumbel(u) for u from tl_bits_to_uniform: the same two logs as the torch side."""
     return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def tl_race_gumbel(rkey, vocab):
+    return tl_gumbel(tl_bits_to_uniform(tl_race_bits(rkey, vocab)))
+
+
+@triton.jit
+def tl_gumbel_upper_bound(u, FAST: tl.constexpr):
+    """A float >= tl_gumbel(u), for skipping race entries that cannot win.
+
+    -log u >= 1 - u on (0, 1), so g = -log(-log u) <= -log(1 - u) as real numbers; 1 - u is exact
+    for every uniform() value, and the 1e-3 margin covers the logs' errors on both sides (a few
+    ulps of |g| <= 16.7; lg2.approx is within ~1e-6 here). FAST: one MUFU lg2 (CUDA only).
+    """
+    w = 1.0 - u
+    if FAST:
+        l2 = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [w], dtype=tl.float32,
+                                       is_pure=True, pack=1)
+    else:
+        l2 = tl.log2(w)
+    return l2 * -0.6931471805599453 + 1e-3

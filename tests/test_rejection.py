@@ -5,8 +5,11 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from graphrt.kernels import rejection_sample
 from graphrt.kernels.rejection import rejection_sample_reference, rejection_sample_triton
+from graphrt.kernels.rng import tl_gumbel, tl_gumbel_upper_bound
 
 
 def fresh_seed() -> int:
@@ -191,6 +194,78 @@ def test_triton_fused_walk_matches_reference(name):
         assert torch.equal(got.token_ids, ref.token_ids), f"seed {seed}"
         assert torch.equal(got.num_emitted, ref.num_emitted), f"seed {seed}"
         torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
+
+def _pruning_inputs(gen, kind, dtype):
+    """Rows built so that the race prunes: a logit far above the rest (100 vs randn) makes every
+    later tile's bound (x + ~16.7) lose to the best key, unless a near peak sits in it."""
+    b, k, v = 4, 2, 512
+    target = torch.randn(b, k + 1, v, generator=gen)
+    drafts = torch.randint(0, v, (b, k), generator=gen)
+    for i in range(b):
+        for j in range(k + 1):
+            row = target[i, j]
+            peak = int(torch.randint(0, v, (1,), generator=gen))
+            if kind == "first_tile":
+                peak = int(torch.randint(0, 32, (1,), generator=gen))
+            elif kind == "last_tile":
+                peak = v - 1 - int(torch.randint(0, 8, (1,), generator=gen))
+            row[peak] = 100.0
+            if kind == "two_peaks":  # the draft is a peak with p = 1/2: the race excludes it half the time
+                other = (peak + 1 + int(torch.randint(0, v - 1, (1,), generator=gen))) % v
+                row[other] = 100.0
+                if j < k:
+                    drafts[i, j] = peak
+            elif kind == "near_peak":  # a second peak in a later tile, close enough to win sometimes
+                row[(peak + 300) % v] = 99.0
+            elif kind == "sparse":  # one live entry (or none) per row
+                row[:] = float("-inf")
+                if (i + j) % 3:
+                    row[peak] = 1.0
+                if i % 2 == 0:
+                    row[(peak + 7) % v] = float("nan")
+    temperature = torch.tensor([1.0, 0.5, 2.0, 1.0])
+    seed = torch.randint(0, 2**62, (b,), generator=gen)
+    position = torch.randint(0, 2**31, (b,), generator=gen)
+    return dict(target_logits=target.to(dtype), draft_token_ids=drafts, temperature=temperature, seed=seed,
+                position=position)
+
+
+@pytest.mark.parametrize("kind", ["first_tile", "last_tile", "two_peaks", "near_peak", "sparse"])
+def test_triton_race_pruning_matches_reference(kind):
+    """Race pruning (skip a tile whose keys cannot beat the best so far) is exact: same tokens as the
+    reference, per-entry and per-lane bounds, fused and separate race (block 32: 16 tiles a chunk)."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    dtype = [torch.float32, torch.bfloat16][seed % 2]
+    args = _pruning_inputs(gen, kind, dtype)
+    ref = rejection_sample_reference(**args)
+    for fuse, prune, per_lane in [(False, True, False), (False, True, True), (True, True, False)]:
+        got = rejection_sample_triton(**args, fuse_race=fuse, prune=prune, bound_per_lane=per_lane,
+                                      block_v=32, num_splits=2)
+        msg = f"seed {seed} dtype {dtype} fuse {fuse} prune {prune} per_lane {per_lane}"
+        assert torch.equal(got.token_ids, ref.token_ids), msg
+        assert torch.equal(got.num_emitted, ref.num_emitted), msg
+        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=msg)
+
+
+@triton.jit
+def _gumbel_bound_kernel(u_ptr, g_ptr, b_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    u = tl.load(u_ptr + offs, mask=offs < n, other=0.5)
+    tl.store(g_ptr + offs, tl_gumbel(u), mask=offs < n)
+    tl.store(b_ptr + offs, tl_gumbel_upper_bound(u, False), mask=offs < n)
+
+
+def test_gumbel_upper_bound():
+    """tl_gumbel_upper_bound(u) >= the race's Gumbel value, over the whole range of uniforms."""
+    m = torch.cat([torch.arange(0, 4096), torch.arange(2**23 - 4096, 2**23),
+                   torch.randint(0, 2**23, (8192,))]).to(torch.float64)
+    u = ((m + 0.5) * 2.0**-23).float()  # every value the RNG can produce lies in this grid
+    g, bound = torch.empty_like(u), torch.empty_like(u)
+    _gumbel_bound_kernel[(triton.cdiv(u.numel(), 1024),)](u, g, bound, u.numel(), BLOCK=1024)
+    torch.testing.assert_close(g, -torch.log(-torch.log(u)))
+    assert bool((bound >= g).all()) and float((bound - g).min()) > 5e-4
+
 
 def test_triton_out_buffers_and_vocab_of_one():
     args = make_inputs(3, 2, 1, gen=torch.Generator().manual_seed(1), temps=[0.0, 1.0, 2.0])
