@@ -59,11 +59,15 @@ def linear_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 # ---------------------------------------------------------------------------------------------
 
 
+# Each helper assigns in both branches of a constexpr `if` and returns once: the Triton frontend
+# rejects a second `return` after a taken constexpr branch that returned.
 @triton.jit
 def _fma_zeros(BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
-        return tl.zeros([BLOCK_N], tl.float32)
-    return tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        z = tl.zeros([BLOCK_N], tl.float32)
+    else:
+        z = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    return z
 
 
 @triton.jit
@@ -75,15 +79,19 @@ def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EAC
     if REDUCE_EACH:
         # Reduce along K every step: a few shuffles per step, but the accumulator is one register
         # per row instead of one per loaded element, which leaves room for more loads in flight.
-        return acc + tl.sum(w * xv.to(tl.float32)[None, :], axis=1)
-    return acc + w * xv.to(tl.float32)[None, :]
+        acc = acc + tl.sum(w * xv.to(tl.float32)[None, :], axis=1)
+    else:
+        acc = acc + w * xv.to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
-        return acc
-    return tl.sum(acc, axis=1)
+        out = acc
+    else:
+        out = tl.sum(acc, axis=1)
+    return out
 
 
 @triton.jit
@@ -322,28 +330,54 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# Defaults of each path for gemv_triton when called directly (the dispatcher uses select_config).
+# Defaults of each path for gemv_triton when called directly; select_config starts from them.
 _FMA_DEFAULT = dict(use_dot=False, reduce_each=False, block_n=2, block_k=2048, num_warps=4, num_stages=1,
                     programs_per_sm=0)
-_DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=32, block_k=256, num_warps=4, num_stages=3,
-                    programs_per_sm=2)
+_DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=128, num_warps=4, num_stages=4,
+                    split_k=4)
+# M = 1 (plain decode at B = 1) tiles of the shapes swept (N, K) -> (block_n, block_k), None: cuBLAS.
+# H200 graph replay, us, FMA path vs cuBLAS: llama-1b qkv 5.7 vs 6.2 with (4, 512) (6.1 with the
+# default (2, 2048): 1536 programs leave a ragged second wave), 8b qkv 14.5 vs 16.2 with (16, 512),
+# the 1b lm_head 118.7 vs 123.1 with (4, 512).
+_M1_TILES: dict[tuple[int, int], tuple[int, int] | None] = {
+    (3072, 2048): (4, 512),
+    (6144, 4096): (16, 512),
+    (128256, 2048): (4, 512),
+}
 
 
 def select_config(m: int, n: int, k: int) -> dict | None:
     """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
-    where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, except
-    programs_per_sm (0: never split K), from which gemv_triton derives split_k.
+    where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, plus
+    programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
 
-    Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py: graph
-    replays, weights rotated past L2; figures in that sweep's output (see the commit message).
+    Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py (graph
+    replays, weights rotated past L2), llama-1b and llama-8b projection shapes, M in 1, 2, 4, 8, 16:
+      - M = 1: FMA path, unsplit; (2, 2048) tiles unless _M1_TILES says otherwise. It beats cuBLAS by
+        1.5-3.6 us on every projection but gate_up (N = 16384 / 28672), where cuBLAS already streams
+        at 3.7-4.2 TB/s and the FMA path was 1-2 us slower: those stay on cuBLAS.
+      - M = 2: FMA path, (4, 1024), where K >= N (o_proj, down_proj: 4.6 vs 6.1 us, 11.1 vs 14.1 us
+        at 1b); qkv / gate_up stay on cuBLAS (FMA 0.5-2 us slower: two x rows per weight load).
+      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N: 0.0-0.3 us
+        faster than cuBLAS at 1b o_proj, 1.5-1.8 at 1b down_proj, ~1 at 8b o_proj, ~0.5 at 8b
+        down_proj. Where N > K (qkv, gate_up, lm_head) cuBLAS measured as fast or faster.
+      (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
+      conversions, so it is bound by L1 and ALU, not DRAM.)
     """
     if m == 1:
-        if 16384 <= n <= 32768:  # gate_up-like: cuBLAS streams these at ~4.2 TB/s already
+        if (n, k) in _M1_TILES:
+            tile = _M1_TILES[(n, k)]
+            if tile is None:
+                return None
+            return dict(_FMA_DEFAULT, block_n=tile[0], block_k=min(tile[1], triton.next_power_of_2(k)))
+        if 16384 <= n <= 32768:  # gate_up-like
             return None
         return dict(_FMA_DEFAULT, block_k=min(2048, triton.next_power_of_2(k)))
-    if k >= n:  # o_proj / down_proj-like: tall K, few N tiles
-        return dict(_DOT_DEFAULT)
-    return None
+    if k < n or m > MAX_M:
+        return None
+    if m == 2:
+        return dict(_FMA_DEFAULT, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
+    return dict(_DOT_DEFAULT)
 
 
 def _path_default(use_dot: bool) -> dict:
@@ -406,7 +440,7 @@ def gemv_triton(
     tiles = triton.cdiv(n, block_n)
     steps = triton.cdiv(k, block_k)
     if split_k is None:
-        split_k = _split_for(tiles, steps, cfg["programs_per_sm"], _num_sms(x.device))
+        split_k = cfg.get("split_k") or _split_for(tiles, steps, cfg.get("programs_per_sm", 0), _num_sms(x.device))
     split_k = max(1, min(split_k, steps))
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split

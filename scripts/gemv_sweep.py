@@ -5,7 +5,9 @@
 For the projections of the llama-1b and llama-8b shapes (and the 1b lm_head, for reference) and
 M in {1, 4, 8, 16}, times F.linear and every Triton config of a pruned grid with
 time_in_graph (CUDA graph replay, weights rotated over enough copies to exceed the 50 MB L2), then
-prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s.
+prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s,
+and the dispatcher's time (graphrt.kernels.gemv.linear: Triton or cuBLAS as select_config says).
+Every config's output is also checked against F.linear (max error relative to max |y|).
 All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) takes
 under ~2.5 min on an H200; past --budget-s the remaining Triton configs are skipped.
 """
@@ -69,6 +71,10 @@ def configs(m: int, n: int, k: int, sms: int, big: bool) -> list[dict]:
     return out
 
 
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).abs().max() / ref.abs().max())
+
+
 def _write(path, dev, t0, rows) -> None:
     with open(path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
@@ -98,6 +104,7 @@ def main() -> int:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n
             ref_us = time_in_graph(lambda x, w: F.linear(x, w), sets, replays=15)
+            ref = F.linear(sets[0][0].float(), sets[0][1].float())
             # The dispatcher (graphrt.kernels.gemv.linear): Triton or cuBLAS, as select_config says.
             heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
             results = []
@@ -106,11 +113,14 @@ def main() -> int:
                     break
                 try:
                     us = time_in_graph(lambda x, w, c=cfg: gemv_triton(x, w, **c), sets, replays=15)
+                    err = _rel_err(gemv_triton(*sets[0], **cfg), ref)
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
-                    results.append(dict(cfg, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+                    results.append(dict(cfg, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
                     continue
-                results.append(dict(cfg, us=us))
-            timed = [r for r in results if "us" in r]
+                results.append(dict(cfg, us=us, rel_err=err))
+                if err > 1e-2:
+                    print(f"  WRONG RESULT {name} M={m} {cfg}: rel err {err:.3g}", flush=True)
+            timed = [r for r in results if "us" in r and r["rel_err"] <= 1e-2]
             best = min(timed, key=lambda r: r["us"]) if timed else dict(us=heur_us, note="heuristic only")
             if heur_us < best["us"]:
                 best = dict(select_config(m, n, k) or dict(use_dot=None), us=heur_us, note="dispatcher")

@@ -157,8 +157,9 @@ def test_gpu_real_sizes(cuda, n, k, m):
     gen = torch.Generator().manual_seed(seed)
     for bias in (False, True):
         x, w, b = _case(m, n, k, torch.bfloat16, gen, bias=bias, device=cuda)
-        y = linear(x, w, b)
-        _check(y, x, w, b, f"seed={seed} m={m} n={n} k={k} bias={bias}")
+        # The dispatcher (Triton or cuBLAS, per select_config) and the kernel's own default config.
+        _check(linear(x, w, b), x, w, b, f"seed={seed} m={m} n={n} k={k} bias={bias}")
+        _check(gemv_triton(x, w, b), x, w, b, f"gemv_triton seed={seed} m={m} n={n} k={k} bias={bias}")
 
 
 @pytest.mark.gpu
