@@ -8,9 +8,11 @@ picks tiles made for large M; on an H200 at M = 1 its kernels read an 8 MB matri
 Two code paths in one kernel, both deterministic:
   - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
     one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
-    thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling), and
-    keeps per-lane fp32 partial products for each of the M rows; the cross-lane reduction along K
-    happens once, at the end.
+    thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling).
+    Per row of x it either keeps per-lane fp32 partials and reduces along K once at the end, or
+    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers (ptxas, sm_90a,
+    (2, 2048) tile: 96 vs 128), so more programs stay resident and more bytes are in flight; at
+    M = 1 that measured faster on every projection swept.
   - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
     Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
@@ -21,7 +23,8 @@ a second small kernel does the sum instead. Either way the order of the sum is f
 does not depend on which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
-exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher.
+exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher (select_config says
+where it beats cuBLAS, with the H200 figures).
 """
 
 from __future__ import annotations
@@ -331,18 +334,14 @@ def _sm_count(index: int) -> int:
 
 
 # Defaults of each path for gemv_triton when called directly; select_config starts from them.
-_FMA_DEFAULT = dict(use_dot=False, reduce_each=False, block_n=2, block_k=2048, num_warps=4, num_stages=1,
+_FMA_DEFAULT = dict(use_dot=False, reduce_each=True, block_n=2, block_k=2048, num_warps=4, num_stages=1,
                     programs_per_sm=0)
 _DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=128, num_warps=4, num_stages=4,
                     split_k=4)
-# M = 1 (plain decode at B = 1) tiles of the shapes swept (N, K) -> (block_n, block_k), None: cuBLAS.
-# H200 graph replay, us, FMA path vs cuBLAS: llama-1b qkv 5.7 vs 6.2 with (4, 512) (6.1 with the
-# default (2, 2048): 1536 programs leave a ragged second wave), 8b qkv 14.5 vs 16.2 with (16, 512),
-# the 1b lm_head 118.7 vs 123.1 with (4, 512).
-_M1_TILES: dict[tuple[int, int], tuple[int, int] | None] = {
-    (3072, 2048): (4, 512),
-    (6144, 4096): (16, 512),
-    (128256, 2048): (4, 512),
+# M = 1 exceptions to the FMA default, by (N, K). The 1b lm_head: (4, 512) without reduce_each,
+# 118.5 us vs cuBLAS 121.9 (the reduce-each variant was not swept at that size).
+_M1_OVERRIDES: dict[tuple[int, int], dict] = {
+    (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 
 
@@ -352,31 +351,30 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
 
     Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py (graph
-    replays, weights rotated past L2), llama-1b and llama-8b projection shapes, M in 1, 2, 4, 8, 16:
-      - M = 1: FMA path, unsplit; (2, 2048) tiles unless _M1_TILES says otherwise. It beats cuBLAS by
-        1.5-3.6 us on every projection but gate_up (N = 16384 / 28672), where cuBLAS already streams
-        at 3.7-4.2 TB/s and the FMA path was 1-2 us slower: those stay on cuBLAS.
-      - M = 2: FMA path, (4, 1024), where K >= N (o_proj, down_proj: 4.6 vs 6.1 us, 11.1 vs 14.1 us
-        at 1b); qkv / gate_up stay on cuBLAS (FMA 0.5-2 us slower: two x rows per weight load).
-      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N: 0.0-0.3 us
-        faster than cuBLAS at 1b o_proj, 1.5-1.8 at 1b down_proj, ~1 at 8b o_proj, ~0.5 at 8b
-        down_proj. Where N > K (qkv, gate_up, lm_head) cuBLAS measured as fast or faster.
+    replays, weights rotated past L2) over the llama-1b and llama-8b projections, M in 1, 2, 4, 8, 16
+    (us, ours vs cuBLAS):
+      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: best or within 0.3 us of
+        the best swept config on all eight projections. 1b qkv 5.2 vs 6.4, o 4.2 vs 6.1, gate_up
+        17.2 vs 18.3, down 10.3 vs 14.1; 8b qkv 14.0 vs 16.2, o 10.3 vs 13.9, gate_up 54.1 vs 55.8,
+        down 29.1 vs 31.6.
+      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj:
+        1b 4.6 vs 6.2 and 11.1 vs 13.9; 8b 12.2 vs 13.6 and 31.2 vs 31.5). qkv and gate_up stay on
+        cuBLAS (0.3-4 us slower here: two x rows per weight load).
+      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N: 1b o_proj
+        6.0-6.1 vs 6.2, down_proj 12.1-12.3 vs 13.9-14.4; 8b o_proj 12.3-12.6 vs 13.3-13.6,
+        down_proj 31.4-31.5 vs 31.7-32.3. Where N > K (qkv, gate_up, lm_head) cuBLAS measured as
+        fast or faster.
       (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
       conversions, so it is bound by L1 and ALU, not DRAM.)
     """
     if m == 1:
-        if (n, k) in _M1_TILES:
-            tile = _M1_TILES[(n, k)]
-            if tile is None:
-                return None
-            return dict(_FMA_DEFAULT, block_n=tile[0], block_k=min(tile[1], triton.next_power_of_2(k)))
-        if 16384 <= n <= 32768:  # gate_up-like
-            return None
-        return dict(_FMA_DEFAULT, block_k=min(2048, triton.next_power_of_2(k)))
+        cfg = dict(_FMA_DEFAULT, **_M1_OVERRIDES.get((n, k), {}))
+        cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
+        return cfg
     if k < n or m > MAX_M:
         return None
     if m == 2:
-        return dict(_FMA_DEFAULT, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
+        return dict(_FMA_DEFAULT, reduce_each=False, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
     return dict(_DOT_DEFAULT)
 
 
