@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["silu_and_mul", "silu_and_mul_reference", "silu_and_mul_triton"]
 
@@ -39,8 +39,7 @@ def _silu_and_mul_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     n = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = offs < inter

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 _INT32_MAX = tl.constexpr(2**31 - 1)
@@ -97,8 +97,7 @@ def _argmax_split_kernel(
     USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent: wait for the producer
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     row = tl.program_id(0)
     split = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
@@ -153,8 +152,7 @@ def _argmax_combine_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     _argmax_combine(tl.program_id(0), logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr,
                     stride_row, SPLITS, SPLITS_POW2)
 

@@ -28,7 +28,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = [
     "store_kv",
@@ -341,8 +341,7 @@ def _paged_attn_partial_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     q_tile = tl.program_id(2)
@@ -471,8 +470,7 @@ def _paged_attn_merge_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
     d_tile = tl.program_id(2)

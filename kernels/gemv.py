@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
 
@@ -151,6 +152,7 @@ def _gemv_kernel(
     FUSED: tl.constexpr,  # SPLIT and the last split of a tile reduces it (ctr_ptr)
     RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
+    USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -164,6 +166,8 @@ def _gemv_kernel(
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
 
     if USE_DOT:
+        if USE_PDL:
+            wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
         # Padding rows read row 0 (valid memory); their outputs are masked at the store.
         x_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
@@ -193,7 +197,23 @@ def _gemv_kernel(
         a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        for k in range(k0, k_full, BLOCK_K):
+        k_start = k0
+        if USE_PDL:
+            # The weights are not written by the kernel this one depends on, so the first tile
+            # streams in while that kernel finishes; x, y, the workspace and the counters are
+            # touched only after the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
+            kmask = (k0 + offs_k) < k_end
+            w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+            wait_for_producer()
+            a0 = _fma_step(a0, w, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
+            if BLOCK_M > 1:
+                a1 = _fma_step(a1, w, x_ptr + stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
+            if BLOCK_M > 2:
+                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
+            if BLOCK_M > 3:
+                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
+            k_start = k0 + BLOCK_K
+        for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
             a0 = _fma_step(a0, w, x_ptr + k, offs_k, None, False, REDUCE_EACH)
             if BLOCK_M > 1:
@@ -202,7 +222,7 @@ def _gemv_kernel(
                 a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
             if BLOCK_M > 3:
                 a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
-        if k_full < k_end:  # K tail
+        if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
             a0 = _fma_step(a0, w, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
@@ -244,7 +264,10 @@ def _gemv_reduce_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        wait_for_producer()
     _reduce_tile(tl.program_id(0), ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
@@ -402,6 +425,7 @@ def gemv_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fused: bool | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -412,7 +436,9 @@ def gemv_triton(
     use_dot / reduce_each / block_n / block_k / split_k / num_warps / num_stages override the
     configuration (select_config's, or the path's default where it has none); the sweep and the
     tests use them. fused (default: when split_k > 1 and the counter buffer is available):
-    the split-K sum in the same launch; fused=False forces the second kernel.
+    the split-K sum in the same launch; fused=False forces the second kernel. pdl: launch as a
+    programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
+    weight tile before waiting for the producer of x.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -456,21 +482,22 @@ def gemv_triton(
     else:
         ws = y  # unused
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
+    pdl = pdl_enabled(x.device) if pdl is None else pdl
     _gemv_kernel[(tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)
         rb_n = max(16, min(256, 4096 // rb_m))
         _gemv_reduce_kernel[(triton.cdiv(n, rb_n),)](
             ws, b, y, m, n, y.stride(0), split_k, HAS_BIAS=bias is not None, BLOCK_M=rb_m, BLOCK_N=rb_n,
-            num_warps=4,
+            USE_PDL=pdl, num_warps=4, **pdl_launch(pdl),
         )
     return y
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = [
     "rms_norm",
@@ -80,8 +80,7 @@ def _rms_norm_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     n = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H

@@ -7,22 +7,35 @@ microsecond kernels of a batch-1 decode step this hides the launch and ramp-up l
 otherwise sits between every pair of nodes of a CUDA graph. Stream capture records the attribute
 as a programmatic edge, so graphs keep it.
 
-Each kernel that supports it takes a USE_PDL constexpr (gdc_wait first thing when set) and its
-launcher passes `**pdl_launch(pdl)`.
+Each kernel that supports it takes a USE_PDL constexpr (`wait_for_producer()` before its first
+access to memory the previous kernel may touch) and its launcher passes `**pdl_launch(pdl)`.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+import triton
+import triton.language as tl
+
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def wait_for_producer():
+    """griddepcontrol.wait (all of the previous kernel's writes visible), then launch_dependents so
+    the next kernel may be scheduled early too. Nothing under the interpreter, which runs one grid
+    at a time and has no griddepcontrol (so the CPU tests still run the code around it)."""
+    if not _INTERPRETED:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @functools.cache
 def pdl_supported(device_index: int) -> bool:
     """Compute capability 9.0+ (griddepcontrol), never under the Triton interpreter."""
-    import os
-
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9
@@ -40,8 +53,6 @@ def pdl_enabled(device: torch.device) -> bool:
     Measured on an H200 (scripts/pdl_probe.py): a chain of small Triton kernels in a graph 0.97 ->
     0.69 us per kernel; argmax B = 1 3.35 -> 2.75 us. A Triton kernel after a cuBLAS one gains
     nothing (cuBLAS does not signal its dependents early)."""
-    import os
-
     if os.environ.get("GRAPHRT_PDL", "1") == "0" or device.type != "cuda":
         return False
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())

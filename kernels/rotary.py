@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.attention import store_kv
 from graphrt.kernels.norm import rms_norm_reference
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = [
     "apply_rotary_reference",
@@ -116,8 +116,7 @@ def _rotary_store_kv_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer()
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # 0 .. NUM_Q_HEADS - 1: a q head; then the kv heads
     HALF: tl.constexpr = HEAD_DIM // 2
