@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm
 from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary, rms_norm
 
@@ -49,7 +50,7 @@ class DecoderLM:
         return hidden, (torch.cat(aux, dim=-1) if aux else None)
 
     def logits(self, hidden):
-        return F.linear(hidden, self.lm_head)
+        return linear(hidden, self.lm_head)  # Triton at decode sizes (kernels/gemv.py)
 
     # The draft interface (see graphrt/models/__init__.py): a standalone LM drafts from its own
     # tokens only, at the tokens' own positions.

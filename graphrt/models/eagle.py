@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graphrt.kernels.gemv import linear
 from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
 
 
@@ -44,7 +45,7 @@ class EagleHead(_EagleBase):
         return self.layers[0](x, positions, meta, kv.k[0], kv.v[0])
 
     def draft_logits(self, state):
-        return F.linear(state, self.lm_head)
+        return linear(state, self.lm_head)
 
     def draft_to_target_ids(self, ids):
         return ids
@@ -87,7 +88,7 @@ class Eagle3Head(_EagleBase):
         return self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
 
     def draft_logits(self, state):
-        return F.linear(rms_norm(state, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        return linear(rms_norm(state, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def draft_to_target_ids(self, ids):
         return ids + self.d2t[ids]
