@@ -24,10 +24,13 @@ Kernels part (inputs allocated at their exact size, V not a multiple of any bloc
                  1 and several splits
   layer kernels  rms_norm, add_rms_norm, silu_and_mul, rotary_store_kv (+ q/k norm) with padded
                  rows (negative / huge positions, slot -1) -- when kernels/norm.py etc. import
+  gemv           M 1..16, N and K not multiples of the tiles, FMA and DOT paths, split K fused and
+                 two-launch, bias, with and without PDL
 Cycle part: the tiny preset (fp32) with an EAGLE head, K = 3, max_batch_size 4, buckets (2, 4),
 use_cuda_graphs=True: requests of different lengths so batches of 3 (bucket 4, one padded row)
 and 1 (bucket 2, one padded row) run, a finished request's slot and blocks are reused by a new one;
-then the same without a draft (TARGET_DECODE graphs).
+then the same without a draft (TARGET_DECODE graphs), then in bf16 with the EAGLE head (the Triton
+GEMV and PDL launches inside captured graphs).
 """
 
 from __future__ import annotations
@@ -259,6 +262,26 @@ def run_layer_kernels(gen):
 # ---------------------------------------------------------------------------------------------
 
 
+def run_gemv(gen):
+    from graphrt.kernels.gemv import gemv_triton
+
+    cases = [(1, 37, 100, dict(block_k=64)), (1, 2048, 2048, {}), (2, 333, 4099, {}), (1, 8, 31, {}),
+             (1, 40, 300, dict(use_dot=False, block_k=64, split_k=3)),
+             (3, 100, 300, dict(use_dot=True, block_k=64, split_k=3)),
+             (5, 33, 129, dict(use_dot=True, block_k=32, split_k=2, fused=False)), (16, 2048, 8192, {})]
+    dtype = torch.bfloat16 if DEV.type == "cuda" else torch.float32
+    for m, n, k, kw in cases:
+        if DEV.type == "cpu" and n * k > 200000:
+            continue
+        x, w = exact((m, k), dtype, gen=gen, scale=1.0), exact((n, k), dtype, gen=gen, scale=0.05)
+        bias = exact((n,), dtype, gen=gen, scale=0.1)
+        want = (x.float() @ w.float().T + bias.float())
+        for pdl in ((False, True) if DEV.type == "cuda" else (False,)):
+            y = gemv_triton(x, w, bias, pdl=pdl, **kw)
+            check(f"gemv M={m} N={n} K={k} {kw} pdl={pdl}",
+                  torch.allclose(y.float(), want, rtol=2e-2, atol=5e-2), f"{(y.float() - want).abs().max()}")
+
+
 def run_cycles():
     from graphrt import Runtime, SamplingParams
     from graphrt.checkpoint import load_checkpoint
@@ -267,10 +290,13 @@ def run_cycles():
     tmp = Path(tempfile.mkdtemp(prefix="graphrt-sanitize-"))
     write_random_checkpoint(tmp / "t", "tiny", dtype=torch.float32, seed=0)
     write_random_checkpoint(tmp / "e", "tiny", kind="eagle", dtype=torch.float32, seed=1, target=tmp / "t")
-    target = load_checkpoint(tmp / "t", dtype=torch.float32, device=DEV)
-    eagle = load_checkpoint(tmp / "e", dtype=torch.float32, device=DEV)
     graphs = DEV.type == "cuda"
-    for draft in (eagle, None):
+    # fp32 (EAGLE draft, then none), then bf16: bf16 is what sends the decode projections through
+    # the Triton GEMV (kernels/gemv.py) and its PDL launches.
+    runs = [(torch.float32, "eagle"), (torch.float32, None)] + ([(torch.bfloat16, "eagle")] if graphs else [])
+    for dtype, draft_name in runs:
+        target = load_checkpoint(tmp / "t", dtype=dtype, device=DEV)
+        draft = load_checkpoint(tmp / "e", dtype=dtype, device=DEV) if draft_name else None
         rt = Runtime(target, draft, num_draft_tokens=3, device=DEV, max_batch_size=4, max_seq_len=64,
                      buckets=(2, 4), kv_budget_tokens=4 * 64, use_cuda_graphs=graphs)
         sp = lambda m, t=0.0, s=1: SamplingParams(max_new_tokens=m, temperature=t, seed=s, ignore_eos=True)
@@ -292,10 +318,10 @@ def run_cycles():
             if rt.finished(rids[0]) and not reused:  # its slot and blocks go to a new request
                 rids.append(rt.add_request([11, 12], sp(5, 0.7, 4)))
                 reused = True
-        check(f"cycle draft={draft is not None}: finished", not rt.has_unfinished())
-        check(f"cycle draft={draft is not None}: graphs", (rt.cycle.graphs is not None) == graphs)
-        check(f"cycle draft={draft is not None}: buckets {sorted(buckets)}", buckets == {2, 4})
-        check(f"cycle draft={draft is not None}: blocks free",
+        check(f"cycle {dtype} draft={draft_name}: finished", not rt.has_unfinished())
+        check(f"cycle {dtype} draft={draft_name}: graphs", (rt.cycle.graphs is not None) == graphs)
+        check(f"cycle {dtype} draft={draft_name}: buckets {sorted(buckets)}", buckets == {2, 4})
+        check(f"cycle {dtype} draft={draft_name}: blocks free",
               rt.allocator.num_free == rt.allocator.num_blocks - 1)
         for r in rids:
             toks = rt.get_generation(r).token_ids
@@ -310,7 +336,7 @@ def main():
     print(f"sanitize driver: part {ARGS.part}, device {DEV}, PYTORCH_NO_CUDA_MEMORY_CACHING="
           f"{os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING', '')}", flush=True)
     if ARGS.part in ("kernels", "all"):
-        for fn in (run_argmax, run_rejection, run_attention, run_layer_kernels):
+        for fn in (run_argmax, run_rejection, run_attention, run_layer_kernels, run_gemv):
             t = time.perf_counter()
             fn(gen)
             if DEV.type == "cuda":
