@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.counters import counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -157,12 +158,6 @@ def _argmax_combine_kernel(
                     stride_row, SPLITS, SPLITS_POW2)
 
 
-def _counters(dev, n):
-    from graphrt.kernels.rejection import _counters as counters  # one shared buffer per device
-
-    return counters(dev, n)
-
-
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     """(block_v, chunks per row, num_warps, fused) by batch size: the fastest of a sweep over
     block_v {1024, 2048, 4096} x chunks {4..128} x warps {4, 8} x fused, with PDL, on an H200
@@ -208,8 +203,8 @@ def argmax_triton(
     for every replay, so the kernel is capturable as is.
     block_v / num_splits / num_warps: override the launch heuristics (tests use small blocks to
     exercise the split logic at small V); unset ones come from _launch_config. fused: one launch,
-    the last chunk of each row to finish merges the row (rejection._counters); without the
-    counter buffer (first call inside a capture) the two-launch path runs. pdl: launch as
+    the last chunk of each row to finish merges the row; without the
+    counter buffer (first call inside a capture) the two-launch path runs (kernels/counters.py). pdl: launch as
     programmatic dependents (default: kernels/pdl.pdl_enabled).
     """
     _validate(logits)
@@ -236,7 +231,7 @@ def argmax_triton(
     part_val = torch.empty(batch, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(batch, splits, dtype=torch.int32, device=logits.device)
     want = cfg_fused if fused is None else fused
-    ctr = _counters(logits.device, batch) if want else None
+    ctr = counters(logits.device, batch) if want else None
     if fused and ctr is None:
         raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
     _argmax_split_kernel[(batch, splits)](

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
@@ -272,38 +273,6 @@ def _gemv_reduce_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Counters for the fused split-K reduction
-# ---------------------------------------------------------------------------------------------
-
-_COUNTER_SLOTS = 1 << 14
-_counter_bufs: dict[torch.device, torch.Tensor] = {}
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _counters(dev: torch.device, n: int) -> torch.Tensor | None:
-    """Per-device int32 zeros, one "splits done" counter per output tile.
-
-    Every fused launch leaves the counters it used at zero (the last program of each tile resets
-    its own), so one buffer serves every call and every graph replay, as long as launches that use
-    it do not run concurrently on different streams (graphrt runs a forward on one stream).
-    Allocated on first use outside capture; None inside a capture that has no buffer yet, or when n
-    exceeds it: the caller then takes the two-launch path.
-    """
-    if n > _COUNTER_SLOTS:
-        return None
-    buf = _counter_bufs.get(dev)
-    if buf is None:
-        if _capturing():
-            return None
-        buf = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=dev)
-        _counter_bufs[dev] = buf
-    return buf
-
-
-# ---------------------------------------------------------------------------------------------
 # Launch
 # ---------------------------------------------------------------------------------------------
 
@@ -475,10 +444,10 @@ def gemv_triton(
     if split_k > 1:
         ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         if fused is None or fused:
-            ctr = _counters(x.device, tiles)
+            ctr = counters(x.device, tiles)
         if fused and ctr is None:
             raise RuntimeError("fused=True needs the counter buffer (first call outside capture, "
-                               f"<= {_COUNTER_SLOTS} tiles)")
+                               f"<= {COUNTER_SLOTS} tiles)")
     else:
         ws = y  # unused
     b = bias if bias is not None else y  # unused when HAS_BIAS is False

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from graphrt.kernels import gemv
+from graphrt.kernels.counters import counters
 from graphrt.kernels.gemv import gemv_triton, linear, linear_reference
 
 
@@ -97,7 +97,7 @@ def test_fused_and_unfused_split_agree_bitwise():
     y2 = gemv_triton(x, w, b, fused=False, **kw)
     assert torch.equal(y1, y2), f"seed={seed}"
     # The counters are left at zero for the next launch.
-    assert not gemv._counters(x.device, 8).any()
+    assert not counters(x.device, 8).any()
 
 
 def test_out_and_default_config():
@@ -192,7 +192,7 @@ def test_gpu_cuda_graph_replay_is_deterministic(cuda):
         _check(y, x, w, None, f"seed={seed}")
         again = linear(x, w)
         assert torch.equal(again, y), f"seed={seed}: eager and replay differ"
-    assert not gemv._counters(x.device, 1).any()
+    assert not counters(x.device, 1).any()
 
 
 @pytest.mark.gpu
