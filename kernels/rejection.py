@@ -26,22 +26,31 @@ input. The Triton path matches the reference token for token: the races and argm
 last-ulp differences flip a decision only when u lands within ~1e-7 of p(d) or two race keys tie to
 ~1e-6.
 
-Triton structure (no [B*(K+1), V] fp32 intermediate; target logits read once in their own dtype):
+Triton structure (no [B*(K+1), V] fp32 intermediate; target logits read once in their own dtype).
+Tiles are [lanes, 8] (16 bytes of bf16 per lane); up to 4 launches, chained by programmatic
+dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one before:
   1. _row_stats_kernel, grid (B*(K+1), splits): per vocab chunk, the raw (max, lowest argmax), the
-     online (max, sum-exp) of the scaled row, the same for the draft logits in full-q mode, and --
-     (the hot loop is instruction-bound at large B, so it keeps per-lane raw-domain state with no
-     cross-lane work and one exp per entry, _stats_step; inputs where that form is not the
-     reference's -- a +inf logit, x overflowing -- rerun the chunk through the exact sanitised loop)
-     when `fuse_race` (small batches, one-hot q) -- the Gumbel race of every row, with row j's draft
-     excluded, so that small batches finish in two launches.
+     online (max, sum-exp) of the scaled row and the same for the draft logits in full-q mode. The
+     hot loop keeps per-lane raw-domain state and does one rescale per lane and one exp2 per entry
+     (_stats_step); the argmax keeps only the tile where each lane's max was reached and re-reads
+     that tile once at the end. Inputs where the fast lse is not the reference's (a +inf logit, x
+     overflowing) rerun the chunk through the exact sanitised loop. The chunk holding row j's draft
+     also stores its logit (and q's), so the walk reads nothing that depends on another read.
+     When `fuse_race` (B*(K+1) <= 8, one-hot q) it also runs the Gumbel race of every row, draft
+     excluded, so that tiny batches finish in two launches.
   2. _walk_kernel, grid B: merges the chunks, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the greedy (or fused-race) correction/bonus token, and
      otherwise leaves the one row that needs a race, with what to exclude, in a small workspace.
   3. _race_kernel, grid (B, splits): Gumbel-max race over that one row per sampled request
-     (greedy requests return at once), residual race in full-q mode.
-  4. _finish_kernel, grid B: merges the race chunks and writes the token and its logprob.
-Large batches take 1-4 because the race needs two logs per entry: done for every row it would make
-the row pass compute-bound, done for one row per request it re-reads 1/(K+1) of the bytes.
+     (greedy requests return at once), residual race in full-q mode. Pruned exactly (_race_tile):
+     a tile is raced only if some entry's upper bound raw * inv_t + (-log(1 - u)) beats the best
+     key so far; Gumbel-max records get rarer along a row (~ln n of n tiles), so most tiles cost
+     the hash and one fast lg2 per entry instead of two exact logs.
+  4. _finish_kernel, grid B: merges the race chunks and writes the token and its logprob (the
+     winners carry their x, so no logit is re-read).
+Large batches take 1-4 because the race needs the row's lse and the walk's decision first: done
+for every row in the row pass it would make that pass compute-bound, done for one row per request
+it re-reads 1/(K+1) of the bytes.
 """
 
 from __future__ import annotations
@@ -76,7 +85,8 @@ _TARGET_PROGRAMS = 1024  # ~2 waves of a few programs per SM on a 132-SM H100/H2
 # B=8 one-hot took 36 us fused vs 19 us with the separate race over one row per request.
 _FUSE_RACE_MAX_ROWS = 8
 # Launch defaults (scripts/rejection_sweep.py on an H200, K=3, V=128256 bf16).
-_ROW_BLOCK_V = 1024
+_ROW_BLOCK_V_SMALL = 1024  # B*(K+1) <= _FUSE_RACE_MAX_ROWS
+_ROW_BLOCK_V = 2048
 _ROW_WARPS = 4
 _RACE_BLOCK_V = 1024
 _RACE_WARPS = 4
@@ -84,7 +94,7 @@ _RACE_PROGRAMS = 1024
 _PRUNE = True
 _BOUND_PER_LANE = False
 _FUSE_FINISH = False
-_PDL = True
+_PDL_EARLY_MAX_ROWS = 128  # PDL with an early trigger from 9 to 128 rows, a late one otherwise
 # Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD = (tl.constexpr(i) for i in range(9))
 _NUM_FPLANES = 9
@@ -341,11 +351,19 @@ def _inv_temperature(temp_ptr, b):
 
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
-    """Programmatic dependent launch: let the next kernel be scheduled now, then wait for the
-    previous one (its writes visible). Every program runs it before touching memory."""
-    if PDL:
+    """Programmatic dependent launch (PDL = 1: early trigger, 2: late trigger, 0: off): wait for
+    the previous kernel (its writes visible); every program runs this before touching memory.
+    PDL = 1 lets the next kernel be scheduled at once, 2 only from _pdl_late (after the hot loop)."""
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL != 0:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _pdl_late(PDL: tl.constexpr):
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -368,8 +386,10 @@ def _stats_step(raw, t, best, bt, s, c):
     """One [lanes, VEC] tile of the raw-domain online stats: one rescale per lane, one exp2 per entry.
 
     best: the lane's running max of raw (NaN never counts: max() ignores it), bt: the tile where it
-    was first reached (a strict `>`, so the lowest), s: sum over the lane of exp((raw_i - best) *
-    inv_t), c = inv_t * log2e. A NaN/-inf entry adds exp2(max(NaN or -inf, -inf)) = 0.
+    was first reached (a strict `>`, so the lowest; _lowest_argmax finds the position in it), s:
+    sum over the lane of exp((raw_i - best) * inv_t), c = inv_t * log2e. A NaN/-inf entry adds
+    exp2(max(NaN or -inf, -inf)) = 0. (Tracking the position here instead, a few ops per entry,
+    measured slower at every B on an H200, even with one tile per chunk.)
     """
     m = tl.max(raw, axis=1)
     take = m > best
@@ -486,7 +506,7 @@ def _row_stats_kernel(
     PRUNE: tl.constexpr = False,
     BOUND_PER_LANE: tl.constexpr = False,
     FAST: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
     FUSED_WALK: tl.constexpr = False,
     HAS_COUNTS: tl.constexpr = False,
     R_POW2: tl.constexpr = 1,
@@ -571,6 +591,7 @@ def _row_stats_kernel(
                 y = tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
                 qbest, qbt, qs = _stats_step(y, t, qbest, qbt, qs, c)
 
+    _pdl_late(PDL)
     plane = tl.num_programs(0).to(tl.int64) * SPLITS  # elements per plane
     o = row * SPLITS + split
     rm, ri = _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V, VEC)
@@ -749,7 +770,7 @@ def _walk_kernel(
     FUSE_RACE: tl.constexpr,
     R_POW2: tl.constexpr,  # K+1 rows of one request in one tile
     SPLITS_POW2: tl.constexpr,  # all vocab chunks of a row in one tile
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -781,7 +802,7 @@ def _race_kernel(
     PRUNE: tl.constexpr = False,
     BOUND_PER_LANE: tl.constexpr = False,
     FAST: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
     FUSED_FINISH: tl.constexpr = False,
     SPLITS_POW2: tl.constexpr = 1,
 ):
@@ -838,6 +859,7 @@ def _race_kernel(
                     raw, offs, inb & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
                     PRUNE, BOUND_PER_LANE, FAST)
             raw = raw_next
+        _pdl_late(PDL)
         o = b * SPLITS + split
         plane = tl.num_programs(0).to(tl.int64) * SPLITS
         km, ki, kx = _race_result(best, best_i, best_x)
@@ -868,7 +890,7 @@ def _finish_kernel(
     lp_ptr,  # [B, K+1] fp32 out
     R, SPLITS,
     SPLITS_POW2: tl.constexpr,  # all race chunks of a request in one tile
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -949,8 +971,14 @@ def _on_gpu(dev: torch.device) -> bool:
     return dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def _pdl_default(dev: torch.device) -> bool:
-    return _PDL and _on_gpu(dev) and torch.cuda.get_device_capability(dev)[0] >= 9
+def _pdl_mode(dev: torch.device, pdl: bool | int | None, rows: int) -> int:
+    """0 (off), 1 (early trigger) or 2 (late trigger); None: the default where the device has it."""
+    if pdl is None:  # H200 K=3: late 7.1 vs early 8.0 us at B=1, early 10.4 vs 11.8 at B=8,
+        # late 127 vs 131 at B=256 one-hot (an early race launch holds SM slots the row pass needs)
+        pdl = 1 if _FUSE_RACE_MAX_ROWS < rows <= _PDL_EARLY_MAX_ROWS else 2
+    if not pdl or not _on_gpu(dev) or torch.cuda.get_device_capability(dev)[0] < 9:
+        return 0
+    return 1 if pdl is True else int(pdl)
 
 
 def rejection_sample_triton(
@@ -976,7 +1004,9 @@ def rejection_sample_triton(
     prune: bool | None = None,
     bound_per_lane: bool | None = None,
     fuse_finish: bool | None = None,
-    pdl: bool | None = None,
+    pdl: bool | int | None = None,
+    pdl_race: bool = True,
+    walk_warps: int | None = None,
     _stop_after: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
@@ -989,7 +1019,9 @@ def rejection_sample_triton(
     The other keywords override the launch heuristics (tests use them to exercise every path and the
     split logic at small V; scripts/rejection_sweep.py times them): fuse_race, block_v / num_warps /
     target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
-    (both), prune / bound_per_lane (race pruning), pdl (programmatic dependent launch),
+    (both), prune / bound_per_lane (race pruning), pdl (programmatic dependent launch: 0/False
+    off, 1/True early trigger, 2 late trigger; pdl_race=False launches the race pass without it),
+    walk_warps,
     fuse_finish (the race's last program per request runs the finish, through a per-request
     counter: see _counters), fused (that, and the row pass's last program per request runs the
     walk). _stop_after=n launches only the first n kernels (timing breakdowns).
@@ -1005,7 +1037,7 @@ def rejection_sample_triton(
         fuse_race = rows <= _FUSE_RACE_MAX_ROWS
     fuse_race = fuse_race and not full_q  # the residual needs lse first
     vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
-    block_v = block_v or _ROW_BLOCK_V
+    block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS else _ROW_BLOCK_V)
     race_block_v = race_block_v or (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V)
     vec = min(vec, block_v, race_block_v)
     if num_warps is None:
@@ -1015,7 +1047,7 @@ def rejection_sample_triton(
     prune = _PRUNE if prune is None else prune
     bound_per_lane = _BOUND_PER_LANE if bound_per_lane is None else bound_per_lane
     fast = _on_gpu(dev)
-    pdl = _pdl_default(dev) if pdl is None else (pdl and _on_gpu(dev))
+    pdl = _pdl_mode(dev, pdl, rows)
     launch = {"launch_pdl": True} if pdl else {}
     splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
     if out is None:
@@ -1061,10 +1093,12 @@ def rejection_sample_triton(
             r, v, splits,
             HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
             R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits), PDL=pdl,
-            num_warps=1 if r * splits <= 256 else 4, enable_fp_fusion=False, **common, **launch,
+            num_warps=walk_warps or (1 if r * splits <= 256 else 4), enable_fp_fusion=False, **common,
+            **launch,
         )
     if not fuse_race and stages >= 3:
         rsplits, rtiles = _splits(b, v, race_block_v, num_splits, race_programs or _RACE_PROGRAMS)
+        race_args = dict(prune_args, PDL=pdl if pdl_race else 0)
         part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
         part_x = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
@@ -1074,7 +1108,7 @@ def rejection_sample_triton(
             target_logits.stride(0), target_logits.stride(1), *q_strides,
             r, v, rsplits, rtiles, FULL_Q=full_q, BLOCK_V=race_block_v, VEC=vec, FUSED_FINISH=fuse_finish,
             SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=race_warps, enable_fp_fusion=False,
-            **prune_args, **launch,
+            **race_args, **(launch if pdl_race else {}),
         )
         if not fuse_finish and stages >= 4:
             _finish_kernel[(b,)](
