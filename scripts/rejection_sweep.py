@@ -2,6 +2,9 @@
 
     python scripts/rejection_sweep.py --out rej.json [--baseline old_rejection.py] [--budget 120]
 
+(an older version to compare: git show 354951a:kernels/rejection.py > scripts/_old_rejection.py;
+the whole sweep takes ~60 s on an H200, compiles included)
+
 K = 3, V = 128256, bf16 target logits, B in 1 / 8 / 64 / 256, inputs as in kernels/bench.py (drafts:
 the target argmax, every other request a random id; temperature 0 for greedy, 1 otherwise),
 rotating enough input sets to exceed L2. Every figure is graphrt.kernels.timing.time_in_graph
