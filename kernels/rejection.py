@@ -62,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
+from graphrt.kernels.counters import capturing, counters
+from graphrt.kernels.pdl import pdl_enabled
 from graphrt.kernels.rng import (
     accept_uniform,
     race_gumbel,
@@ -109,10 +111,6 @@ class RejectionOutput(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 # Validation (metadata only; never reads a CUDA tensor's values)
 # ---------------------------------------------------------------------------------------------
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
@@ -179,7 +177,7 @@ def _validate(target_logits, draft_token_ids, temperature, seed, position, draft
     for name, t in tensors.items():
         need(t.device == dev, f"{name} is on {t.device} but target_logits is on {dev}")
     # Value checks would sync a CUDA tensor (and are illegal during capture): CPU tensors only.
-    if dev.type == "cpu" and not _capturing():
+    if dev.type == "cpu" and not capturing():
         need(not bool((temperature < 0).any()), "temperature must be >= 0 (0 means greedy)")
         if num_draft_tokens is not None:
             need(bool(((num_draft_tokens >= 0) & (num_draft_tokens <= k)).all()),
@@ -934,30 +932,6 @@ def _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_
     tl.store(lp_ptr + b * R + race_row, tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n))
 
 
-_COUNTER_SLOTS = 1 << 16
-_counter_bufs: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(dev: torch.device, n: int) -> torch.Tensor | None:
-    """Per-device int32 zeros, one "programs done" counter per request, for the fused launches.
-
-    Each fused launch leaves every counter it used at zero again (its last program resets it), so
-    one buffer serves every call and every graph replay. Calls that run concurrently on different
-    streams must not share it: graphrt runs its sampling on one stream. Allocated on first use
-    outside graph capture (a capture with no buffer yet takes the unfused launches); None when n
-    exceeds the buffer.
-    """
-    if n > _COUNTER_SLOTS:
-        return None
-    buf = _counter_bufs.get(dev)
-    if buf is None:
-        if _capturing():
-            return None
-        buf = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=dev)
-        _counter_bufs[dev] = buf
-    return buf
-
-
 def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None,
             target_programs: int = _TARGET_PROGRAMS) -> tuple[int, int]:
     tiles = triton.cdiv(vocab, block_v)
@@ -975,6 +949,8 @@ def _pdl_mode(dev: torch.device, pdl: bool | int | None, rows: int) -> int:
     """0 (off), 1 (early trigger) or 2 (late trigger); None: the default where the device has it."""
     if pdl is None:  # H200 K=3: late 7.1 vs early 8.0 us at B=1, early 10.4 vs 11.8 at B=8,
         # late 127 vs 131 at B=256 one-hot (an early race launch holds SM slots the row pass needs)
+        if not pdl_enabled(dev):  # GRAPHRT_PDL=0 turns it off with the other kernels'
+            return 0
         pdl = 1 if _FUSE_RACE_MAX_ROWS < rows <= _PDL_EARLY_MAX_ROWS else 2
     if not pdl or not _on_gpu(dev) or torch.cuda.get_device_capability(dev)[0] < 9:
         return 0
@@ -1023,7 +999,7 @@ def rejection_sample_triton(
     off, 1/True early trigger, 2 late trigger; pdl_race=False launches the race pass without it),
     walk_warps,
     fuse_finish (the race's last program per request runs the finish, through a per-request
-    counter: see _counters), fused (that, and the row pass's last program per request runs the
+    counter: kernels/counters.py), fused (that, and the row pass's last program per request runs the
     walk). _stop_after=n launches only the first n kernels (timing breakdowns).
     """
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
@@ -1067,7 +1043,7 @@ def rejection_sample_triton(
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q)
     fuse_finish = (_FUSE_FINISH if fuse_finish is None else fuse_finish) or bool(fused)
-    ctr = _counters(dev, b) if (fused or fuse_finish) else None
+    ctr = counters(dev, b) if (fused or fuse_finish) else None
     if fused and ctr is None:
         raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
     fused = bool(fused) and ctr is not None
