@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--png", help="write a tokens/s chart (matplotlib) to this file")
     b.add_argument("--draft-kind", choices=["lm", "eagle"], default="lm",
                    help="self-draft as a standalone LM or as an EAGLE-1/2-shaped head")
+    b.add_argument("--quick", action="store_true",
+                   help="kernels: only V = 128256, K = 3 and 4k-context attention (default: the full sweep)")
     _common(b)
 
     c = sub.add_parser("capture", help="capture every phase x bucket as CUDA graphs and report")
@@ -124,7 +126,10 @@ def cmd_bench(args) -> int:
     if args.what == "kernels":
         from graphrt.kernels import bench as kbench
 
-        kbench.run(out_json=args.json_out)
+        kw = dict(Ks=(3,), Vs=(128256,), attention_contexts=(4096,)) if args.quick else {}
+        if args.batch_sizes:
+            kw["Bs"] = tuple(args.batch_sizes)
+        kbench.run(out_json=args.json_out, **kw)
         return 0
     from graphrt import bench
 

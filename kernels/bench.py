@@ -100,7 +100,7 @@ def _rejection_rows(bw_gbs, Bs, Ks, Vs):
     return rows
 
 
-def extra_benches() -> list[dict]:
+def extra_benches(**kw) -> list[dict]:
     """Rows from other kernel benchmarks that live beside this one (optional modules)."""
     rows = []
     for name in ("graphrt.kernels.attention_bench",):
@@ -110,11 +110,12 @@ def extra_benches() -> list[dict]:
             if exc.name != name:
                 raise
             continue
-        rows.extend(mod.run())
+        rows.extend(mod.run(**kw))
     return rows
 
 
-def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 151936)) -> list[dict]:
+def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 151936),
+        attention_contexts=(4096, 32768)) -> list[dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("the kernel benchmarks need CUDA")
     bw = memory_bandwidth_gbs()
@@ -122,7 +123,7 @@ def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 1519
     for row in rows:
         row["ours/floor"] = row["ours_us"] / row["floor_us"] if row["floor_us"] else None
         row["bandwidth_gbs"] = bw
-    rows += extra_benches()
+    rows += extra_benches(contexts=attention_contexts)
     print_table(rows)
     if out_json is not None:
         with open(out_json, "w") as f:

@@ -3,7 +3,7 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests kernels capture decode decode8b peers profile decprof cupti nvtx sanitize soak (default: all but sanitize soak).
+# Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize soak (default: all but sanitize soak).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -22,6 +22,7 @@ for step in $steps; do
   case $step in
     tests)    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | log | tail -30 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
+    kquick)   python3 -m graphrt bench kernels --quick --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
     decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;
     decode8b) python3 -m graphrt bench --preset llama-8b-shape --batch-sizes 1,8,64 --max-new-tokens 64 \
