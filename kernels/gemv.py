@@ -30,6 +30,7 @@ where it beats cuBLAS, with the H200 figures).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,8 @@ __all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
-# to 0 to time cuBLAS in the same process).
-MAX_M = 16
+# to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 

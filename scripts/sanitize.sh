@@ -29,7 +29,9 @@
 # the total), sanitize_<tool>_<part>.log (full tool output), sanitize_native.log, and a table on
 # stdout. Exit status 0 only when every selected tool reports 0 errors and the driver passed.
 # Env: SANITIZE_TIMEOUT (s per sanitized run, default 360), SANITIZE_JOBS (parallel runs, default
-# all), COMPUTE_SANITIZER (path), SANITIZE_PARTS (default "kernels cycle").
+# all), COMPUTE_SANITIZER (path), SANITIZE_PARTS (default "kernels cycle"). GRAPHRT_PDL=0 and
+# GRAPHRT_GEMV=0 reach the driver unchanged: use them to bisect a report (programmatic dependent
+# launches off; every projection on cuBLAS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}

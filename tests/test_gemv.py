@@ -213,3 +213,14 @@ def test_gpu_runtime_bf16_graphs_match_eager(cuda):
             rt = Runtime(target, d, device=cuda, max_batch_size=4, max_seq_len=64, use_cuda_graphs=graphs)
             got[graphs] = [rt.generate([p], sp)[0].token_ids for p in ([3, 4, 5, 6], [7] * 9)]
         assert got[True] == got[False], f"draft={d is not None}"
+
+
+def test_env_switch_sends_everything_to_cublas():
+    """GRAPHRT_GEMV=0 (read at import) turns the Triton path off for a whole run."""
+    import subprocess
+    import sys
+
+    code = "from graphrt.kernels import gemv; print(gemv.MAX_M)"
+    env = dict(os.environ, GRAPHRT_GEMV="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
