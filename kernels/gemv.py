@@ -92,6 +92,20 @@ def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EAC
 
 
 @triton.jit
+def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K: tl.constexpr,
+              REDUCE_EACH: tl.constexpr, BLOCK_M: tl.constexpr):
+    # One weight tile against each of the (up to four) rows of x.
+    a0 = _fma_step(a0, w, x_ptr + k, offs_k, kmask, MASK_K, REDUCE_EACH)
+    if BLOCK_M > 1:
+        a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
+    if BLOCK_M > 2:
+        a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
+    if BLOCK_M > 3:
+        a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
+    return a0, a1, a2, a3
+
+
+@triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         out = acc
@@ -207,33 +221,18 @@ def _gemv_kernel(
             kmask = (k0 + offs_k) < k_end
             w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
             wait_for_producer()
-            a0 = _fma_step(a0, w, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 1:
-                a1 = _fma_step(a1, w, x_ptr + stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 2:
-                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 3:
-                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k0, offs_k, kmask, True, REDUCE_EACH)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
+                                       REDUCE_EACH, BLOCK_M)
             k_start = k0 + BLOCK_K
         for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
-            a0 = _fma_step(a0, w, x_ptr + k, offs_k, None, False, REDUCE_EACH)
-            if BLOCK_M > 1:
-                a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, None, False, REDUCE_EACH)
-            if BLOCK_M > 2:
-                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
-            if BLOCK_M > 3:
-                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, None, False, REDUCE_EACH)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
+                                       REDUCE_EACH, BLOCK_M)
         if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0 = _fma_step(a0, w, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 1:
-                a1 = _fma_step(a1, w, x_ptr + stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 2:
-                a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
-            if BLOCK_M > 3:
-                a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k_full, offs_k, kmask, True, REDUCE_EACH)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
+                                       REDUCE_EACH, BLOCK_M)
         _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                    split, HAS_BIAS, SPLIT)
         if BLOCK_M > 1:
