@@ -3,7 +3,7 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize soak (default: all but sanitize soak).
+# Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect soak (default: all but sanitize soak).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -40,6 +40,10 @@ for step in $steps; do
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20 ;;
+    sanbisect) # the bf16 captured-cycle initcheck reports (BENCHMARKS.md, Reliability): which switch clears them
+              for sw in "" GRAPHRT_PDL=0 GRAPHRT_GEMV=0 "GRAPHRT_PDL=0 GRAPHRT_GEMV=0"; do
+                env $sw SANITIZE_PARTS=cycle OUT="$OUT/bisect_${sw// /_}" bash scripts/sanitize.sh initcheck racecheck 2>&1 \
+                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[${sw:-default}] /" | log; done ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
