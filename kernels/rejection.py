@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
 from graphrt.kernels.counters import capturing, counters
-from graphrt.kernels.pdl import pdl_enabled
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 from graphrt.kernels.rng import (
     accept_uniform,
     race_gumbel,
@@ -1024,7 +1024,7 @@ def rejection_sample_triton(
     bound_per_lane = _BOUND_PER_LANE if bound_per_lane is None else bound_per_lane
     fast = _on_gpu(dev)
     pdl = _pdl_mode(dev, pdl, rows)
-    launch = {"launch_pdl": True} if pdl else {}
+    launch = pdl_launch(bool(pdl))
     splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
     if out is None:
         out = (torch.empty((b, r), dtype=torch.int64, device=dev),
