@@ -17,6 +17,18 @@ steps=${*:-tests kernels capture decode peers profile nvtx}
   nsys --version 2>/dev/null
 } | tee "$OUT/env.txt"
 log() { tee -a "$OUT/log.txt"; }
+# The device tool brings back a limited number of files: sanitizer logs go back as one archive, and
+# the head and tail of every failed run's log go into log.txt.
+pack_sanitize() {
+  ( cd "$OUT" || exit
+    for f in $(ls sanitize_*_*.log bisect_*/sanitize_*_*.log 2>/dev/null); do
+      if [ -f "$f.rc" ] && [ "$(cut -d' ' -f1 "$f.rc")" != 0 ]; then
+        { echo "--- $f (rc $(cat "$f.rc"))"; head -30 "$f"; echo "[...]"; tail -30 "$f"; } | log
+      fi
+    done
+    tar czf sanitize_logs.tgz $(ls -d sanitize_* bisect_* 2>/dev/null | grep -v '^sanitize_logs.tgz$') 2>/dev/null \
+      && rm -rf $(ls -d sanitize_* bisect_* 2>/dev/null | grep -v '^sanitize_logs.tgz$') )
+}
 for step in $steps; do
   echo "=== $step" | log
   case $step in
@@ -39,11 +51,12 @@ for step in $steps; do
                 --json "$OUT/profile_cupti$v.json" 2>&1 | sed "s/^/CUPTI_WARMUP=$v /" | log | tail -20; done ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
-    sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20 ;;
+    sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
     sanbisect) # the bf16 captured-cycle initcheck reports (BENCHMARKS.md, Reliability): which switch clears them
               for sw in "" GRAPHRT_PDL=0 GRAPHRT_GEMV=0 "GRAPHRT_PDL=0 GRAPHRT_GEMV=0"; do
                 env $sw SANITIZE_PARTS=cycle OUT="$OUT/bisect_${sw// /_}" bash scripts/sanitize.sh initcheck racecheck 2>&1 \
-                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[${sw:-default}] /" | log; done ;;
+                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[${sw:-default}] /" | log; done
+              pack_sanitize ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
