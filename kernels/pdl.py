@@ -51,8 +51,8 @@ def pdl_enabled(device: torch.device) -> bool:
     that supports it unless GRAPHRT_PDL=0 (read per call, so a benchmark can compare both).
 
     Measured on an H200 (scripts/pdl_probe.py): a chain of small Triton kernels in a graph 0.97 ->
-    0.69 us per kernel; argmax B = 1 3.35 -> 2.75 us. A Triton kernel after a cuBLAS one gains
-    nothing (cuBLAS does not signal its dependents early)."""
+    0.69 us per kernel; argmax B = 1 3.35 -> 2.75 us. A Triton kernel after a cuBLAS one measured
+    no gain (cuBLAS apparently does not release its dependents early)."""
     if os.environ.get("GRAPHRT_PDL", "1") == "0" or device.type != "cuda":
         return False
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
