@@ -1,8 +1,9 @@
-"""Compile Triton kernels for sm_90 without a GPU (Triton's own ptxas), so CI catches what the
-interpreter cannot: frontend and lowering errors that only show when a kernel is compiled (a second
-`return` after a taken constexpr branch, say). Covers the launch configurations the GEMV dispatcher
-uses, with and without PDL (griddepcontrol must reach the PTX only when asked). Runs in a
-subprocess: the test session itself has TRITON_INTERPRET=1 on a CPU machine (tests/conftest.py)."""
+"""Compile the decode path's Triton kernels for sm_90 without a GPU (Triton's own ptxas), so CI
+catches what the interpreter cannot: frontend and lowering errors that only show when a kernel is
+compiled (a second `return` after a taken constexpr branch, say). Launch configurations are the
+ones the launchers pick for llama-1b-shape decode; griddepcontrol (PDL) must reach the PTX exactly
+when USE_PDL is set. Runs in a subprocess: this test session has TRITON_INTERPRET=1 on a CPU
+machine (tests/conftest.py). The rejection sampler's kernels are not covered yet."""
 
 import json
 import os
@@ -12,38 +13,67 @@ import textwrap
 
 import pytest
 
-CONFIGS = {
-    # M = 1: the FMA path with per-step reduction (every projection), PDL (weight tile read before the wait)
-    "fma-m1-pdl": dict(BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False,
-                       SPLIT=False, FUSED=False, RED_M=1, USE_PDL=True),
-    # M = 2: FMA without per-step reduction, split K fused, bias, no PDL
-    "fma-m2-split": dict(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True,
-                         SPLIT=True, FUSED=True, RED_M=2, USE_PDL=False),
-    # M = 3..16: the tensor-core path, split K 4 fused, PDL
-    "dot-m16-pdl": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False,
-                        SPLIT=True, FUSED=True, RED_M=16, USE_PDL=True),
+_GEMV = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32", ctr_ptr="*i32")
+_ARGMAX = dict(logits_ptr="*bf16", part_val_ptr="*fp32", part_idx_ptr="*i32", out_val_ptr="*bf16",
+               out_idx_ptr="*i64", ctr_ptr="*i32")
+_ROTARY = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_norm_ptr="*fp32",
+               k_norm_ptr="*fp32", eps="fp32")
+_ATTN = dict(block_tables_ptr="*i32", seq_lens_ptr="*i32", ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
+             scale_log2="fp32")
+_PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
+              DOT_PRECISION="tf32", UPCAST_DOT=False)
+
+# name: (module, kernel, pointer/scalar types that differ from bf16 pointers / i32 scalars, constexprs,
+#        compile options)
+CASES = {
+    "gemv-fma-m1-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=1)),
+    "gemv-fma-m2-split": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
+        FUSED=True, RED_M=2, DOT_PRECISION="tf32", USE_PDL=False), dict(num_warps=4, num_stages=1)),
+    "gemv-dot-m16-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=True,
+        FUSED=True, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
+    "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
+        BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),
+    "argmax-split-fused": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
+        BLOCK_V=1024, FUSED=True, SPLITS_POW2=8, USE_PDL=False), dict(num_warps=8)),
+    "argmax-combine-pdl": ("argmax", "_argmax_combine_kernel", _ARGMAX, dict(
+        SPLITS_POW2=128, USE_PDL=True), dict(num_warps=1)),
+    "add-rms-norm-pdl": ("norm", "_rms_norm_kernel", dict(eps="fp32"), dict(
+        HAS_RESIDUAL=True, BLOCK_H=2048, USE_PDL=True), dict(num_warps=4)),
+    "silu-mul-pdl": ("activation", "_silu_and_mul_kernel", {}, dict(BLOCK_I=1024, USE_PDL=True),
+                     dict(num_warps=4)),
+    "rotary-store-kv-pdl": ("rotary", "_rotary_store_kv_kernel", _ROTARY, dict(
+        NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True), dict(num_warps=1)),
+    "attn-decode-split-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
+        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True), dict(num_warps=4)),
+    "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
+        _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
+    "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
+                                                                      seq_lens_ptr="*i32"), dict(
+        NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
+        USE_PDL=True), dict(num_warps=4)),
 }
 
 _SCRIPT = textwrap.dedent("""
-    import inspect, json, sys
+    import importlib, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from graphrt.kernels import gemv
 
-    types = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
-                 ctr_ptr="*i32", M="i32", N="i32", K="i32", stride_xm="i32", stride_ym="i32",
-                 K_PER_SPLIT="i32", SPLIT_K="i32")
-    fn = gemv._gemv_kernel
-    params = list(inspect.signature(fn.fn).parameters)
     out = {}
-    for name, cfg in json.loads(sys.argv[1]).items():
-        cfg["DOT_PRECISION"] = "tf32"
-        src = ASTSource(fn=fn, signature={p: types.get(p, "constexpr") for p in params},
-                        constexprs={(params.index(k),): v for k, v in cfg.items()})
+    for name, (mod, kernel, types, constexprs, options) in json.loads(sys.argv[1]).items():
+        fn = getattr(importlib.import_module("graphrt.kernels." + mod), kernel)
+        names = [p.name for p in fn.params]
+        sig = {}
+        for p in fn.params:
+            sig[p.name] = ("constexpr" if p.is_constexpr else
+                           types.get(p.name, "*bf16" if p.name.endswith("_ptr") else "i32"))
+        src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
         try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=4, num_stages=4 if cfg["USE_DOT"] else 1))
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             continue
@@ -56,8 +86,8 @@ _SCRIPT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CONFIGS)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(CASES)], env=env, capture_output=True,
+                          text=True, timeout=900)
     if proc.returncode != 0:
         if "ptxas" in proc.stderr.lower() or "No module named 'triton" in proc.stderr:
             pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr[-500:]}")
@@ -65,9 +95,9 @@ def compiled():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_gemv_compiles_for_sm90(compiled, name):
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_compiles_for_sm90(compiled, name):
     res = compiled[name]
     assert "error" not in res, res.get("error")
     assert res["sm_90"]
-    assert res["griddepcontrol"] == CONFIGS[name]["USE_PDL"]
+    assert res["griddepcontrol"] == CASES[name][3]["USE_PDL"]
