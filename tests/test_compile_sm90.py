@@ -3,7 +3,7 @@ catches what the interpreter cannot: frontend and lowering errors that only show
 compiled (a second `return` after a taken constexpr branch, say). Launch configurations are the
 ones the launchers pick for llama-1b-shape decode; griddepcontrol (PDL) must reach the PTX exactly
 when USE_PDL is set. Runs in a subprocess: this test session has TRITON_INTERPRET=1 on a CPU
-machine (tests/conftest.py). The rejection sampler's kernels are not covered yet."""
+machine (tests/conftest.py)."""
 
 import json
 import os
@@ -20,6 +20,11 @@ _ROTARY = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32"
                k_norm_ptr="*fp32", eps="fp32")
 _ATTN = dict(block_tables_ptr="*i32", seq_lens_ptr="*i32", ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
              scale_log2="fp32")
+_REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr="*fp32", seed_ptr="*i64",
+            pos_ptr="*i64", nd_ptr="*i32", fstat_ptr="*fp32", istat_ptr="*i32", tok_ptr="*i64", nemit_ptr="*i32",
+            lp_ptr="*fp32", counts_ptr="*i64", race_i_ptr="*i32", race_f_ptr="*fp32", ctr_ptr="*i32",
+            part_k_ptr="*fp32", part_i_ptr="*i32", part_x_ptr="*fp32")
+_NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
 
@@ -55,6 +60,22 @@ CASES = {
                                                                       seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
         USE_PDL=True), dict(num_warps=4)),
+    # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
+    "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
+        HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
+        HAS_COUNTS=True, R_POW2=4, SPLITS_POW2=16), _NO_FUSION),
+    "rej-row-stats-fused-race-fullq": ("rejection", "_row_stats_kernel", _REJ, dict(
+        HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1, FUSED_WALK=True,
+        R_POW2=4, SPLITS_POW2=32), _NO_FUSION),
+    "rej-row-stats-small": ("rejection", "_row_stats_kernel", _REJ, dict(
+        HAS_ND=False, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True, PDL=0,
+        R_POW2=4, SPLITS_POW2=64), _NO_FUSION),
+    "rej-walk": ("rejection", "_walk_kernel", _REJ, dict(
+        HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=2), _NO_FUSION),
+    "rej-race": ("rejection", "_race_kernel", _REJ, dict(
+        FULL_Q=True, BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True, PDL=1, FUSED_FINISH=True, SPLITS_POW2=32),
+        _NO_FUSION),
+    "rej-finish": ("rejection", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
 }
 
 _SCRIPT = textwrap.dedent("""
@@ -100,4 +121,5 @@ def test_kernel_compiles_for_sm90(compiled, name):
     res = compiled[name]
     assert "error" not in res, res.get("error")
     assert res["sm_90"]
-    assert res["griddepcontrol"] == CASES[name][3]["USE_PDL"]
+    constexprs = CASES[name][3]
+    assert res["griddepcontrol"] == bool(constexprs.get("USE_PDL", constexprs.get("PDL", 0)))
