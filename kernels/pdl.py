@@ -53,6 +53,11 @@ def pdl_enabled(device: torch.device) -> bool:
     Measured on an H200 (scripts/pdl_probe.py): a chain of small Triton kernels in a graph 0.97 ->
     0.69 us per kernel; argmax B = 1 3.35 -> 2.75 us. A Triton kernel after a cuBLAS one measured
     no gain (cuBLAS apparently does not release its dependents early)."""
-    if os.environ.get("GRAPHRT_PDL", "1") == "0" or device.type != "cuda":
+    return os.environ.get("GRAPHRT_PDL", "1") != "0" and pdl_available(device)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0+, outside the interpreter (the switch aside)."""
+    if device.type != "cuda":
         return False
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())

@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
 from graphrt.kernels.counters import capturing, counters
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_available, pdl_enabled, pdl_launch
 from graphrt.kernels.rng import (
     accept_uniform,
     race_gumbel,
@@ -952,7 +952,7 @@ def _pdl_mode(dev: torch.device, pdl: bool | int | None, rows: int) -> int:
         if not pdl_enabled(dev):  # GRAPHRT_PDL=0 turns it off with the other kernels'
             return 0
         pdl = 1 if _FUSE_RACE_MAX_ROWS < rows <= _PDL_EARLY_MAX_ROWS else 2
-    if not pdl or not _on_gpu(dev) or torch.cuda.get_device_capability(dev)[0] < 9:
+    if not pdl or not pdl_available(dev):
         return 0
     return 1 if pdl is True else int(pdl)
 
