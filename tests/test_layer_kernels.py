@@ -89,7 +89,10 @@ def test_add_rms_norm_matches_reference(dtype, n, h, pad):
         _close(total, ref_total, dtype, msg)
     else:
         assert torch.equal(total, ref_total), msg
-    _close(out, ref_out, dtype, msg)
+    # Truncation hits three bf16 roundings there (the sum, the normalised value, the output), each up
+    # to 2**-7 relative: seed 1461975354 (n=2, h=300) measured 2.0% on one element.
+    interp_bf16 = dtype == torch.bfloat16 and not x.is_cuda
+    _close(out, ref_out, dtype, msg, tol=(3 * 2**-7, 3 * 2**-7) if interp_bf16 else None)
 
 
 def test_rms_norm_fp32_weight_on_half_input_promotes():
