@@ -52,10 +52,20 @@ for step in $steps; do
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
-    sanbisect) # the bf16 captured-cycle initcheck reports (BENCHMARKS.md, Reliability): which switch clears them
-              for sw in "" GRAPHRT_PDL=0 GRAPHRT_GEMV=0 "GRAPHRT_PDL=0 GRAPHRT_GEMV=0"; do
-                env $sw SANITIZE_PARTS=cycle OUT="$OUT/bisect_${sw// /_}" bash scripts/sanitize.sh initcheck racecheck 2>&1 \
-                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[${sw:-default}] /" | log; done
+    sanbisect) # the bf16 captured-cycle initcheck reports (BENCHMARKS.md, Reliability): which switch clears them,
+              # and which cycle run draws them; the sanitized processes run side by side (one GPU)
+              bis() {  # name, env..., then: tools
+                local name=$1; shift
+                env "$@" SANITIZE_PARTS=cycle OUT="$OUT/bisect_$name" bash scripts/sanitize.sh $SAN_TOOLS 2>&1 \
+                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[$name] /" > "$OUT/bisect_$name.txt"; }
+              SAN_TOOLS=initcheck bis bf16 SANITIZE_CYCLE_RUNS=bf16-eagle &
+              SAN_TOOLS=initcheck bis bf16_nopdl SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_PDL=0 &
+              SAN_TOOLS=initcheck bis bf16_nogemv SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_GEMV=0 &
+              SAN_TOOLS=initcheck bis bf16_neither SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_PDL=0 GRAPHRT_GEMV=0 &
+              SAN_TOOLS="initcheck racecheck" bis fp32 SANITIZE_CYCLE_RUNS=fp32-eagle,fp32-none &
+              SAN_TOOLS=racecheck bis bf16_race SANITIZE_CYCLE_RUNS=bf16-eagle &
+              wait
+              cat "$OUT"/bisect_*.txt | log; rm -f "$OUT"/bisect_*.txt
               pack_sanitize ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;

@@ -294,7 +294,17 @@ def run_cycles():
     # fp32 (EAGLE draft, then none), then bf16: bf16 is what sends the decode projections through
     # the Triton GEMV (kernels/gemv.py) and its PDL launches.
     runs = [(torch.float32, "eagle"), (torch.float32, None)] + ([(torch.bfloat16, "eagle")] if graphs else [])
+    # SANITIZE_CYCLE_RUNS=bf16-eagle (say) runs a subset, so a report can be pinned to one run
+    names = {(torch.float32, "eagle"): "fp32-eagle", (torch.float32, None): "fp32-none",
+             (torch.bfloat16, "eagle"): "bf16-eagle"}
+    wanted = os.environ.get("SANITIZE_CYCLE_RUNS")
+    if wanted:
+        unknown = set(wanted.split(",")) - set(names.values())
+        if unknown:
+            raise SystemExit(f"SANITIZE_CYCLE_RUNS: unknown run(s) {sorted(unknown)}; known: {sorted(names.values())}")
+        runs = [r for r in runs if names[r] in wanted.split(",")]
     for dtype, draft_name in runs:
+        print(f"  cycle run {names[(dtype, draft_name)]}", flush=True)
         target = load_checkpoint(tmp / "t", dtype=dtype, device=DEV)
         draft = load_checkpoint(tmp / "e", dtype=dtype, device=DEV) if draft_name else None
         rt = Runtime(target, draft, num_draft_tokens=3, device=DEV, max_batch_size=4, max_seq_len=64,
