@@ -3,7 +3,8 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect soak (default: all but sanitize soak).
+# Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
+# soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -67,6 +68,18 @@ for step in $steps; do
               wait
               cat "$OUT"/bisect_*.txt | log; rm -f "$OUT"/bisect_*.txt
               pack_sanitize ;;
+    probe)    # scripts/initcheck_probe.py: the initcheck report classes of the bf16 / graph cycles, in isolation
+              cases="cublas_bf16 cublas_fp32 triton_bf16 graph_copy"
+              for c in $cases; do python3 scripts/initcheck_probe.py --case $c --kernels 2>&1 | grep PROBE | log; done
+              CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer | head -1)
+              mkdir -p "$OUT/probe"
+              for c in $cases; do "$CS" --tool initcheck --print-limit 3 --error-exitcode 1 \
+                python3 scripts/initcheck_probe.py --case $c > "$OUT/probe/$c.log" 2>&1 & done; wait
+              for c in $cases; do echo "$c: $(grep -E 'ERROR SUMMARY' "$OUT/probe/$c.log" | head -1)" \
+                "| $(grep -m1 -E '^========= +(Uninit|Host API)' "$OUT/probe/$c.log")" \
+                "| $(grep -m1 -E '^========= +at ' "$OUT/probe/$c.log")" | log; done
+              (cd "$OUT" && tar czf probe_logs.tgz probe && rm -rf probe) ;;
+    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-b1 2>&1 | tee "$OUT/attn_sweep_b1.txt" | head -12 | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
