@@ -112,8 +112,8 @@ class Cycle:
     def target_verify(self, B: int) -> None:
         s, K = self.s, self.K
         slots = s.batch_slots[:B]
-        n = s.num_tokens[slots]
-        s.batch_n[:B] = n
+        # gathered straight into the static buffer: one kernel, no copy node
+        n = torch.index_select(s.num_tokens, 0, slots, out=s.batch_n[:B])
         drafts = s.draft_tokens[slots]
         tokens = torch.cat([s.last_token[slots][:, None], drafts], dim=1)  # [B, K+1]
         positions = (n - 1)[:, None] + self.rows  # [B, K+1]

@@ -515,10 +515,13 @@ def _paged_attn_merge_kernel(
 
 # Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
 _MAX_SPLITS = 64
-# Fewer tokens per split than this cost more in merging than they gain. 128 = two BLOCK_N steps at
-# D = 128: at B = 1 and 4k context (Hkv = 8) that gives 32 splits, 256 programs, ~2 per H100 SM.
-_MIN_SPLIT_TOKENS = 128
-_PROGRAMS_PER_SM = 2  # aim for ~2 resident programs per SM when splitting
+# Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
+# D = 128: at B = 1 and 4k context (Hkv = 8) that gives 64 splits, 512 programs, ~4 per SM, each
+# with a single KV step in flight. Measured on an H100 (attention_bench --sweep-b1, 2026-11-22,
+# B = 1, 4k, query_len 1): 64 splits 11.9 us against 13.4 at 32 splits (both one stage) and 14.8
+# at the previous default (32 splits, Triton's default stages).
+_MIN_SPLIT_TOKENS = 64
+_PROGRAMS_PER_SM = 4  # aim for ~4 resident programs per SM when splitting
 _MAX_BLOCK_M = 64  # prefill query tile: BLOCK_Q = _MAX_BLOCK_M // GROUP rows
 
 
@@ -646,6 +649,10 @@ def paged_attention_triton(
     dot_precision = "ieee" if k_cache.dtype == torch.float32 or query.dtype == torch.float32 else "tf32"
     if query.dtype != k_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} differs from the cache's {k_cache.dtype}")
+    if num_stages is None and num_splits > 1 and max_seq_len <= 2 * block_n * num_splits:
+        # A split of one or two KV steps has nothing to software-pipeline; the stages' prologue
+        # only delays its first load (B = 1 sweep above: one stage fastest at every tile).
+        num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](

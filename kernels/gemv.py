@@ -46,6 +46,11 @@ _FAST_DTYPES = (torch.bfloat16, torch.float16)
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
 # to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
 MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
+# GRAPHRT_GEMV=all: every product with M <= MAX_M on Triton, also where cuBLAS measured as fast.
+# For compute-sanitizer's initcheck, which does not see the stores of cuBLAS's sm90 bf16 kernels
+# (nvjet, tensor-memory-accelerator stores; scripts/initcheck_probe.py) and so reports every read of
+# their output: with this switch a bf16 decode cycle has no cuBLAS writer left.
+ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 
@@ -363,8 +368,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
         cfg = dict(_FMA_DEFAULT, **_M1_OVERRIDES.get((n, k), {}))
         cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
         return cfg
-    if k < n or m > MAX_M:
+    if m > MAX_M:
         return None
+    if k < n:
+        return dict(_DOT_DEFAULT) if ALL_M else None
     if m == 2:
         return dict(_FMA_DEFAULT, reduce_each=False, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
     return dict(_DOT_DEFAULT)

@@ -79,7 +79,8 @@ for step in $steps; do
                 "| $(grep -m1 -E '^========= +(Uninit|Host API)' "$OUT/probe/$c.log")" \
                 "| $(grep -m1 -E '^========= +at ' "$OUT/probe/$c.log")" | log; done
               (cd "$OUT" && tar czf probe_logs.tgz probe && rm -rf probe) ;;
-    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-b1 2>&1 | tee "$OUT/attn_sweep_b1.txt" | head -12 | log ;;
+    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-b1 > "$OUT/attn_sweep_b1.txt" 2>&1
+              head -12 "$OUT/attn_sweep_b1.txt" | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -282,8 +282,28 @@ def run_gemv(gen):
                   torch.allclose(y.float(), want, rtol=2e-2, atol=5e-2), f"{(y.float() - want).abs().max()}")
 
 
+def trace_first_replays():
+    """SANITIZE_TRACE=1: print a line before the first replay of each (phase, bucket) graph, so a
+    report the sanitizer prints at a graph launch names its graph."""
+    from graphrt.capture.graphs import CycleGraphs
+
+    get, seen = CycleGraphs.get, set()
+
+    def traced(self, phase, batch_size):
+        graph = get(self, phase, batch_size)
+        if graph is not None and (phase, batch_size) not in seen:
+            seen.add((phase, batch_size))
+            print(f"  first replay {phase} B={batch_size}", flush=True)
+        return graph
+
+    CycleGraphs.get = traced
+
+
 def run_cycles():
     from graphrt import Runtime, SamplingParams
+
+    if os.environ.get("SANITIZE_TRACE") == "1":
+        trace_first_replays()
     from graphrt.checkpoint import load_checkpoint
     from graphrt.checkpoint_writer import write_random_checkpoint
 
@@ -310,7 +330,8 @@ def run_cycles():
         rt = Runtime(target, draft, num_draft_tokens=3, device=DEV, max_batch_size=4, max_seq_len=64,
                      buckets=(2, 4), kv_budget_tokens=4 * 64, use_cuda_graphs=graphs)
         sp = lambda m, t=0.0, s=1: SamplingParams(max_new_tokens=m, temperature=t, seed=s, ignore_eos=True)
-        rids = [rt.add_request([5, 6, 7], sp(3)), rt.add_request(list(range(1, 20)), sp(40, 0.8, 2)),
+        # prompts of <= 16 tokens: with GRAPHRT_GEMV=all the prefill's projections stay on Triton too
+        rids = [rt.add_request([5, 6, 7], sp(3)), rt.add_request(list(range(1, 17)), sp(40, 0.8, 2)),
                 rt.add_request([9], sp(12, 1.3, 3))]  # 3 rows -> bucket 4 (one padded row)
         buckets = set()
         run = rt.cycle.run

@@ -256,9 +256,10 @@ def test_triton_split_count_does_not_change_result():
 
 def test_choose_num_splits():
     assert choose_num_splits(1024, 32768, 132) == 1  # big batch: the grid already fills the GPU
-    assert choose_num_splits(8, 4096, 132) == 32  # B=1, Hkv=8: capped by >= 128 tokens a split
-    assert choose_num_splits(8, 32768, 132) == 33
-    assert choose_num_splits(64, 4096, 132) == 5
+    assert choose_num_splits(8, 4096, 132) == 64  # B=1, Hkv=8: capped by >= 64 tokens a split
+    assert choose_num_splits(8, 2048, 132) == 32
+    assert choose_num_splits(8, 32768, 132) == 64  # capped by _MAX_SPLITS
+    assert choose_num_splits(64, 4096, 132) == 9  # ~4 programs per SM
     assert choose_num_splits(8, 100, 132) == 1
 
 

@@ -224,3 +224,18 @@ def test_env_switch_sends_everything_to_cublas():
     env = dict(os.environ, GRAPHRT_GEMV="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_env_switch_all_sends_every_decode_product_to_triton():
+    """GRAPHRT_GEMV=all: shapes the dispatcher leaves to cuBLAS (N > K at M >= 2) get a Triton
+    configuration; prefill-sized M still goes to cuBLAS."""
+    import subprocess
+    import sys
+
+    code = ("from graphrt.kernels import gemv; "
+            "print(gemv.select_config(4, 3072, 2048) is not None, gemv.select_config(2, 16384, 2048) is not None, "
+            "gemv.select_config(17, 3072, 2048) is None)")
+    for value, want in (("all", "True True True"), ("1", "False False True")):
+        env = dict(os.environ, GRAPHRT_GEMV=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (value, out.stdout)

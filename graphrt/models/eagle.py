@@ -41,7 +41,7 @@ class EagleHead(_EagleBase):
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         x = torch.cat([F.embedding(tokens, self.embed), hidden_in], dim=-1)
-        x = F.linear(x, self.fc_weight, self.fc_bias)
+        x = linear(x, self.fc_weight, self.fc_bias)
         return self.layers[0](x, positions, meta, kv.k[0], kv.v[0])
 
     def draft_logits(self, state):
@@ -84,7 +84,7 @@ class Eagle3Head(_EagleBase):
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
-            hidden_in = F.linear(hidden_in, self.fc_weight)
+            hidden_in = linear(hidden_in, self.fc_weight)
         return self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
 
     def draft_logits(self, state):
