@@ -141,7 +141,14 @@ class Cycle:
         state = self.draft.draft_forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
                                          self.draft_kv, hidden_in)
         last = self.batch_rows[:B] * (K + 1) + s.num_emitted[:B].to(torch.int64) - 1
-        self._propose(slots, state[last], column=0, B=B)
+        if s.draft_state is not None:
+            # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
+            # drew initcheck reports on its source at the graph's first replay although the gather
+            # before it writes every byte (BENCHMARKS.md, Reliability).
+            state = torch.index_select(state, 0, last, out=s.draft_state[:B])
+        else:
+            state = state[last]
+        self._propose(slots, state, column=0, B=B, stored=True)
 
     # ---- DRAFT_DECODE -------------------------------------------------------------------------
     def draft_decode(self, B: int) -> None:
@@ -155,9 +162,10 @@ class Cycle:
                                              self._meta(slots, positions), self.draft_kv, hidden_in)
             self._propose(slots, state, column=i, B=B)
 
-    def _propose(self, slots, state, *, column: int, B: int) -> None:
-        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax."""
-        if self.s.draft_state is not None:
+    def _propose(self, slots, state, *, column: int, B: int, stored: bool = False) -> None:
+        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. The rows
+        go to draft_state (what the next DRAFT_DECODE step reads) unless already `stored` there."""
+        if self.s.draft_state is not None and not stored:
             self.s.draft_state[:B] = state
         _, ids = argmax(self.draft.draft_logits(state))
         self.s.draft_tokens[slots, column] = self.draft.draft_to_target_ids(ids)
