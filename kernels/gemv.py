@@ -24,9 +24,7 @@ does not depend on which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
 exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher (select_config says
-where it beats cuBLAS, with the H200 figures). `silu_mul_linear` is the MLP's down projection: with
-gated=True the kernel reads the gate_up output and applies SiLU * mul as it loads x, so the
-activation kernel and its [M, I] intermediate disappear from the decode step.
+where it beats cuBLAS, with the H200 figures).
 """
 
 from __future__ import annotations
@@ -38,11 +36,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from graphrt.kernels.activation import silu_and_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["linear", "linear_reference", "silu_mul_linear", "gemv_triton", "select_config", "MAX_M"]
+__all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -54,8 +51,6 @@ MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
 # (nvjet, tensor-memory-accelerator stores; scripts/initcheck_probe.py) and so reports every read of
 # their output: with this switch a bf16 decode cycle has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
-# GRAPHRT_FUSED_MLP=0: silu_mul_linear launches the separate SiLU * mul kernel (A/B timing, bisecting).
-FUSED_MLP = os.environ.get("GRAPHRT_FUSED_MLP", "1") != "0"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 
@@ -87,29 +82,11 @@ def _fma_zeros(BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REDUCE_EACH: tl.con
 
 
 @triton.jit
-def _load_x(ptrs, up_off, mask, MASK: tl.constexpr, GATED: tl.constexpr):
-    # GATED: x is silu(gate) * up of a [M, 2K] gate_up output, computed as it is loaded with
-    # kernels/activation.py's rounding chain (silu in fp32 rounded to the dtype, then the product in
-    # fp32 rounded once), so the fused product equals silu_and_mul then this GEMV bit for bit.
-    if MASK:
-        xv = tl.load(ptrs, mask=mask, other=0.0)
+def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
+    if MASK_K:
+        xv = tl.load(x_row_ptr + offs_k, mask=kmask, other=0.0)
     else:
-        xv = tl.load(ptrs)
-    if GATED:
-        if MASK:
-            up = tl.load(ptrs + up_off, mask=mask, other=0.0)
-        else:
-            up = tl.load(ptrs + up_off)
-        g = xv.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(xv.dtype)
-        xv = (act.to(tl.float32) * up.to(tl.float32)).to(xv.dtype)
-    return xv
-
-
-@triton.jit
-def _fma_step(acc, w, x_row_ptr, up_off, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EACH: tl.constexpr,
-              GATED: tl.constexpr):
-    xv = _load_x(x_row_ptr + offs_k, up_off, kmask, MASK_K, GATED)
+        xv = tl.load(x_row_ptr + offs_k)
     if REDUCE_EACH:
         # Reduce along K every step: a few shuffles per step, but the accumulator is one register
         # per row instead of one per loaded element, which leaves room for more loads in flight.
@@ -120,16 +97,16 @@ def _fma_step(acc, w, x_row_ptr, up_off, offs_k, kmask, MASK_K: tl.constexpr, RE
 
 
 @triton.jit
-def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, up_off, offs_k, kmask, MASK_K: tl.constexpr,
-              REDUCE_EACH: tl.constexpr, BLOCK_M: tl.constexpr, GATED: tl.constexpr):
+def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K: tl.constexpr,
+              REDUCE_EACH: tl.constexpr, BLOCK_M: tl.constexpr):
     # One weight tile against each of the (up to four) rows of x.
-    a0 = _fma_step(a0, w, x_ptr + k, up_off, offs_k, kmask, MASK_K, REDUCE_EACH, GATED)
+    a0 = _fma_step(a0, w, x_ptr + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     if BLOCK_M > 1:
-        a1 = _fma_step(a1, w, x_ptr + stride_xm + k, up_off, offs_k, kmask, MASK_K, REDUCE_EACH, GATED)
+        a1 = _fma_step(a1, w, x_ptr + stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     if BLOCK_M > 2:
-        a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, up_off, offs_k, kmask, MASK_K, REDUCE_EACH, GATED)
+        a2 = _fma_step(a2, w, x_ptr + 2 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     if BLOCK_M > 3:
-        a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, up_off, offs_k, kmask, MASK_K, REDUCE_EACH, GATED)
+        a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     return a0, a1, a2, a3
 
 
@@ -176,7 +153,7 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm); GATED: [M, 2K]
+    x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
     w_ptr,  # [N, K] same dtype, contiguous
     bias_ptr,  # [N] (HAS_BIAS only)
     y_ptr,  # [M, N] x's dtype, last dim contiguous (row stride stride_ym)
@@ -197,7 +174,6 @@ def _gemv_kernel(
     RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
     USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
-    GATED: tl.constexpr = False,  # x = silu(gate) * up of gate_up [M, 2K] (_load_x)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -219,12 +195,12 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k0, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k)
-            xt = _load_x(x_ptrs + k, K, None, False, GATED)
+            xt = tl.load(x_ptrs + k)
             acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
         if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
-            xt = _load_x(x_ptrs + k_full, K, kmask[None, :], True, GATED)
+            xt = tl.load(x_ptrs + k_full, mask=kmask[None, :], other=0.0)
             acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
         offs_m2 = offs_m[:, None]
         mask = (offs_m2 < M) & (offs_n[None, :] < N)
@@ -250,18 +226,18 @@ def _gemv_kernel(
             kmask = (k0 + offs_k) < k_end
             w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
             wait_for_producer()
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, K, offs_k, kmask, True,
-                                       REDUCE_EACH, BLOCK_M, GATED)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
+                                       REDUCE_EACH, BLOCK_M)
             k_start = k0 + BLOCK_K
         for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, K, offs_k, None, False,
-                                       REDUCE_EACH, BLOCK_M, GATED)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
+                                       REDUCE_EACH, BLOCK_M)
         if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, K, offs_k, kmask, True,
-                                       REDUCE_EACH, BLOCK_M, GATED)
+            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
+                                       REDUCE_EACH, BLOCK_M)
         _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                    split, HAS_BIAS, SPLIT)
         if BLOCK_M > 1:
@@ -426,12 +402,8 @@ def gemv_triton(
     num_stages: int | None = None,
     fused: bool | None = None,
     pdl: bool | None = None,
-    gated: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
-
-    gated: x is a gate_up output [M, 2K] and the product is silu(x[:, :K]) * x[:, K:] @ w^T, the
-    activation computed as x is loaded (equal bit for bit to silu_and_mul_triton, then this kernel).
 
     bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
     M <= 4).
@@ -444,14 +416,8 @@ def gemv_triton(
     programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
     weight tile before waiting for the producer of x.
     """
-    if gated:
-        if x.dim() != 2 or w.dim() != 2 or x.shape[1] != 2 * w.shape[1]:
-            raise ValueError(f"gated: x must be [M, 2K] for w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
-        x_act = x[:, : w.shape[1]]  # the layout the kernel sees; the up half lies K columns on
-    else:
-        x_act = x
-    _validate(x_act, w, bias, out)
-    m, k = x_act.shape
+    _validate(x, w, bias, out)
+    m, k = x.shape
     n = w.shape[0]
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
@@ -499,7 +465,7 @@ def gemv_triton(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
@@ -532,15 +498,3 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     if _triton_ok(x, w, bias):
         return gemv_triton(x, w, bias)
     return F.linear(x, w, bias)
-
-
-def silu_mul_linear(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """gu [M, 2I] (a gate_up output), w [N, I] -> silu(gu[:, :I]) * gu[:, I:] @ w^T, [M, N].
-
-    Where linear would take the Triton GEMV, the activation happens inside it (gated=True): one
-    launch fewer per MLP and no [M, I] intermediate. Elsewhere silu_and_mul, then linear.
-    """
-    if (FUSED_MLP and gu.dim() == 2 and w.dim() == 2 and gu.shape[1] == 2 * w.shape[1]
-            and _triton_ok(gu[:, : w.shape[1]], w, None)):
-        return gemv_triton(gu, w, gated=True)
-    return linear(silu_and_mul(gu), w)

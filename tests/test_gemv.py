@@ -14,9 +14,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from graphrt.kernels.activation import silu_and_mul_triton
 from graphrt.kernels.counters import counters
-from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, silu_mul_linear
+from graphrt.kernels.gemv import gemv_triton, linear, linear_reference
 
 
 def _seed() -> int:
@@ -101,43 +100,6 @@ def test_fused_and_unfused_split_agree_bitwise():
     assert not counters(x.device, 8).any()
 
 
-def _gated_case(m, n, k, dtype, gen, device="cpu"):
-    """gate_up [m, 2k] as a column slice of a NaN-padded buffer (row stride 2k + 3), w [n, k]."""
-    gub = torch.full((m, 2 * k + 3), float("nan"), dtype=dtype, device=device)
-    gub[:, : 2 * k] = (torch.randn(m, 2 * k, generator=gen) * 2).to(dtype).to(device)
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
-    return gub[:, : 2 * k], w
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("case", FMA_CASES[:3] + DOT_CASES[1:4])
-def test_gated_equals_silu_and_mul_then_gemv_bitwise(case, dtype):
-    """gated=True applies SiLU * mul as x is loaded, with the activation kernel's rounding chain:
-    the same bits as silu_and_mul_triton followed by the same GEMV configuration, on both paths,
-    with K tails, split K (fused and two-launch) and a row stride that is not 2K."""
-    m, n, k, bn, bk, split, fused = case
-    use_dot = case in DOT_CASES
-    seed = _seed()
-    gen = torch.Generator().manual_seed(seed)
-    gu, w = _gated_case(m, n, k, dtype, gen)
-    kw = dict(use_dot=use_dot, block_n=bn, block_k=bk, split_k=split, fused=fused)
-    want = gemv_triton(silu_and_mul_triton(gu), w, **kw)
-    got = gemv_triton(gu, w, gated=True, **kw)
-    assert torch.equal(got, want), f"seed={seed} case={case} {dtype}"
-    ref = F.linear(F.silu(gu[:, :k].double()) * gu[:, k:].double(), w.double())
-    tol = 1e-2 if dtype == torch.float16 else 1e-5
-    assert torch.allclose(got.double(), ref, rtol=tol, atol=tol), f"seed={seed} case={case} {dtype}"
-
-
-def test_gated_bad_shape_and_cpu_dispatch():
-    gen = torch.Generator().manual_seed(0)
-    gu, w = _gated_case(2, 8, 16, torch.float32, gen)
-    with pytest.raises(ValueError, match=r"gated: x must be \[M, 2K\]"):
-        gemv_triton(gu[:, :30], w, gated=True)
-    # CPU: silu_mul_linear is the eager activation, then F.linear
-    assert torch.equal(silu_mul_linear(gu, w), F.linear(F.silu(gu[:, :16]) * gu[:, 16:], w))
-
-
 def test_out_and_default_config():
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
@@ -212,20 +174,6 @@ def test_gpu_paths_and_splits(cuda, path, fused):
             y = gemv_triton(x, w, b, use_dot=path == "dot", reduce_each=path == "fma_reduce_each",
                             split_k=split, fused=fused)
             _check(y, x, w, b, f"seed={seed} m={m} split={split}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 4, 16])
-def test_gpu_gated_down_projection(cuda, m):
-    """The MLP's down projection at llama-1b / 8b sizes, bf16: the fused activation equals the
-    activation kernel followed by the same GEMV, bit for bit, through the dispatcher's choice."""
-    seed = _seed()
-    gen = torch.Generator().manual_seed(seed)
-    for n, k in ((2048, 8192), (4096, 14336)):
-        gu, w = _gated_case(m, n, k, torch.bfloat16, gen, device=cuda)
-        got = silu_mul_linear(gu, w)
-        want = linear(silu_and_mul_triton(gu), w)
-        assert torch.equal(got, want), f"seed={seed} m={m} n={n} k={k}"
 
 
 @pytest.mark.gpu

@@ -2,10 +2,9 @@
 block and the gated MLP. Weights are plain tensors; q/k/v and gate/up are fused at load so each
 projection is one GEMM.
 
-On CUDA a decoder layer is eight launches (nine when attention splits the KV): [residual add +]
+On CUDA a decoder layer is nine launches (ten when attention splits the KV): [residual add +]
 RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
-residual add + RMSNorm, gate_up GEMM, down GEMM with SiLU * mul applied as it loads its input
-(kernels/gemv.silu_mul_linear; a separate SiLU * mul kernel where the down GEMM is cuBLAS). The fused kernels live in
+residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. The fused kernels live in
 kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each entry point runs its
 PyTorch reference, which is the eager code this file used to hold, bit for bit. The four GEMMs go
 through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
@@ -23,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrt.kernels.activation import silu_and_mul
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.gemv import linear, silu_mul_linear
+from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.rotary import apply_rotary_reference, rotary_store_kv
@@ -135,7 +135,7 @@ class GatedMLP:
 
     def __call__(self, x):
         gu = linear(x, self.gate_up)
-        return silu_mul_linear(gu, self.down)  # SiLU * mul inside the down GEMV where it is Triton
+        return linear(silu_and_mul(gu), self.down)
 
 
 class DecoderLayer:
