@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# mlpab attn initcyc soak (default: tests kernels capture decode peers profile nvtx).
+# attn initcyc soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -81,10 +81,6 @@ for step in $steps; do
               (cd "$OUT" && tar czf probe_logs.tgz probe && rm -rf probe) ;;
     asweep)   python3 -m graphrt.kernels.attention_bench --sweep-b1 > "$OUT/attn_sweep_b1.txt" 2>&1
               head -12 "$OUT/attn_sweep_b1.txt" | log ;;
-    mlpab)    # plain decode with the SiLU * mul kernel separate (0) and inside the down GEMV (1), one call
-              for v in 0 1; do GRAPHRT_FUSED_MLP=$v python3 -m graphrt bench --no-draft --batch-sizes 1,8 \
-                --max-new-tokens 128 --json "$OUT/plain_fusedmlp$v.json" 2>&1 | grep -E '^(plain|mode|TARGET|  )' \
-                | sed "s/^/FUSED_MLP=$v /" | log; done ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
     initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
