@@ -516,12 +516,14 @@ def _paged_attn_merge_kernel(
 # Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
 _MAX_SPLITS = 64
 # Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
-# D = 128: at B = 1 and 4k context (Hkv = 8) that gives 64 splits, 512 programs, ~4 per SM, each
-# with a single KV step in flight. Measured on an H100 (attention_bench --sweep-b1, 2026-11-22,
-# B = 1, 4k, query_len 1): 64 splits 11.9 us against 13.4 at 32 splits (both one stage) and 14.8
-# at the previous default (32 splits, Triton's default stages).
+# D = 128. Programs per SM to aim for when splitting: 2, except for a grid so small (a request or
+# two) that only latency matters: there 4, i.e. one-KV-step splits. Measured on an H100
+# (attention_bench, 2026-11-22, 4k context, query_len 1): B = 1 (8 programs) 64 splits 12.0 us
+# against 14.8 at the previous 32 (--sweep-b1: 13.4 at 32 splits with one stage); B = 8
+# (64 programs) 9 splits 56.1 us against 54.2 at 5, so 2 per SM stays there.
 _MIN_SPLIT_TOKENS = 64
-_PROGRAMS_PER_SM = 4  # aim for ~4 resident programs per SM when splitting
+_PROGRAMS_PER_SM = 2
+_PROGRAMS_PER_SM_TINY = 4  # when the un-split grid fills under 1/16 of the SMs
 _MAX_BLOCK_M = 64  # prefill query tile: BLOCK_Q = _MAX_BLOCK_M // GROUP rows
 
 
@@ -545,7 +547,8 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int) -> int
     """
     if num_programs >= sm_count:
         return 1
-    want = -(-_PROGRAMS_PER_SM * sm_count // num_programs)
+    per_sm = _PROGRAMS_PER_SM_TINY if 16 * num_programs <= sm_count else _PROGRAMS_PER_SM
+    want = -(-per_sm * sm_count // num_programs)
     by_len = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, _MAX_SPLITS))
 
