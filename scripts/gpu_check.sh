@@ -79,8 +79,8 @@ for step in $steps; do
                 "| $(grep -m1 -E '^========= +(Uninit|Host API)' "$OUT/probe/$c.log")" \
                 "| $(grep -m1 -E '^========= +at ' "$OUT/probe/$c.log")" | log; done
               (cd "$OUT" && tar czf probe_logs.tgz probe && rm -rf probe) ;;
-    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-b1 > "$OUT/attn_sweep_b1.txt" 2>&1
-              head -12 "$OUT/attn_sweep_b1.txt" | log ;;
+    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-small > "$OUT/attn_sweep_small.txt" 2>&1
+              awk 'NR == 1 { print; next } $6 " " $7 != key { key = $6 " " $7; n = 0 } n++ < 4' "$OUT/attn_sweep_small.txt" | log ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
     initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
