@@ -516,14 +516,18 @@ def _paged_attn_merge_kernel(
 # Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
 _MAX_SPLITS = 64
 # Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
-# D = 128. Programs per SM to aim for when splitting: 2, except for a grid so small (a request or
-# two) that only latency matters: there 4, i.e. one-KV-step splits. Measured on an H100
-# (attention_bench, 2026-11-22, 4k context, query_len 1): B = 1 (8 programs) 64 splits 12.0 us
-# against 14.8 at the previous 32 (--sweep-b1: 13.4 at 32 splits with one stage); B = 8
-# (64 programs) 9 splits 56.1 us against 54.2 at 5, so 2 per SM stays there.
+# D = 128. Programs per SM to aim for when splitting: 2, except for single-token queries on a grid
+# so small (a request or two) that only latency matters: there 4, i.e. one- or two-KV-step splits.
+# A verify-sized query (query_len > 1) keeps 2: every split writes an fp32 partial per query row,
+# and that workspace traffic grows with the rows. Measured on an H100 (attention_bench
+# --sweep-small and the default table, 2026-11-22, 4k context, Hq/Hkv 32/8, D 128):
+#   B = 1, query_len 1: 64 splits 11.9 us, 32 splits 13.3, the previous default 14.8
+#   B = 1, query_len 4: 32 splits 14.2 us, 64 splits 16.0
+#   B = 2, query_len 1: 32 splits 17.8 us, 16-24 splits 19.5-20.3
+#   B = 8, query_len 1: 9 splits 56.1 us against 54.2 at 5 (and 480 vs 371 us at 32k): 2 per SM
 _MIN_SPLIT_TOKENS = 64
 _PROGRAMS_PER_SM = 2
-_PROGRAMS_PER_SM_TINY = 4  # when the un-split grid fills under 1/16 of the SMs
+_PROGRAMS_PER_SM_TINY = 4  # query_len 1 and an un-split grid under 1/8 of the SMs
 _MAX_BLOCK_M = 64  # prefill query tile: BLOCK_Q = _MAX_BLOCK_M // GROUP rows
 
 
@@ -538,7 +542,7 @@ def _device_sm_count(device: torch.device) -> int:
     return 16  # the interpreter (tests): small, so that tests exercise several splits
 
 
-def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int) -> int:
+def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_len: int = 1) -> int:
     """Splits of the KV range per (request, kv head, query tile): from static sizes only.
 
     Splitting only pays when the un-split grid leaves SMs idle (small batch, long context); it is
@@ -547,7 +551,8 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int) -> int
     """
     if num_programs >= sm_count:
         return 1
-    per_sm = _PROGRAMS_PER_SM_TINY if 16 * num_programs <= sm_count else _PROGRAMS_PER_SM
+    tiny = query_len == 1 and 8 * num_programs <= sm_count
+    per_sm = _PROGRAMS_PER_SM_TINY if tiny else _PROGRAMS_PER_SM
     want = -(-per_sm * sm_count // num_programs)
     by_len = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, _MAX_SPLITS))
@@ -624,7 +629,8 @@ def paged_attention_triton(
     if max_seq_len is None:
         max_seq_len = max_blocks * page
     if num_splits is None:
-        num_splits = choose_num_splits(bsz * hkv * num_q_tiles, max_seq_len, _device_sm_count(query.device))
+        num_splits = choose_num_splits(bsz * hkv * num_q_tiles, max_seq_len, _device_sm_count(query.device),
+                                       query_len)
     if num_splits < 1 or num_splits > _MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
 

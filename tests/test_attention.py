@@ -260,7 +260,10 @@ def test_choose_num_splits():
     assert choose_num_splits(8, 2048, 132) == 32
     assert choose_num_splits(8, 32768, 132) == 64  # capped by _MAX_SPLITS
     assert choose_num_splits(64, 4096, 132) == 5  # ~2 programs per SM
-    assert choose_num_splits(16, 4096, 132) == 17  # B=2: past the tiny-grid regime
+    assert choose_num_splits(16, 4096, 132) == 33  # B=2: still a tiny grid
+    assert choose_num_splits(32, 4096, 132) == 9  # B=4: 2 programs per SM
+    assert choose_num_splits(8, 4096, 132, query_len=4) == 33  # verify rows: half the splits
+    assert choose_num_splits(16, 4096, 132, query_len=4) == 17
     assert choose_num_splits(8, 100, 132) == 1
 
 
