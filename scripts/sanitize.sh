@@ -33,7 +33,8 @@
 # the total), sanitize_<tool>_<part>.log (full tool output), sanitize_native.log, and a table on
 # stdout. Exit status 0 only when every selected tool reports 0 errors and the driver passed.
 # Env: SANITIZE_TIMEOUT (s per sanitized run, default 360), SANITIZE_JOBS (parallel runs, default
-# all), COMPUTE_SANITIZER (path), SANITIZE_PARTS (default "kernels cycle"). GRAPHRT_PDL=0 and
+# all), COMPUTE_SANITIZER (path), SANITIZE_PARTS (default "kernels cycle"), and the driver's own
+# SANITIZE_CYCLE_RUNS / SANITIZE_TRACE (scripts/sanitize_driver.py). GRAPHRT_PDL=0 and
 # GRAPHRT_GEMV=0 reach the driver unchanged: use them to bisect a report (programmatic dependent
 # launches off; every projection on cuBLAS).
 set -uo pipefail

@@ -31,6 +31,9 @@ use_cuda_graphs=True: requests of different lengths so batches of 3 (bucket 4, o
 and 1 (bucket 2, one padded row) run, a finished request's slot and blocks are reused by a new one;
 then the same without a draft (TARGET_DECODE graphs), then in bf16 with the EAGLE head (the Triton
 GEMV and PDL launches inside captured graphs).
+  SANITIZE_CYCLE_RUNS=fp32-eagle,fp32-none,bf16-eagle (any subset): which of the three to run.
+  SANITIZE_TRACE=1: a line before each graph's first replay, so a report made at a graph launch
+  names its phase and bucket.
 """
 
 from __future__ import annotations
@@ -301,11 +304,11 @@ def trace_first_replays():
 
 def run_cycles():
     from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint import load_checkpoint
+    from graphrt.checkpoint_writer import write_random_checkpoint
 
     if os.environ.get("SANITIZE_TRACE") == "1":
         trace_first_replays()
-    from graphrt.checkpoint import load_checkpoint
-    from graphrt.checkpoint_writer import write_random_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="graphrt-sanitize-"))
     write_random_checkpoint(tmp / "t", "tiny", dtype=torch.float32, seed=0)
