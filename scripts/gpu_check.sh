@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn initcyc soak (default: tests kernels capture decode peers profile nvtx).
+# attn initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -83,6 +83,9 @@ for step in $steps; do
               awk 'NR == 1 { print; next } $6 " " $7 != key { key = $6 " " $7; n = 0 } n++ < 4' "$OUT/attn_sweep_small.txt" | log ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
     initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
+    vllmpeer) # needs .vllm_src carried (scripts/vllm_rejection_peer.py says how to extract it)
+              PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
+                --json "$OUT/vllm_peer.json" 2>&1 | log | tail -30 ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""graphrt's fused rejection sampler beside vLLM's, timed in the same run on the same inputs.
+
+vLLM's code is not in this repository. Extract the few files its sampler needs from the published
+wheel into a git-ignored folder, with empty package __init__ files and a stand-in
+vllm/triton_utils that exports triton, tl, tldevice and HAS_TRITON (the real one imports the engine):
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 vllm==0.33.0 -d /tmp/vllm
+    unzip the wheel's vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py,
+        vllm/v1/worker/gpu/sample/{gumbel,watermark}.py, vllm/v1/spec_decode/fly.py,
+        vllm/v1/watermarking/prfs/{philox,base}.py into .vllm_src/  (see BENCHMARKS.md)
+
+    PYTHONPATH=.vllm_src python scripts/vllm_rejection_peer.py [--json F]
+
+Inputs follow vLLM 0.33's model-runner layout (flattened [B * (K + 1), V] target logits; per row the
+input token, i.e. the last verified token then the K drafts; cu_num_logits; per-row request index
+and local position). vLLM's pipeline hands its sampler fp32 logits; graphrt's reads the LM head's
+bf16. Both are timed on fp32 and on bf16 logits, so the table has the same-dtype comparison and
+the as-deployed one. Greedy results on fp32 logits are checked to agree token for token before
+timing; the sampled modes draw from different random streams, so only their shapes and accepted
+lengths' range are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def vllm_inputs(target, drafts, temperature, seed, position, draft_logits):
+    """graphrt's arguments -> vLLM 0.33 rejection_sample's keyword arguments."""
+    b, r, v = target.shape
+    k = r - 1
+    dev = target.device
+    rows = torch.arange(r, device=dev)
+    last = torch.zeros(b, 1, dtype=torch.int64, device=dev)  # the verified token: never compared
+    return dict(
+        target_logits=target.view(b * r, v),
+        draft_logits=draft_logits,
+        draft_sampled=torch.cat([last, drafts], 1).flatten(),
+        cu_num_logits=torch.arange(b + 1, device=dev, dtype=torch.int32) * r,
+        pos=((position - 1)[:, None] + rows).flatten(),
+        idx_mapping=torch.arange(b, device=dev, dtype=torch.int32),
+        expanded_idx_mapping=torch.arange(b, device=dev, dtype=torch.int32).repeat_interleave(r),
+        expanded_local_pos=rows.to(torch.int32).repeat(b),
+        temperature=temperature,
+        seed=seed,
+        num_speculative_steps=k,
+    )
+
+
+def make_set(b, k, v, dtype, mode, gen):
+    dev = "cuda"
+    target = (torch.randn(b, k + 1, v, device=dev, generator=gen) * 2).to(dtype)
+    drafts = target[:, :k].float().argmax(-1)
+    drafts[::2] = torch.randint(0, v, drafts[::2].shape, device=dev, generator=gen)
+    temp = torch.full((b,), 0.0 if mode == "greedy" else 1.0, device=dev)
+    qlog = (torch.randn(b, k, v, device=dev, generator=gen) * 2).to(dtype) if mode == "fullq" else None
+    seed = torch.arange(b, device=dev, dtype=torch.int64) + 7
+    position = torch.full((b,), 100, device=dev, dtype=torch.int64)
+    return target, drafts, temp, seed, position, qlog
+
+
+def check(mode, dtype, b, k, mine, sampled, num):
+    """Shapes and ranges always; greedy on fp32 logits token for token (bf16 rows may tie, and ties
+    may break differently; the sampled modes draw from different random streams)."""
+    assert sampled.shape[0] == b and num.shape == (b,), (sampled.shape, num.shape)
+    assert bool(((num >= 1) & (num <= k + 1)).all()), f"{mode}: vLLM num_sampled out of range"
+    if mode == "greedy" and dtype == torch.float32:
+        assert torch.equal(num.to(torch.int64), mine.num_emitted.to(torch.int64)), (
+            f"greedy B={b}: accepted lengths differ: graphrt {mine.num_emitted.tolist()[:8]} vLLM {num.tolist()[:8]}")
+        for i in range(b):
+            n_i = int(num[i])
+            assert torch.equal(sampled[i, :n_i].to(torch.int64), mine.token_ids[i, :n_i]), f"greedy B={b} row {i}"
+
+
+def main():
+    from graphrt.kernels.rejection import rejection_sample_triton
+    from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample as vllm_rejection_sample
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch-sizes", default="1,8,64,256")
+    ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    bw = memory_bandwidth_gbs()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k, v = args.k, args.vocab
+    rows = []
+    print(f"{'mode':8} {'dtype':5} {'B':>4} {'graphrt us':>11} {'vLLM 0.33 us':>13} {'vLLM/graphrt':>13} "
+          f"{'bf16 floor us':>14}")
+    for mode in ("greedy", "onehot", "fullq"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for b in (int(x) for x in args.batch_sizes.split(",")):
+                nbytes = b * (k + 1) * v * torch.finfo(dtype).bits // 8
+                n_sets = max(2, min(8, -(-3 * (50 << 20) // nbytes)))
+                sets = [make_set(b, k, v, dtype, mode, gen) for _ in range(n_sets)]
+                ours = lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p, draft_logits=q)
+                # vLLM's model runner prepares its metadata tensors once per step: outside the timing
+                vsets = [(vllm_inputs(*st),) for st in sets]
+                theirs = lambda kw: vllm_rejection_sample(**kw)
+                mine = ours(*sets[0])
+                us_ours = time_in_graph(ours, sets)
+                try:
+                    sampled, num = theirs(*vsets[0])
+                    torch.cuda.synchronize()
+                    check(mode, dtype, b, k, mine, sampled, num)
+                    us_vllm = time_in_graph(theirs, vsets)
+                except Exception as e:  # the peer only: report it, keep the row
+                    print(f"vLLM {mode} {dtype} B={b}: {type(e).__name__}: {str(e)[:200]}")
+                    us_vllm = float("nan")
+                floor = b * (k + 1) * v * 2 / (bw * 1e3)
+                name = "fp32" if dtype == torch.float32 else "bf16"
+                rows.append(dict(mode=mode, dtype=name, B=b, K=k, V=v, graphrt_us=us_ours, vllm_us=us_vllm,
+                                 bf16_floor_us=floor, bandwidth_gbs=bw))
+                print(f"{mode:8} {name:5} {b:>4} {us_ours:>11.2f} {us_vllm:>13.2f} {us_vllm / us_ours:>12.2f}x "
+                      f"{floor:>14.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
