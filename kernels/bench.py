@@ -73,25 +73,32 @@ def _argmax_rows(bw_gbs, Bs, Vs):
     return rows
 
 
+def rejection_sets(b, k, v, mode, dtype=torch.bfloat16):
+    """Enough input sets to exceed L2, each rejection_sample's positional arguments plus draft
+    logits: (target [b, k+1, v], drafts [b, k] (every other request's drafts the target's argmax,
+    the rest random), temperature (0 for greedy, else 1), seed, position, draft logits (full q) or
+    None). Also used by scripts/vllm_rejection_peer.py, so both samplers see the same inputs."""
+    n = _num_sets(b * (k + 1) * v * torch.finfo(dtype).bits // 8 * 2)
+    temp = 0.0 if mode == "greedy" else 1.0
+    sets = []
+    for _ in range(n):
+        target = torch.randn(b, k + 1, v, device="cuda", dtype=dtype)
+        qlog = torch.randn(b, k, v, device="cuda", dtype=dtype) if mode == "fullq" else None
+        drafts = target[:, :k].argmax(-1)
+        drafts[::2] = torch.randint(0, v, drafts[::2].shape, device="cuda")
+        sets.append((target, drafts, torch.full((b,), temp, device="cuda"),
+                     torch.arange(b, device="cuda"), torch.arange(b, device="cuda"), qlog))
+    return sets
+
+
 def _rejection_rows(bw_gbs, Bs, Ks, Vs):
     rows = []
     for v in Vs:
         for k in Ks:
             for b in Bs:
-                nbytes = b * (k + 1) * v * 2
-                n = _num_sets(nbytes * 2)
-                floor = nbytes / (bw_gbs * 1e3)
+                floor = b * (k + 1) * v * 2 / (bw_gbs * 1e3)
                 for mode in ("greedy", "onehot", "fullq"):
-                    temp = 0.0 if mode == "greedy" else 1.0
-                    sets = []
-                    for _ in range(n):
-                        target = torch.randn(b, k + 1, v, device="cuda", dtype=torch.bfloat16)
-                        qlog = (torch.randn(b, k, v, device="cuda", dtype=torch.bfloat16)
-                                if mode == "fullq" else None)
-                        drafts = target[:, :k].argmax(-1)
-                        drafts[::2] = torch.randint(0, v, drafts[::2].shape, device="cuda")
-                        sets.append((target, drafts, torch.full((b,), temp, device="cuda"),
-                                     torch.arange(b, device="cuda"), torch.arange(b, device="cuda"), qlog))
+                    sets = rejection_sets(b, k, v, mode)
                     ours = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(
                         t, d, tt, s, p, draft_logits=q), sets)
                     ref = time_in_graph(torch_rejection_baseline, sets)

@@ -56,18 +56,6 @@ def vllm_inputs(target, drafts, temperature, seed, position, draft_logits):
     )
 
 
-def make_set(b, k, v, dtype, mode, gen):
-    dev = "cuda"
-    target = (torch.randn(b, k + 1, v, device=dev, generator=gen) * 2).to(dtype)
-    drafts = target[:, :k].float().argmax(-1)
-    drafts[::2] = torch.randint(0, v, drafts[::2].shape, device=dev, generator=gen)
-    temp = torch.full((b,), 0.0 if mode == "greedy" else 1.0, device=dev)
-    qlog = (torch.randn(b, k, v, device=dev, generator=gen) * 2).to(dtype) if mode == "fullq" else None
-    seed = torch.arange(b, device=dev, dtype=torch.int64) + 7
-    position = torch.full((b,), 100, device=dev, dtype=torch.int64)
-    return target, drafts, temp, seed, position, qlog
-
-
 def check(mode, dtype, b, k, mine, sampled, num):
     """Shapes and ranges always; greedy on fp32 logits token for token (bf16 rows may tie, and ties
     may break differently; the sampled modes draw from different random streams)."""
@@ -82,6 +70,7 @@ def check(mode, dtype, b, k, mine, sampled, num):
 
 
 def main():
+    from graphrt.kernels.bench import rejection_sets
     from graphrt.kernels.rejection import rejection_sample_triton
     from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample as vllm_rejection_sample
@@ -93,7 +82,7 @@ def main():
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     bw = memory_bandwidth_gbs()
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    torch.manual_seed(0)
     k, v = args.k, args.vocab
     rows = []
     print(f"{'mode':8} {'dtype':5} {'B':>4} {'graphrt us':>11} {'vLLM 0.33 us':>13} {'vLLM/graphrt':>13} "
@@ -101,9 +90,7 @@ def main():
     for mode in ("greedy", "onehot", "fullq"):
         for dtype in (torch.float32, torch.bfloat16):
             for b in (int(x) for x in args.batch_sizes.split(",")):
-                nbytes = b * (k + 1) * v * torch.finfo(dtype).bits // 8
-                n_sets = max(2, min(8, -(-3 * (50 << 20) // nbytes)))
-                sets = [make_set(b, k, v, dtype, mode, gen) for _ in range(n_sets)]
+                sets = rejection_sets(b, k, v, mode, dtype)
                 ours = lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p, draft_logits=q)
                 # vLLM's model runner prepares its metadata tensors once per step: outside the timing
                 vsets = [(vllm_inputs(*st),) for st in sets]
