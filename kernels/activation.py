@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["silu_and_mul", "silu_and_mul_reference", "silu_and_mul_triton"]
+__all__ = ["silu_and_mul", "silu_and_mul_reference", "silu_and_mul_triton", "silu_mul"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -46,10 +46,16 @@ def _silu_and_mul_kernel(
     row = gu_ptr + n * stride_gn
     gate = tl.load(row + offs, mask=mask, other=0.0)
     up = tl.load(row + inter + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + n * inter + offs, silu_mul(gate, up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up as torch rounds it: gate, up in the storage dtype; returns fp32, to be rounded
+    once to that dtype. Shared with the gate_up GEMV's fused epilogue (kernels/gemv.py)."""
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu: fp32 math, one rounding
-    out = act.to(tl.float32) * up.to(tl.float32)
-    tl.store(out_ptr + n * inter + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    return act.to(tl.float32) * up.to(tl.float32)
 
 
 def silu_and_mul_triton(gu: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,8 @@ def argmax_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _argmax_combine(row, logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, stride_row,
-                    SPLITS, SPLITS_POW2: tl.constexpr):
+def _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS,
+                    SPLITS_POW2: tl.constexpr):
     s = tl.arange(0, SPLITS_POW2)
     base = row.to(tl.int64) * SPLITS
     vals = tl.load(part_val_ptr + base + s, mask=s < SPLITS, other=float("-inf"), cache_modifier=".cg")
@@ -67,10 +67,9 @@ def _argmax_combine(row, logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, ou
     # Chunks are in index order and each reports its lowest max, so the min index among equal
     # maxima is the global lowest; all -inf gives chunk 0's start, index 0.
     i = tl.min(tl.where(vals == m, idxs, _INT32_MAX), axis=0)
-    # The value in the input dtype is one load away; -inf for a row of NaN/-inf only.
-    v = tl.load(logits_ptr + row.to(tl.int64) * stride_row + i)
-    v = tl.where(m == float("-inf"), float("-inf"), v)
-    tl.store(out_val_ptr + row, v)
+    # m is the winner widened to fp32, so narrowing it back is exact (-inf for a row of NaN/-inf):
+    # no dependent load of the logits at the end of the chain.
+    tl.store(out_val_ptr + row, m.to(out_val_ptr.dtype.element_ty))
     tl.store(out_idx_ptr + row, i.to(tl.int64))
 
 
@@ -136,26 +135,22 @@ def _argmax_split_kernel(
         done = tl.atomic_add(ctr_ptr + row, 1, sem="acq_rel", scope="gpu")
         if done == SPLITS - 1:
             tl.atomic_xchg(ctr_ptr + row, 0, sem="relaxed", scope="gpu")
-            _argmax_combine(row, logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr,
-                            stride_row, SPLITS, SPLITS_POW2)
+            _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2)
 
 
 @triton.jit
 def _argmax_combine_kernel(
-    logits_ptr,  # [B, V] input, read once more at the winning index for the exact value
     part_val_ptr,  # [B, SPLITS] fp32
     part_idx_ptr,  # [B, SPLITS] int32
     out_val_ptr,  # [B] input dtype
     out_idx_ptr,  # [B] int64
-    stride_row,
     SPLITS,
     SPLITS_POW2: tl.constexpr,  # all chunks of a row in one tile
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:
         wait_for_producer()
-    _argmax_combine(tl.program_id(0), logits_ptr, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr,
-                    stride_row, SPLITS, SPLITS_POW2)
+    _argmax_combine(tl.program_id(0), part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2)
 
 
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
@@ -242,7 +237,7 @@ def argmax_triton(
     )
     if ctr is None:
         _argmax_combine_kernel[(batch,)](
-            logits, part_val, part_idx, values, indices, logits.stride(0), splits,
+            part_val, part_idx, values, indices, splits,
             SPLITS_POW2=triton.next_power_of_2(splits), num_warps=1 if splits <= 128 else 4,
             USE_PDL=pdl, **pdl_launch(pdl),
         )

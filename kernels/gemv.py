@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["linear", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
+__all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -174,6 +175,7 @@ def _gemv_kernel(
     RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
     USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
+    GATED: tl.constexpr = False,  # FMA, M = 1, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -218,6 +220,10 @@ def _gemv_kernel(
         a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+        # GATED: the up rows (N below the gate rows) in the same shape of tile, so each output's
+        # two dot products sum in exactly the order of the unfused GEMV; c0 is up's accumulator.
+        u_ptrs = w_ptrs + N * K
+        c0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
         k_start = k0
         if USE_PDL:
             # The weights are not written by the kernel this one depends on, so the first tile
@@ -225,21 +231,38 @@ def _gemv_kernel(
             # touched only after the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
             kmask = (k0 + offs_k) < k_end
             w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+            if GATED:
+                u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
             wait_for_producer()
             a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
                                        REDUCE_EACH, BLOCK_M)
+            if GATED:
+                c0 = _fma_step(c0, u, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
             k_start = k0 + BLOCK_K
         for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
+            if GATED:
+                u = tl.load(u_ptrs + k).to(tl.float32)
             a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
                                        REDUCE_EACH, BLOCK_M)
+            if GATED:
+                c0 = _fma_step(c0, u, x_ptr + k, offs_k, None, False, REDUCE_EACH)
         if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
             a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
                                        REDUCE_EACH, BLOCK_M)
-        _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
-                   split, HAS_BIAS, SPLIT)
+            if GATED:
+                u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+                c0 = _fma_step(c0, u, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+        if GATED:
+            # Both products rounded to y's dtype first, as the unfused GEMV stores them.
+            dt = y_ptr.dtype.element_ty
+            tl.store(y_ptr + offs_n, silu_mul(_fma_final(a0, REDUCE_EACH).to(dt),
+                                              _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
+        else:
+            _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
+                       split, HAS_BIAS, SPLIT)
         if BLOCK_M > 1:
             _store_row(_fma_final(a1, REDUCE_EACH), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -402,6 +425,7 @@ def gemv_triton(
     num_stages: int | None = None,
     fused: bool | None = None,
     pdl: bool | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -415,10 +439,18 @@ def gemv_triton(
     the split-K sum in the same launch; fused=False forces the second kernel. pdl: launch as a
     programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
     weight tile before waiting for the producer of x.
+    gated: w is a fused [2I, K] gate_up matrix and the result is silu(x.gate^T) * (x.up^T), [M, I],
+    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (FMA path, M = 1, no
+    split, no bias, no out): the gate_up output never goes to memory and the activation needs no
+    launch of its own.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
     n = w.shape[0]
+    if gated:
+        if m != 1 or bias is not None or out is not None or n % 2 or use_dot or (split_k or 1) > 1:
+            raise ValueError("gated=True takes M = 1, an even N (gate rows then up rows), no bias, no out, "
+                             f"the unsplit FMA path; got x {tuple(x.shape)}, w {tuple(w.shape)}")
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
     cfg = select_config(m, n, k) if m <= MAX_M else None
@@ -445,6 +477,11 @@ def gemv_triton(
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split
     block_m = max(16, triton.next_power_of_2(m)) if use_dot else m
+    if gated:
+        if use_dot or split_k > 1:
+            raise ValueError("gated=True needs the unsplit FMA path")
+        n //= 2  # y's width: one output per (gate row, up row) pair
+        tiles = triton.cdiv(n, block_n)
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -465,7 +502,7 @@ def gemv_triton(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
@@ -486,6 +523,26 @@ def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> b
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
         and select_config(x.shape[0], w.shape[0], w.shape[1]) is not None
     )
+
+
+def fused_mlp_enabled() -> bool:
+    """GRAPHRT_FUSED_MLP=0 turns the gate_up + SiLU·mul fusion off (read per call, so a benchmark
+    can time both in one process)."""
+    return os.environ.get("GRAPHRT_FUSED_MLP", "1") != "0"
+
+
+def linear_silu_mul(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+    """x [M, K], w_gate_up [2I, K] (gate rows, then up rows) -> silu(x.gate^T) * (x.up^T), [M, I].
+
+    Where the dispatcher puts the product on the unsplit M = 1 FMA path, one launch with the
+    activation in the GEMV's epilogue (gemv_triton(gated=True)); elsewhere linear then silu_and_mul,
+    which gives the same bits.
+    """
+    if fused_mlp_enabled() and x.shape[0] == 1 and _triton_ok(x, w_gate_up, None) and w_gate_up.shape[0] % 2 == 0:
+        cfg = select_config(1, w_gate_up.shape[0], w_gate_up.shape[1])
+        if not cfg["use_dot"] and cfg.get("programs_per_sm", 0) == 0:
+            return gemv_triton(x, w_gate_up, gated=True)
+    return silu_and_mul(linear(x, w_gate_up))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

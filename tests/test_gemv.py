@@ -14,8 +14,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
-from graphrt.kernels.gemv import gemv_triton, linear, linear_reference
+from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul
 
 
 def _seed() -> int:
@@ -100,6 +101,60 @@ def test_fused_and_unfused_split_agree_bitwise():
     assert not counters(x.device, 8).any()
 
 
+# (inter, k, block_n, block_k, reduce_each): N and K tails, K inside one tile, several K steps.
+GATED_CASES = [(37, 100, 4, 32, True), (16, 64, 2, 64, False), (50, 130, 8, 32, True), (3, 257, 2, 64, False)]
+
+
+@pytest.mark.parametrize("case", GATED_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
+    """gate_up GEMV with SiLU·mul in its epilogue == the GEMV then silu_and_mul, same configuration.
+
+    Same sums, same rounding chain. Under the interpreter numpy's exp may differ by an ulp between
+    array lengths and an in-register cast to bf16 truncates (stores round), so here fp32 and fp16
+    agree to a few ulps; the GPU test below asks for equal bits in bf16."""
+    inter, k, bn, bk, red = case
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(1, 2 * inter, k, dtype, gen, bias=False, x_pad=3)
+    kw = dict(use_dot=False, block_n=bn, block_k=bk, reduce_each=red)
+    x_before, w_before = x.clone(), w.clone()
+    fused = gemv_triton(x, w, gated=True, **kw)
+    unfused = silu_and_mul(gemv_triton(x, w, **kw))
+    assert fused.shape == (1, inter) and fused.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    err = (fused.float() - unfused.float()).abs()
+    tol = 4 * eps * (unfused.float().abs() + 1e-3)
+    assert bool((err <= tol).all()), f"seed={seed} case={case} {dtype}: {err.max()}"
+    # And both are what the eager model computes, up to the GEMV's rounding.
+    ref = silu_and_mul_reference(F.linear(x, w))
+    torch.testing.assert_close(fused, ref, rtol=2e-2, atol=2e-2, msg=lambda m: f"seed={seed}: {m}")
+    assert torch.equal(x, x_before) and torch.equal(w, w_before)
+
+
+def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for m in (1, 3):
+        x, w, _ = _case(m, 48, 40, torch.bfloat16, gen, bias=False)
+        assert torch.equal(linear_silu_mul(x, w), silu_and_mul_reference(F.linear(x, w))), f"seed={seed}"
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((torch.zeros(2, 4), torch.zeros(6, 4)), dict(gated=True)),  # M = 2
+        ((torch.zeros(1, 4), torch.zeros(5, 4)), dict(gated=True)),  # odd N
+        ((torch.zeros(1, 4), torch.zeros(6, 4), torch.zeros(6)), dict(gated=True)),  # bias
+        ((torch.zeros(1, 4), torch.zeros(6, 4)), dict(gated=True, use_dot=True)),
+        ((torch.zeros(1, 64), torch.zeros(6, 64)), dict(gated=True, split_k=2, block_k=16)),
+    ],
+)
+def test_gated_bad_inputs(args, kwargs):
+    with pytest.raises(ValueError, match="gated=True"):
+        gemv_triton(*args, **kwargs)
+
+
 def test_out_and_default_config():
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
@@ -174,6 +229,19 @@ def test_gpu_paths_and_splits(cuda, path, fused):
             y = gemv_triton(x, w, b, use_dot=path == "dot", reduce_each=path == "fma_reduce_each",
                             split_k=split, fused=fused)
             _check(y, x, w, b, f"seed={seed} m={m} split={split}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1000, 300)])
+def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k):
+    """The decode MLP at M = 1 (llama-1b / 8b gate_up, and an odd size): linear_silu_mul's one
+    launch gives the bits of the dispatcher's GEMV then silu_and_mul."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(1, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)
+    got = linear_silu_mul(x, w)
+    assert torch.equal(got, silu_and_mul(linear(x, w))), f"seed={seed} inter={inter} k={k}"
+    assert torch.equal(got, gemv_triton(x, w, gated=True)), f"seed={seed}"
 
 
 @pytest.mark.gpu

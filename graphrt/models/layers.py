@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.kernels.activation import silu_and_mul
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.gemv import linear
+from graphrt.kernels.gemv import linear, linear_silu_mul
 from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.rotary import apply_rotary_reference, rotary_store_kv
@@ -134,8 +133,7 @@ class GatedMLP:
         self.inter = self.down.shape[1]
 
     def __call__(self, x):
-        gu = linear(x, self.gate_up)
-        return linear(silu_and_mul(gu), self.down)
+        return linear(linear_silu_mul(x, self.gate_up), self.down)
 
 
 class DecoderLayer:
