@@ -24,12 +24,10 @@ defends against it says so.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.counters import counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = [
@@ -293,10 +291,8 @@ def paged_attention_reference(
 # its KV range BLOCK_N tokens at a time (gathering per token through the block table) with an
 # online softmax in the exp2 domain, fp32 accumulators.
 #   * num_splits == 1: the program normalises and writes `out` directly (no second kernel).
-#   * num_splits > 1: it writes (acc / l, lse) to the fp32 workspace; the last split of the tile
-#     to finish (a counter per tile, kernels/counters.py) merges the splits in the same launch
-#     (_merge_splits). Without the counter buffer (first call inside a capture) kernel 2
-#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H)) combines them instead.
+#   * num_splits > 1: it writes (acc / l, lse) to the fp32 workspace and kernel 2
+#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H)) combines the splits.
 #
 # CUDA graphs: the grid depends only on static sizes (B, Hkv, query_len, max_seq_len); the device
 # seq_lens only decide each program's range. The split length is derived on the device from the
@@ -315,7 +311,6 @@ def _paged_attn_partial_kernel(
     out_ptr,  # [B * query_len, Hq, D], written when NUM_SPLITS == 1
     ws_out_ptr,  # [NUM_SPLITS, B * query_len, Hq, D] fp32, written when NUM_SPLITS > 1
     ws_lse_ptr,  # [NUM_SPLITS, B * query_len, Hq] fp32 (log2 domain)
-    ctr_ptr,  # [>= B * Hkv * num_q_tiles] int32 zeros (FUSED_MERGE only): splits of a tile done
     query_len,
     max_blocks,
     total_rows,  # B * query_len
@@ -343,9 +338,6 @@ def _paged_attn_partial_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches (no tf32), "tf32" otherwise (ignored)
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
-    FUSED_MERGE: tl.constexpr = False,  # NUM_SPLITS > 1: the tile's last split merges, same launch
-    MERGE_M: tl.constexpr = 16,  # power of two >= BLOCK_Q * GROUP: the merge's (row, head) pairs
-    MERGE_S: tl.constexpr = 4,  # splits merged per step (MERGE_S * MERGE_M * BLOCK_D <= 8192)
     USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
@@ -454,54 +446,6 @@ def _paged_attn_partial_kernel(
         )
         lse = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
         tl.store(ws_lse_ptr + ws_row, lse, mask=wrote)
-        if FUSED_MERGE:
-            # Release our partial / acquire the others'; the last split of the tile to arrive resets
-            # the counter for the next launch or graph replay and merges, saving the second launch
-            # (and its dependency gap) that dominates at batch 1 (kernels/counters.py).
-            tl.debug_barrier()
-            grp = pid_bh * tl.num_programs(2) + q_tile
-            done = tl.atomic_add(ctr_ptr + grp, 1, sem="acq_rel", scope="gpu")
-            if done == NUM_SPLITS - 1:
-                tl.atomic_xchg(ctr_ptr + grp, 0, sem="relaxed", scope="gpu")
-                # Splits that start below the tile's key range wrote: cdiv(kv_end, split_len).
-                n_wrote = tl.where(kv_end > 0, (kv_end + split_len - 1) // split_len, 0)
-                offs_r = tl.arange(0, MERGE_M)
-                r_local = offs_r // GROUP
-                r_idx = q_start + r_local
-                _merge_splits(out_ptr, ws_out_ptr, ws_lse_ptr, b * query_len + r_idx, kvh * GROUP + offs_r % GROUP,
-                              (r_local < BLOCK_Q) & (r_idx < query_len), n_wrote, total_rows, stride_ot,
-                              stride_oh, NUM_Q_HEADS, HEAD_DIM, BLOCK_D, MERGE_M, MERGE_S)
-
-
-@triton.jit
-def _merge_splits(out_ptr, ws_out_ptr, ws_lse_ptr, row, head, row_ok, n_splits, total_rows, stride_ot,
-                  stride_oh, NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  MERGE_M: tl.constexpr, MERGE_S: tl.constexpr):
-    # Online-softmax merge of splits [0, n_splits) for MERGE_M (row, head) pairs, MERGE_S splits a
-    # step. A pair with no key in any split (lse -inf everywhere) comes out as zeros.
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    m_i = tl.full([MERGE_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([MERGE_M], tl.float32)
-    acc = tl.zeros([MERGE_M, BLOCK_D], tl.float32)
-    for s0 in range(0, n_splits, MERGE_S):
-        offs_s = s0 + tl.arange(0, MERGE_S)
-        ok = (offs_s < n_splits)[:, None] & row_ok[None, :]  # [MERGE_S, MERGE_M]
-        ws_row = (offs_s[:, None] * total_rows + row[None, :]).to(tl.int64) * NUM_Q_HEADS + head[None, :]
-        # .cg: written by other SMs in this launch; L1 is not coherent with them.
-        lse = tl.load(ws_lse_ptr + ws_row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(ws_out_ptr + ws_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                       mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_i, tl.max(lse, 0))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_sub)
-        w = tl.exp2(lse - m_sub[None, :])  # [MERGE_S, MERGE_M], 0 for absent splits
-        l_i = l_i * alpha + tl.sum(w, 0)
-        acc = acc * alpha[:, None] + tl.sum(part * w[:, :, None], 0)
-        m_i = m_new
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + row[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -649,7 +593,6 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    fused_merge: bool | None = None,
 ) -> torch.Tensor:
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
@@ -659,9 +602,6 @@ def paged_attention_triton(
     num_splits: override the heuristic (tests, tuning). workspace: preallocated
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
-    fused_merge: with splits, the last split of each tile merges them in the same launch (default
-      when the counter buffer exists, kernels/counters.py, unless GRAPHRT_FUSED_MERGE=0, read per
-      call so a benchmark can time both); False forces the merge kernel.
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -714,15 +654,6 @@ def paged_attention_triton(
             )
     else:
         ws_out = ws_lse = out  # unused by the kernel when NUM_SPLITS == 1
-    if fused_merge is None:
-        fused_merge = None if os.environ.get("GRAPHRT_FUSED_MERGE", "1") != "0" else False
-    ctr = None
-    if num_splits > 1 and fused_merge is not False:
-        ctr = counters(query.device, bsz * hkv * num_q_tiles)
-        if fused_merge and ctr is None:
-            raise RuntimeError("fused_merge=True needs the counter buffer (first call outside capture)")
-    merge_m = triton.next_power_of_2(block_q * group)
-    merge_s = max(1, min(triton.next_power_of_2(num_splits), 8192 // (merge_m * block_d)))
 
     dot_precision = "ieee" if k_cache.dtype == torch.float32 or query.dtype == torch.float32 else "tf32"
     if query.dtype != k_cache.dtype:
@@ -742,7 +673,6 @@ def paged_attention_triton(
         out,
         ws_out,
         ws_lse,
-        ctr if ctr is not None else seq_lens,
         query_len,
         max_blocks,
         total_rows,
@@ -769,9 +699,6 @@ def paged_attention_triton(
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision,
-        FUSED_MERGE=ctr is not None,
-        MERGE_M=merge_m,
-        MERGE_S=merge_s,
         # Triton's interpreter (CPU tests) runs tl.dot as numpy matmul on bf16's raw uint16 bits
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
@@ -780,7 +707,7 @@ def paged_attention_triton(
         **extra,
         **pdl_launch(pdl),
     )
-    if num_splits > 1 and ctr is None:
+    if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
         # Merge tile [heads, splits, D slice] of <= 4096 fp32 values (32 a thread at 4 warps; 8192
         # spilled registers at 64 splits x D 128 on sm_90).

@@ -10,9 +10,9 @@ K = 3). Every request has the full context; blocks are shuffled across the pool.
     floor_us  K and V bytes of the live context read once, over the measured copy bandwidth
     ratio     ours_us / floor_us (target at 4k context: <= 1.5)
 
-python -m graphrt.kernels.attention_bench [--sweep | --sweep-small | --merge]  (--sweep: tile / warp /
-stage / split grid at 4k context, to retune the defaults in attention.py; --sweep-small: split count
-x tile x stages crossed at B = 1 and 2; --merge: in-launch vs separate split merge)
+python -m graphrt.kernels.attention_bench [--sweep | --sweep-small]  (--sweep: tile / warp / stage / split
+grid at 4k context, to retune the defaults in attention.py; --sweep-small: split count x tile x
+stages crossed at B = 1 and 2)
 """
 
 from __future__ import annotations
@@ -168,22 +168,6 @@ def sweep_small() -> list[dict]:
     return rows
 
 
-def merge_ab() -> list[dict]:
-    """The split merge in the same launch (last split of a tile, the default) against the separate
-    merge kernel, same run: B in {1, 2, 8}, query_len 1 and 4, at the default split count and a few
-    fixed ones (in-launch merging makes each split cost more at the end, so fewer may win)."""
-    rows = []
-    bw = memory_bandwidth_gbs()
-    for splits, fused in itertools.product((None, 16, 32, 64), (False, True)):
-        kw = dict(fused_merge=fused) if splits is None else dict(fused_merge=fused, num_splits=splits)
-        got = run(contexts=(4096,), batches=(1, 2, 8), with_torch=False, bw_gbs=bw, **kw)
-        if splits is None:
-            got += run(contexts=(32768,), batches=(1, 8), with_torch=False, bw_gbs=bw, **kw)
-        rows += [{"config": " ".join(f"{k}={v}" for k, v in kw.items()), **r} for r in got]
-    rows.sort(key=lambda r: (r["seq_len"], r["B"], r["query_len"], r["ours_us"]))
-    return rows
-
-
 def _print(rows: list[dict]) -> None:
     if not rows:
         return
@@ -197,9 +181,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-small", action="store_true", help="B = 1, 2 at 4k: splits x tile x stages")
-    parser.add_argument("--merge", action="store_true", help="in-launch vs separate split merge, same run")
     args = parser.parse_args()
-    _print(merge_ab() if args.merge else sweep_small() if args.sweep_small else sweep() if args.sweep else run())
+    _print(sweep_small() if args.sweep_small else sweep() if args.sweep else run())
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn amerge fuseab kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
+# attn fuseab kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -56,12 +56,12 @@ for step in $steps; do
                 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
     cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
                 --json "$OUT/profile_cupti$v.json" 2>&1 | sed "s/^/CUPTI_WARMUP=$v /" | log | tail -20; done ;;
-    fuseab)   # session 4's two fusions (gate_up + SiLU·mul epilogue, in-launch attention split merge) off / on
-              for v in 0 1; do GRAPHRT_FUSED_MLP=$v GRAPHRT_FUSED_MERGE=$v python3 -m graphrt bench --no-draft \
+    fuseab)   # session 4: the M = 1 GEMV epilogue fusions (SiLU·mul after gate_up, rotary + KV store after qkv) off / on
+              for v in 0 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
                 --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/fuseab$v.json" 2>&1 | grep -E '^(plain|mode)' \
                 | sed "s/^/FUSED=$v /" | log; done ;;
-    kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_attention.py \
-                tests/test_argmax.py tests/test_layer_kernels.py 2>&1 | log | tail -8 ;;
+    kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py \
+                tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py 2>&1 | log | tail -8 ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
@@ -94,7 +94,6 @@ for step in $steps; do
     asweep)   python3 -m graphrt.kernels.attention_bench --sweep-small > "$OUT/attn_sweep_small.txt" 2>&1
               awk 'NR == 1 { print; next } $6 " " $7 != key { key = $6 " " $7; n = 0 } n++ < 4' "$OUT/attn_sweep_small.txt" | log ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
-    amerge)   python3 -m graphrt.kernels.attention_bench --merge 2>&1 | log | tail -80 ;;
     initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
     vllmpeer) # needs .vllm_src carried (scripts/vllm_rejection_peer.py says how to extract it)
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \

@@ -19,7 +19,7 @@ _ARGMAX = dict(logits_ptr="*bf16", part_val_ptr="*fp32", part_idx_ptr="*i32", ou
 _ROTARY = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_norm_ptr="*fp32",
                k_norm_ptr="*fp32", eps="fp32")
 _ATTN = dict(block_tables_ptr="*i32", seq_lens_ptr="*i32", ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
-             ctr_ptr="*i32", scale_log2="fp32")
+             scale_log2="fp32")
 _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr="*fp32", seed_ptr="*i64",
             pos_ptr="*i64", nd_ptr="*i32", fstat_ptr="*fp32", istat_ptr="*i32", tok_ptr="*i64", nemit_ptr="*i32",
             lp_ptr="*fp32", counts_ptr="*i64", race_i_ptr="*i32", race_f_ptr="*fp32", ctr_ptr="*i32",
@@ -37,6 +37,9 @@ CASES = {
     "gemv-fma-m1-gated-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
         BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
         FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True), dict(num_warps=4, num_stages=1)),
+    "qkv-rotary-m1-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
+        NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
+        HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),
     "gemv-fma-m2-split": ("gemv", "_gemv_kernel", _GEMV, dict(
         BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
         FUSED=True, RED_M=2, DOT_PRECISION="tf32", USE_PDL=False), dict(num_warps=4, num_stages=1)),
@@ -57,12 +60,6 @@ CASES = {
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True), dict(num_warps=1)),
     "attn-decode-split-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True), dict(num_warps=4)),
-    "attn-decode-split-fused-merge-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
-        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=2, FUSED_MERGE=True, MERGE_M=4, MERGE_S=2, USE_PDL=True),
-        dict(num_warps=4, num_stages=1)),
-    "attn-verify-split-fused-merge": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
-        _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=32, FUSED_MERGE=True, MERGE_M=16, MERGE_S=8, USE_PDL=False),
-        dict(num_warps=4)),
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",

@@ -1,0 +1,221 @@
+"""The attention prologue of a one-token decode step in one launch: the fused qkv GEMV with rotary
+embedding of q and k and the store of k and v into the paged cache in its epilogue.
+
+    qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
+
+bit for bit on the GPU under the dispatcher's M = 1 GEMV configuration: the same weight tiles summed
+in the same order (kernels/gemv.py's FMA path), the qkv outputs rounded to the model dtype before
+the rotation as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. At batch 1 the
+separate rotary launch (and the qkv round trip through memory) is a fixed cost of every layer;
+with it gone the layer is the GEMV's weight read plus one epilogue.
+
+Each program owns BLOCK_N rotary pairs: pair i is head i // (D/2), dims (i % (D/2), + D/2), so the
+two halves a rotation mixes are summed by the same program; v heads are paired the same way and
+stored as they come. No per-head q/k norm (Qwen3): the norm needs a whole head, which no program
+holds; those models keep the two-launch path (AttentionBlock decides).
+
+`qkv_rotary_store_reference` (linear + rotary_store_kv, also the fallback) sits beside the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphrt.kernels.gemv import _fma_final, _fma_step, _fma_zeros, epilogues_enabled, linear, select_config
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
+from graphrt.kernels.rotary import _check_args, rotary_store_kv
+
+__all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
+
+
+def _split(qkv: torch.Tensor, hq: int, hkv: int, d: int):
+    n = qkv.shape[0]
+    q = qkv[:, : hq * d].view(n, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(n, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)
+    return q, k, v
+
+
+def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
+                               num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """x [N, H], w_qkv [(Hq + 2 Hkv) D, H], bias [(Hq + 2 Hkv) D] or None; the rest as in
+    rotary_store_kv. Stores k, v; returns the rotated q [N, Hq, D] contiguous. The two-launch path
+    the model takes without the fusion (gemv.linear, then rotary_store_kv)."""
+    d = k_cache.shape[-1]
+    q, k, v = _split(linear(x, w_qkv, bias), num_q_heads, num_kv_heads, d)
+    return rotary_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+@triton.jit
+def _qkv_rotary_kernel(
+    x_ptr,  # [1, K] model dtype, contiguous
+    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
+    bias_ptr,  # [(Hq + 2 Hkv) * D] (HAS_BIAS only)
+    pos_ptr,  # [1] int64
+    cos_ptr,  # [max_positions, D] fp32, contiguous
+    sin_ptr,  # [max_positions, D] fp32, contiguous
+    q_out_ptr,  # [1, Hq, D] contiguous
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    slot_ptr,  # [1] int64, negative = skip the store
+    K,
+    max_positions,
+    num_slots,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # rotary pairs per program
+    BLOCK_K: tl.constexpr,
+    REDUCE_EACH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
+    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = pair < NUM_PAIRS
+    pair = tl.minimum(pair, NUM_PAIRS - 1)  # past the end: re-read the last pair, never stored
+    head = pair // HALF
+    dim = pair % HALF
+    r1 = head * HEAD_DIM + dim
+    offs_k = tl.arange(0, BLOCK_K)
+    w1_ptrs = w_ptr + r1.to(tl.int64)[:, None] * K + offs_k[None, :]
+    w2_ptrs = w1_ptrs + HALF * K
+    a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    k_full = (K // BLOCK_K) * BLOCK_K
+    k_start = 0
+    if USE_PDL:
+        # As in gemv: the weights stream in while the producer of x finishes.
+        kmask = offs_k < K
+        w1 = tl.load(w1_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
+        w2 = tl.load(w2_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
+        wait_for_producer()
+        a1 = _fma_step(a1, w1, x_ptr, offs_k, kmask, True, REDUCE_EACH)
+        a2 = _fma_step(a2, w2, x_ptr, offs_k, kmask, True, REDUCE_EACH)
+        k_start = BLOCK_K
+    for k in range(k_start, k_full, BLOCK_K):
+        w1 = tl.load(w1_ptrs + k).to(tl.float32)
+        w2 = tl.load(w2_ptrs + k).to(tl.float32)
+        a1 = _fma_step(a1, w1, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+        a2 = _fma_step(a2, w2, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+    if k_full < K and k_full >= k_start:  # K tail (unless the peeled first tile was it)
+        kmask = (k_full + offs_k) < K
+        w1 = tl.load(w1_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        w2 = tl.load(w2_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        a1 = _fma_step(a1, w1, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+        a2 = _fma_step(a2, w2, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+    y1 = _fma_final(a1, REDUCE_EACH)
+    y2 = _fma_final(a2, REDUCE_EACH)
+    if HAS_BIAS:
+        y1 += tl.load(bias_ptr + r1).to(tl.float32)
+        y2 += tl.load(bias_ptr + r1 + HALF).to(tl.float32)
+    # Rounded to the model dtype as the unfused GEMV stores qkv; from here kernels/rotary.py's math.
+    dt = q_out_ptr.dtype.element_ty
+    x1 = y1.to(dt)
+    x2 = y2.to(dt)
+
+    pos = tl.load(pos_ptr).to(tl.int64)
+    pos = tl.where(pos < 0, pos + max_positions, pos)
+    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
+    row = pos * HEAD_DIM + dim
+    c1 = tl.load(cos_ptr + row)
+    c2 = tl.load(cos_ptr + row + HALF)
+    s1 = tl.load(sin_ptr + row)
+    s2 = tl.load(sin_ptr + row + HALF)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    o1 = (f1 * c1 + (-f2) * s1).to(dt)
+    o2 = (f2 * c2 + f1 * s2).to(dt)
+
+    is_q = ok & (head < NUM_Q_HEADS)
+    q_dst = q_out_ptr + r1
+    tl.store(q_dst, o1, mask=is_q)
+    tl.store(q_dst + HALF, o2, mask=is_q)
+    slot = tl.load(slot_ptr).to(tl.int64)
+    # Negative slot: skip; a slot past the pool is skipped too (no out-of-bounds write).
+    slot_v = pair.to(tl.int64) * 0 + slot
+    keep = ok & (slot_v >= 0) & (slot_v < num_slots)
+    blk = slot // PAGE
+    off = slot % PAGE
+    kv_head = head - NUM_Q_HEADS
+    is_k = keep & (kv_head >= 0) & (kv_head < NUM_KV_HEADS)
+    k_dst = k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kv_head * stride_kc_h + dim
+    tl.store(k_dst, o1.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+    tl.store(k_dst + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+    v_head = kv_head - NUM_KV_HEADS
+    is_v = keep & (v_head >= 0)
+    v_dst = v_cache_ptr + blk * stride_vc_b + off * stride_vc_s + v_head * stride_vc_h + dim
+    tl.store(v_dst, x1.to(v_cache_ptr.dtype.element_ty), mask=is_v)
+    tl.store(v_dst + HALF, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v)
+
+
+def _config(n: int, k: int) -> dict | None:
+    """The unfused GEMV's M = 1 configuration for this [n, k] weight when it is the unsplit FMA
+    path (so the fused sums match it), else None."""
+    cfg = select_config(1, n, k)
+    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0):
+        return None
+    return cfg
+
+
+def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool) -> bool:
+    """Whether AttentionBlock may take the one-launch path: CUDA, one token, no q/k norm, bf16/fp16
+    throughout, contiguous operands, a configuration, the switch on (kernels/gemv.epilogues_enabled)."""
+    return (
+        epilogues_enabled() and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and not has_qk_norm
+        and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
+        and x.stride(1) == 1 and w_qkv.is_contiguous() and _config(*w_qkv.shape) is not None
+    )
+
+
+def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
+                            num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """Same contract as qkv_rotary_store_reference, for N = 1 token. One launch; no host sync."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be [1, H] (one token), got {tuple(x.shape)}")
+    d = k_cache.shape[-1]
+    n_out = (num_q_heads + 2 * num_kv_heads) * d
+    if w_qkv.dim() != 2 or w_qkv.shape != (n_out, x.shape[1]) or w_qkv.dtype != x.dtype:
+        raise ValueError(f"w_qkv must be [{n_out}, {x.shape[1]}] {x.dtype}, got {tuple(w_qkv.shape)} {w_qkv.dtype}")
+    if bias is not None and (bias.shape != (n_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
+    cfg = _config(n_out, x.shape[1])
+    if cfg is None or not x.is_contiguous() or not w_qkv.is_contiguous():
+        raise ValueError("qkv_rotary_store_triton needs contiguous x and w_qkv on the M = 1 FMA GEMV path")
+    q_out = torch.empty((1, num_q_heads, d), dtype=x.dtype, device=x.device)
+    # The rotary kernel's checks, on views of the output it stands in for.
+    q, k, v = _split(q_out.new_empty(1, n_out), num_q_heads, num_kv_heads, d)
+    _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
+    num_blocks, page = k_cache.shape[:2]
+    block_n = cfg["block_n"]
+    pdl = pdl_enabled(x.device)
+    _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n),)](
+        x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
+        x.shape[1], cos.shape[0], num_blocks * page,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
+        BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
+        HAS_BIAS=bias is not None, USE_PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **pdl_launch(pdl),
+    )  # fmt: skip
+    return q_out
+
+
+def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
+                     num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """One launch where `fusable` says so (no q/k norm assumed: the caller checks), else the GEMV
+    then rotary_store_kv. Stores k, v; returns the rotated q [N, Hq, D]."""
+    kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+    if fusable(x, w_qkv, k_cache, has_qk_norm=False) and (bias is None or bias.dtype == x.dtype):
+        return qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw)
+    return qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw)

@@ -1,0 +1,116 @@
+"""kernels/qkv_rotary.py: the one-token qkv GEMV with rotary + KV store in its epilogue, against the
+two-launch path it replaces (gemv.linear then rotary_store_kv).
+
+On CPU the kernel runs under the interpreter in fp32 and fp16 (its in-register cast to bf16
+truncates, so bf16 is checked on the GPU only); the `gpu` test asks for equal bits at the llama-1b
+and llama-8b shapes with the dispatcher's configuration. Fresh seeds, printed on failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from graphrt.kernels.qkv_rotary import (
+    fusable,
+    qkv_rotary_store,
+    qkv_rotary_store_reference,
+    qkv_rotary_store_triton,
+)
+
+from graphrt.models.layers import Rotary
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _case(hidden, hq, hkv, d, dtype, gen, *, bias, device="cpu", pos=5, slot=3, page=4, blocks=3):
+    n_out = (hq + 2 * hkv) * d
+    x = torch.randn(1, hidden, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n_out, hidden, generator=gen) / hidden**0.5).to(dtype).to(device)
+    b = torch.randn(n_out, generator=gen).to(dtype).to(device) if bias else None
+    rot = Rotary(d, 10000.0, None, 64, device)
+    kc = torch.randn(blocks, page, hkv, d, generator=gen).to(dtype).to(device)
+    vc = torch.randn(blocks, page, hkv, d, generator=gen).to(dtype).to(device)
+    positions = torch.tensor([pos], dtype=torch.int64, device=device)
+    slots = torch.tensor([slot], dtype=torch.int64, device=device)
+    return x, w, b, positions, rot.cos, rot.sin, kc, vc, slots
+
+
+def _run_both(args, hq, hkv):
+    x, w, b, positions, cos, sin, kc, vc, slots = args
+    kc2, vc2 = kc.clone(), vc.clone()
+    kw = dict(num_q_heads=hq, num_kv_heads=hkv)
+    snap = [t.clone() for t in (x, w, positions, slots)]
+    q_fused = qkv_rotary_store_triton(x, w, b, positions, cos, sin, kc, vc, slots, **kw)
+    q_ref = qkv_rotary_store_reference(x, w, b, positions, cos, sin, kc2, vc2, slots, **kw)
+    for before, after in zip(snap, (x, w, positions, slots)):
+        assert torch.equal(before, after), "an input was modified"
+    return q_fused, q_ref, (kc, vc), (kc2, vc2)
+
+
+# (hidden, hq, hkv, head_dim, bias): GQA, MHA, K tails, a head_dim whose half is not a power of 2.
+CPU_CASES = [(64, 4, 2, 16, False), (100, 2, 2, 8, True), (48, 6, 1, 12, False)]
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_matches_two_launch_path(case, dtype):
+    hidden, hq, hkv, d, bias = case
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = _case(hidden, hq, hkv, d, dtype, gen, bias=bias)
+    q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
+    assert q_fused.shape == (1, hq, d) and q_fused.dtype == dtype
+    # Same sums, same rotation; the interpreter's summation may differ by an ulp from torch's.
+    tol = dict(rtol=4e-3, atol=4e-3) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
+    msg = f"seed={seed} case={case} {dtype}"
+    torch.testing.assert_close(q_fused, q_ref, **tol, msg=lambda m: f"{msg}: q {m}")
+    torch.testing.assert_close(kc, kc2, **tol, msg=lambda m: f"{msg}: k cache {m}")
+    torch.testing.assert_close(vc, vc2, **tol, msg=lambda m: f"{msg}: v cache {m}")
+    # Only slot 3 (block 0, offset 3) changed.
+    _, _, _, _, _, _, kc0, vc0, _ = _case(hidden, hq, hkv, d, dtype, torch.Generator().manual_seed(seed), bias=bias)
+    changed = (kc != kc0).flatten(2).any(-1)
+    assert changed[0, 3] and changed.sum() == 1, msg
+
+
+def test_negative_slot_stores_nothing_and_position_wraps():
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = list(_case(64, 4, 2, 16, torch.float32, gen, bias=False, pos=-3, slot=-1))
+    kc0, vc0 = args[6].clone(), args[7].clone()
+    q_fused, q_ref, (kc, vc), _ = _run_both(args, 4, 2)
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0), f"seed={seed}"
+    torch.testing.assert_close(q_fused, q_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_and_cpu_dispatch():
+    gen = torch.Generator().manual_seed(0)
+    x, w, b, positions, cos, sin, kc, vc, slots = _case(64, 4, 2, 16, torch.float32, gen, bias=False)
+    with pytest.raises(ValueError, match="one token"):
+        qkv_rotary_store_triton(x.expand(2, -1), w, b, positions, cos, sin, kc, vc, slots,
+                                num_q_heads=4, num_kv_heads=2)
+    with pytest.raises(ValueError, match="w_qkv must be"):
+        qkv_rotary_store_triton(x, w[:-1], b, positions, cos, sin, kc, vc, slots, num_q_heads=4, num_kv_heads=2)
+    # CPU tensors never take the kernel: the dispatcher is the two-launch path, bit for bit.
+    assert not fusable(x, w, kc, has_qk_norm=False)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q1 = qkv_rotary_store(x, w, b, positions, cos, sin, kc, vc, slots, num_q_heads=4, num_kv_heads=2)
+    q2 = qkv_rotary_store_reference(x, w, b, positions, cos, sin, kc2, vc2, slots, num_q_heads=4, num_kv_heads=2)
+    assert torch.equal(q1, q2) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden,hq,hkv,d", [(2048, 32, 8, 64), (4096, 32, 8, 128), (896, 14, 2, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = _case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=bias, device=cuda, pos=37, slot=9, page=16)
+    assert fusable(args[0], args[1], args[6], has_qk_norm=False)
+    q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
+    msg = f"seed={seed} hidden={hidden} heads={hq}/{hkv} d={d} bias={bias}"
+    assert torch.equal(q_fused, q_ref), msg
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), msg
