@@ -525,10 +525,11 @@ def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> b
     )
 
 
-def epilogues_enabled() -> bool:
-    """GRAPHRT_GEMV_EPILOGUE=0 turns off the M = 1 GEMV epilogue fusions (SiLU·mul after gate_up,
-    kernels/qkv_rotary.py after qkv); read per call, so a benchmark can time both in one process."""
-    return os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1") != "0"
+def epilogues_enabled(kind: str) -> bool:
+    """Whether the M = 1 GEMV epilogue fusion `kind` ("mlp": SiLU·mul after gate_up; "qkv":
+    kernels/qkv_rotary.py after qkv) is on. GRAPHRT_GEMV_EPILOGUE=0 turns both off, =mlp or =qkv
+    keeps one; read per call, so a benchmark can time each in one process."""
+    return os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1") in ("1", kind)
 
 
 def linear_silu_mul(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
@@ -538,7 +539,7 @@ def linear_silu_mul(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     activation in the GEMV's epilogue (gemv_triton(gated=True)); elsewhere linear then silu_and_mul,
     which gives the same bits.
     """
-    if epilogues_enabled() and x.shape[0] == 1 and _triton_ok(x, w_gate_up, None) and w_gate_up.shape[0] % 2 == 0:
+    if epilogues_enabled("mlp") and x.shape[0] == 1 and _triton_ok(x, w_gate_up, None) and w_gate_up.shape[0] % 2 == 0:
         cfg = select_config(1, w_gate_up.shape[0], w_gate_up.shape[1])
         if not cfg["use_dot"] and cfg.get("programs_per_sm", 0) == 0:
             return gemv_triton(x, w_gate_up, gated=True)

@@ -86,6 +86,18 @@ def _qkv_rotary_kernel(
     head = pair // HALF
     dim = pair % HALF
     r1 = head * HEAD_DIM + dim
+    # The epilogue's inputs first: position, slot and table rows are written before the kernel
+    # this one depends on (the forward computes them ahead of the embedding), so under PDL they,
+    # like the weights, load before the wait and their dependent chain is off the critical path.
+    pos = tl.load(pos_ptr).to(tl.int64)
+    pos = tl.where(pos < 0, pos + max_positions, pos)
+    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
+    row = pos * HEAD_DIM + dim
+    c1 = tl.load(cos_ptr + row)
+    c2 = tl.load(cos_ptr + row + HALF)
+    s1 = tl.load(sin_ptr + row)
+    s2 = tl.load(sin_ptr + row + HALF)
+    slot = tl.load(slot_ptr).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     w1_ptrs = w_ptr + r1.to(tl.int64)[:, None] * K + offs_k[None, :]
     w2_ptrs = w1_ptrs + HALF * K
@@ -123,14 +135,6 @@ def _qkv_rotary_kernel(
     x1 = y1.to(dt)
     x2 = y2.to(dt)
 
-    pos = tl.load(pos_ptr).to(tl.int64)
-    pos = tl.where(pos < 0, pos + max_positions, pos)
-    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
-    row = pos * HEAD_DIM + dim
-    c1 = tl.load(cos_ptr + row)
-    c2 = tl.load(cos_ptr + row + HALF)
-    s1 = tl.load(sin_ptr + row)
-    s2 = tl.load(sin_ptr + row + HALF)
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     o1 = (f1 * c1 + (-f2) * s1).to(dt)
@@ -140,7 +144,6 @@ def _qkv_rotary_kernel(
     q_dst = q_out_ptr + r1
     tl.store(q_dst, o1, mask=is_q)
     tl.store(q_dst + HALF, o2, mask=is_q)
-    slot = tl.load(slot_ptr).to(tl.int64)
     # Negative slot: skip; a slot past the pool is skipped too (no out-of-bounds write).
     slot_v = pair.to(tl.int64) * 0 + slot
     keep = ok & (slot_v >= 0) & (slot_v < num_slots)
@@ -171,7 +174,7 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool) -> bool:
     """Whether AttentionBlock may take the one-launch path: CUDA, one token, no q/k norm, bf16/fp16
     throughout, contiguous operands, a configuration, the switch on (kernels/gemv.epilogues_enabled)."""
     return (
-        epilogues_enabled() and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and not has_qk_norm
+        epilogues_enabled("qkv") and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and not has_qk_norm
         and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
         and x.stride(1) == 1 and w_qkv.is_contiguous() and _config(*w_qkv.shape) is not None
     )

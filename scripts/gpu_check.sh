@@ -56,8 +56,8 @@ for step in $steps; do
                 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
     cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
                 --json "$OUT/profile_cupti$v.json" 2>&1 | sed "s/^/CUPTI_WARMUP=$v /" | log | tail -20; done ;;
-    fuseab)   # session 4: the M = 1 GEMV epilogue fusions (SiLU·mul after gate_up, rotary + KV store after qkv) off / on
-              for v in 0 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
+    fuseab)   # session 4: the M = 1 GEMV epilogue fusions (SiLU·mul after gate_up, rotary + KV store after qkv): off / SiLU only / both
+              for v in 0 mlp 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
                 --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/fuseab$v.json" 2>&1 | grep -E '^(plain|mode)' \
                 | sed "s/^/FUSED=$v /" | log; done ;;
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py \

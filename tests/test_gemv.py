@@ -283,6 +283,26 @@ def test_gpu_runtime_bf16_graphs_match_eager(cuda):
         assert got[True] == got[False], f"draft={d is not None}"
 
 
+@pytest.mark.gpu
+def test_gpu_runtime_epilogue_fusions_do_not_change_tokens(cuda, monkeypatch):
+    # The one-token steps (plain decode, draft decode) take the fused qkv + rotary and gate_up +
+    # SiLU·mul kernels; each equals its two-launch pair bit for bit, so whole generations must too.
+    from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint import load_checkpoint
+    from tests.helpers import draft_dir, tiny_dir
+
+    target = load_checkpoint(tiny_dir(), dtype=torch.bfloat16, device=cuda)
+    draft = load_checkpoint(draft_dir("self"), dtype=torch.bfloat16, device=cuda)
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    for d in (None, draft):
+        got = {}
+        for switch in ("0", "1"):
+            monkeypatch.setenv("GRAPHRT_GEMV_EPILOGUE", switch)
+            rt = Runtime(target, d, device=cuda, max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
+            got[switch] = [rt.generate([p], sp)[0].token_ids for p in ([3, 4, 5, 6], [7] * 9)]
+        assert got["0"] == got["1"], f"draft={d is not None}"
+
+
 def test_env_switch_sends_everything_to_cublas():
     """GRAPHRT_GEMV=0 (read at import) turns the Triton path off for a whole run."""
     import subprocess
