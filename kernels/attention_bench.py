@@ -168,6 +168,19 @@ def sweep_small() -> list[dict]:
     return rows
 
 
+def sweep_short() -> list[dict]:
+    """Short contexts (what a decode step sees early in a generation, or with a small max_seq_len):
+    split counts {1, 2, 4, 8} at B = 1 and 8, query_len 1 and 4. A split of a short range saves
+    less than the merge launch it adds; this finds where splitting starts to pay."""
+    rows = []
+    bw = memory_bandwidth_gbs()
+    for splits in (1, 2, 4, 8):
+        got = run(contexts=(160, 256, 512, 1024), batches=(1, 8), with_torch=False, bw_gbs=bw, num_splits=splits)
+        rows += [{"config": f"num_splits={splits}", **r} for r in got]
+    rows.sort(key=lambda r: (r["seq_len"], r["B"], r["query_len"], r["ours_us"]))
+    return rows
+
+
 def _print(rows: list[dict]) -> None:
     if not rows:
         return
@@ -181,7 +194,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-small", action="store_true", help="B = 1, 2 at 4k: splits x tile x stages")
+    parser.add_argument("--sweep-short", action="store_true", help="contexts 160..1024: split counts 1..8")
     args = parser.parse_args()
+    if args.sweep_short:
+        _print(sweep_short())
+        return
     _print(sweep_small() if args.sweep_small else sweep() if args.sweep else run())
 
 

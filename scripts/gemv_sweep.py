@@ -1,6 +1,6 @@
 """Sweep of graphrt.kernels.gemv against cuBLAS (F.linear) at decode shapes, on CUDA.
 
-    python scripts/gemv_sweep.py --out gemv.json [--budget-s 130]
+    python scripts/gemv_sweep.py --out gemv.json [--budget-s 130] [--shapes 1b.lm_head --ms 1 --all-tiles]
 
 For the projections of the llama-1b and llama-8b shapes (and the 1b lm_head, for reference) and
 M in {1, 4, 8, 16}, times F.linear and every Triton config of a pruned grid with
@@ -86,6 +86,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON output path")
     ap.add_argument("--budget-s", type=float, default=130.0, help="skip remaining Triton configs past this")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
+    ap.add_argument("--ms", default=None, help="comma-separated M values (default: 1,2,4,8,16)")
+    ap.add_argument("--all-tiles", action="store_true", help="do not prune the grid for lm_head-sized shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemv_sweep needs CUDA")
@@ -96,11 +99,13 @@ def main() -> int:
     rows = []
     print(f"{'shape':<12} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>9} {'GB/s':>6} {'triton us':>9} {'GB/s':>6} "
           f"{'%4.3T':>6} {'disp us':>8}  best config")
-    for name, n, k in SHAPES:
-        big = n * k > 200_000_000
+    shapes = [s for s in SHAPES if args.shapes is None or s[0] in args.shapes.split(",")]
+    ms = [int(m) for m in args.ms.split(",")] if args.ms else MS
+    for name, n, k in shapes:
+        big = n * k > 200_000_000 and not args.all_tiles
         wbytes = n * k * 2
         sets_w = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(_num_sets(wbytes))]
-        for m in MS:
+        for m in ms:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n
             ref_us = time_in_graph(lambda x, w: F.linear(x, w), sets, replays=15)

@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn fuseab kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
+# attn ashort lmhead fuseab kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -94,6 +94,9 @@ for step in $steps; do
     asweep)   python3 -m graphrt.kernels.attention_bench --sweep-small > "$OUT/attn_sweep_small.txt" 2>&1
               awk 'NR == 1 { print; next } $6 " " $7 != key { key = $6 " " $7; n = 0 } n++ < 4' "$OUT/attn_sweep_small.txt" | log ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
+    ashort)   python3 -m graphrt.kernels.attention_bench --sweep-short 2>&1 | log | tail -70 ;;
+    lmhead)   python3 scripts/gemv_sweep.py --out "$OUT/gemv_lmhead.json" --shapes 1b.lm_head,1b.down,1b.o \
+                --ms 1 --all-tiles --budget-s 200 2>&1 | log | tail -8 ;;
     initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
     vllmpeer) # needs .vllm_src carried (scripts/vllm_rejection_peer.py says how to extract it)
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
