@@ -525,6 +525,8 @@ _MAX_SPLITS = 64
 #   B = 1, query_len 4: 32 splits 14.2 us, 64 splits 16.0
 #   B = 2, query_len 1: 32 splits 17.8 us, 16-24 splits 19.5-20.3
 #   B = 8, query_len 1: 9 splits 56.1 us against 54.2 at 5 (and 480 vs 371 us at 32k): 2 per SM
+#   B = 1, 160-1024 tokens (--sweep-short): one KV step per split fastest at every length; at
+#   160 tokens 1 split 6.9 us, 2 splits 7.5, 3 (one step each) 5.4
 _MIN_SPLIT_TOKENS = 64
 _PROGRAMS_PER_SM = 2
 _PROGRAMS_PER_SM_TINY = 4  # query_len 1 and an un-split grid under 1/8 of the SMs
@@ -546,7 +548,7 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_
     """Splits of the KV range per (request, kv head, query tile): from static sizes only.
 
     Splitting only pays when the un-split grid leaves SMs idle (small batch, long context); it is
-    capped so each split still has >= _MIN_SPLIT_TOKENS at max_seq_len. Never depends on seq_lens:
+    capped at one split per started _MIN_SPLIT_TOKENS of max_seq_len. Never depends on seq_lens:
     the result fixes a CUDA graph's grid.
     """
     if num_programs >= sm_count:
@@ -554,7 +556,9 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_
     tiny = query_len == 1 and 8 * num_programs <= sm_count
     per_sm = _PROGRAMS_PER_SM_TINY if tiny else _PROGRAMS_PER_SM
     want = -(-per_sm * sm_count // num_programs)
-    by_len = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
+    # Rounded up: a context a little past a multiple of 64 gets one more split, not one less (H100,
+    # attention_bench --sweep-short: B = 1, 160 tokens, 3 one-step splits 5.4 us, 2 two-step 7.5).
+    by_len = -(-max_seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, _MAX_SPLITS))
 
 

@@ -264,7 +264,9 @@ def test_choose_num_splits():
     assert choose_num_splits(32, 4096, 132) == 9  # B=4: 2 programs per SM
     assert choose_num_splits(8, 4096, 132, query_len=4) == 33  # verify rows: half the splits
     assert choose_num_splits(16, 4096, 132, query_len=4) == 17
-    assert choose_num_splits(8, 100, 132) == 1
+    assert choose_num_splits(8, 64, 132) == 1  # one KV step: nothing to split
+    assert choose_num_splits(8, 100, 132) == 2  # one split per started 64 tokens
+    assert choose_num_splits(8, 176, 132) == 3  # llama-1b bench capacity: 3 one-step splits
 
 
 def test_bad_arguments():
