@@ -61,7 +61,7 @@ for step in $steps; do
                 --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/fuseab$v.json" 2>&1 | grep -E '^(plain|mode)' \
                 | sed "s/^/FUSED=$v /" | log; done ;;
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py \
-                tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py 2>&1 | log | tail -8 ;;
+                tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py 2>&1 | log | tail -8 ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
