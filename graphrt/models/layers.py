@@ -4,9 +4,12 @@ projection is one GEMM.
 
 On CUDA a decoder layer is nine launches (ten when attention splits the KV): [residual add +]
 RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
-residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. The fused kernels live in
-kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each entry point runs its
-PyTorch reference, which is the eager code this file used to hold, bit for bit. The four GEMMs go
+residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. A one-token step (batch 1) saves two:
+the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no q/k norm) and
+SiLU * mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), each bit for bit the pair it
+replaces. The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py;
+on CPU each entry point runs its PyTorch reference, which is the eager code this file used to
+hold, bit for bit. The four GEMMs go
 through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
 reads the small decode matrices far below peak bandwidth), F.linear otherwise (CPU included).
 
