@@ -40,7 +40,8 @@ from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "MAX_M"]
+__all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "m1_fma_config",
+           "MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -465,10 +466,9 @@ def gemv_triton(
     _validate(x, w, bias, out)
     m, k = x.shape
     n = w.shape[0]
-    if gated:
-        if m != 1 or bias is not None or out is not None or n % 2 or use_dot or (split_k or 1) > 1:
-            raise ValueError("gated=True takes M = 1, an even N (gate rows then up rows), no bias, no out, "
-                             f"the unsplit FMA path; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if gated and (m != 1 or bias is not None or out is not None or n % 2):
+        raise ValueError("gated=True takes M = 1, an even N (gate rows then up rows), no bias, no out; "
+                         f"got x {tuple(x.shape)}, w {tuple(w.shape)}")
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
     cfg = select_config(m, n, k) if m <= MAX_M else None
@@ -543,6 +543,15 @@ def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> b
     )
 
 
+def m1_fma_config(n: int, k: int) -> dict | None:
+    """select_config(1, n, k) when it is the unsplit FMA path, else None: the configurations an
+    M = 1 epilogue fusion can reuse so that its sums are the unfused GEMV's."""
+    cfg = select_config(1, n, k)
+    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0):
+        return None
+    return cfg
+
+
 def epilogues_enabled(kind: str) -> bool:
     """Whether the M = 1 GEMV epilogue fusion `kind` ("mlp": SiLU·mul after gate_up; "qkv":
     kernels/qkv_rotary.py after qkv) is on. GRAPHRT_GEMV_EPILOGUE=0 turns both off, =mlp or =qkv
@@ -557,10 +566,9 @@ def linear_silu_mul(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
     activation in the GEMV's epilogue (gemv_triton(gated=True)); elsewhere linear then silu_and_mul,
     which gives the same bits.
     """
-    if epilogues_enabled("mlp") and x.shape[0] == 1 and _triton_ok(x, w_gate_up, None) and w_gate_up.shape[0] % 2 == 0:
-        cfg = select_config(1, w_gate_up.shape[0], w_gate_up.shape[1])
-        if not cfg["use_dot"] and cfg.get("programs_per_sm", 0) == 0:
-            return gemv_triton(x, w_gate_up, gated=True)
+    if (epilogues_enabled("mlp") and x.shape[0] == 1 and w_gate_up.shape[0] % 2 == 0
+            and _triton_ok(x, w_gate_up, None) and m1_fma_config(*w_gate_up.shape) is not None):
+        return gemv_triton(x, w_gate_up, gated=True)
     return silu_and_mul(linear(x, w_gate_up))
 
 

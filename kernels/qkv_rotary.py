@@ -12,7 +12,7 @@ with it gone the layer is the GEMV's weight read plus one epilogue.
 Each program owns BLOCK_N rotary pairs: pair i is head i // (D/2), dims (i % (D/2), + D/2), so the
 two halves a rotation mixes are summed by the same program; v heads are paired the same way and
 stored as they come. No per-head q/k norm (Qwen3): the norm needs a whole head, which no program
-holds; those models keep the two-launch path (AttentionBlock decides).
+holds; those models keep the two-launch path (qkv_rotary_store decides).
 
 `qkv_rotary_store_reference` (linear + rotary_store_kv, also the fallback) sits beside the kernel.
 """
@@ -22,29 +22,27 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import _fma_final, _fma_step, _fma_zeros, epilogues_enabled, linear, select_config
+from graphrt.kernels.gemv import _fma_final, _fma_step, _fma_zeros, epilogues_enabled, linear, m1_fma_config
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.rotary import _check_args, rotary_store_kv
+from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
 __all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
 
 
-def _split(qkv: torch.Tensor, hq: int, hkv: int, d: int):
-    n = qkv.shape[0]
-    q = qkv[:, : hq * d].view(n, hq, d)
-    k = qkv[:, hq * d : (hq + hkv) * d].view(n, hkv, d)
-    v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)
-    return q, k, v
-
-
 def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
-                               num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+                               num_q_heads: int, num_kv_heads: int, q_norm=None, k_norm=None,
+                               eps=1e-6) -> torch.Tensor:
     """x [N, H], w_qkv [(Hq + 2 Hkv) D, H], bias [(Hq + 2 Hkv) D] or None; the rest as in
     rotary_store_kv. Stores k, v; returns the rotated q [N, Hq, D] contiguous. The two-launch path
-    the model takes without the fusion (gemv.linear, then rotary_store_kv)."""
+    (gemv.linear, then rotary_store_kv on column slices of its output)."""
     d = k_cache.shape[-1]
-    q, k, v = _split(linear(x, w_qkv, bias), num_q_heads, num_kv_heads, d)
-    return rotary_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping)
+    qkv = linear(x, w_qkv, bias)
+    n = qkv.shape[0]
+    q = qkv[:, : num_q_heads * d].view(n, num_q_heads, d)
+    k = qkv[:, num_q_heads * d : (num_q_heads + num_kv_heads) * d].view(n, num_kv_heads, d)
+    v = qkv[:, (num_q_heads + num_kv_heads) * d :].view(n, num_kv_heads, d)
+    return rotary_store_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm,
+                           k_norm=k_norm, eps=eps)
 
 
 @triton.jit
@@ -89,10 +87,7 @@ def _qkv_rotary_kernel(
     # The epilogue's inputs first: position, slot and table rows are written before the kernel
     # this one depends on (the forward computes them ahead of the embedding), so under PDL they,
     # like the weights, load before the wait and their dependent chain is off the critical path.
-    pos = tl.load(pos_ptr).to(tl.int64)
-    pos = tl.where(pos < 0, pos + max_positions, pos)
-    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
-    row = pos * HEAD_DIM + dim
+    row = table_row(pos_ptr, max_positions) * HEAD_DIM + dim
     c1 = tl.load(cos_ptr + row)
     c2 = tl.load(cos_ptr + row + HALF)
     s1 = tl.load(sin_ptr + row)
@@ -135,18 +130,13 @@ def _qkv_rotary_kernel(
     x1 = y1.to(dt)
     x2 = y2.to(dt)
 
-    f1 = x1.to(tl.float32)
-    f2 = x2.to(tl.float32)
-    o1 = (f1 * c1 + (-f2) * s1).to(dt)
-    o2 = (f2 * c2 + f1 * s2).to(dt)
+    o1, o2 = rotate_half(x1, x2, c1, c2, s1, s2)
 
     is_q = ok & (head < NUM_Q_HEADS)
     q_dst = q_out_ptr + r1
     tl.store(q_dst, o1, mask=is_q)
     tl.store(q_dst + HALF, o2, mask=is_q)
-    # Negative slot: skip; a slot past the pool is skipped too (no out-of-bounds write).
-    slot_v = pair.to(tl.int64) * 0 + slot
-    keep = ok & (slot_v >= 0) & (slot_v < num_slots)
+    keep = ok & slot_ok(slot, pair, num_slots)
     blk = slot // PAGE
     off = slot % PAGE
     kv_head = head - NUM_Q_HEADS
@@ -161,22 +151,14 @@ def _qkv_rotary_kernel(
     tl.store(v_dst + HALF, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v)
 
 
-def _config(n: int, k: int) -> dict | None:
-    """The unfused GEMV's M = 1 configuration for this [n, k] weight when it is the unsplit FMA
-    path (so the fused sums match it), else None."""
-    cfg = select_config(1, n, k)
-    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0):
-        return None
-    return cfg
-
-
-def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool) -> bool:
-    """Whether AttentionBlock may take the one-launch path: CUDA, one token, no q/k norm, bf16/fp16
-    throughout, contiguous operands, a configuration, the switch on (kernels/gemv.epilogues_enabled)."""
+def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
+    """Whether the one-launch path applies: CUDA, one token, no q/k norm, bf16/fp16 throughout,
+    contiguous operands, an M = 1 FMA configuration, the switch on (kernels/gemv.epilogues_enabled)."""
     return (
         epilogues_enabled("qkv") and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and not has_qk_norm
         and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
-        and x.stride(1) == 1 and w_qkv.is_contiguous() and _config(*w_qkv.shape) is not None
+        and (bias is None or bias.dtype == x.dtype)
+        and x.stride(1) == 1 and w_qkv.is_contiguous() and m1_fma_config(*w_qkv.shape) is not None
     )
 
 
@@ -191,13 +173,13 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
         raise ValueError(f"w_qkv must be [{n_out}, {x.shape[1]}] {x.dtype}, got {tuple(w_qkv.shape)} {w_qkv.dtype}")
     if bias is not None and (bias.shape != (n_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
-    cfg = _config(n_out, x.shape[1])
+    cfg = m1_fma_config(n_out, x.shape[1])
     if cfg is None or not x.is_contiguous() or not w_qkv.is_contiguous():
         raise ValueError("qkv_rotary_store_triton needs contiguous x and w_qkv on the M = 1 FMA GEMV path")
     q_out = torch.empty((1, num_q_heads, d), dtype=x.dtype, device=x.device)
-    # The rotary kernel's checks, on views of the output it stands in for.
-    q, k, v = _split(q_out.new_empty(1, n_out), num_q_heads, num_kv_heads, d)
-    _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
+    # The rotary kernel's checks; q_out's first Hkv heads stand in for k and v (same dtype, layout).
+    kv = q_out[:, :num_kv_heads]
+    _check_args(q_out, kv, kv, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
     num_blocks, page = k_cache.shape[:2]
     block_n = cfg["block_n"]
     pdl = pdl_enabled(x.device)
@@ -215,10 +197,12 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
 
 
 def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
-                     num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """One launch where `fusable` says so (no q/k norm assumed: the caller checks), else the GEMV
-    then rotary_store_kv. Stores k, v; returns the rotated q [N, Hq, D]."""
+                     num_q_heads: int, num_kv_heads: int, q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
+    """The attention prologue: qkv projection, [q/k norm,] rotary of q and k, store of k and v.
+    One launch where `fusable` says so, else the GEMV then rotary_store_kv (which also takes the
+    per-head norms). Returns the rotated q [N, Hq, D]."""
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
-    if fusable(x, w_qkv, k_cache, has_qk_norm=False) and (bias is None or bias.dtype == x.dtype):
+    if fusable(x, w_qkv, k_cache, has_qk_norm=q_norm is not None, bias=bias):
         return qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw)
-    return qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw)
+    return qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw,
+                                      q_norm=q_norm, k_norm=k_norm, eps=eps)

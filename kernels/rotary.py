@@ -80,6 +80,33 @@ def rotary_store_kv_reference(
 
 
 @triton.jit
+def table_row(pos_ptr, max_positions):
+    """The cos/sin table row of the position at pos_ptr (int64): torch indexing semantics for a
+    negative position, clamped so a padded row's garbage position never reads outside the table."""
+    pos = tl.load(pos_ptr).to(tl.int64)
+    pos = tl.where(pos < 0, pos + max_positions, pos)
+    return tl.minimum(tl.maximum(pos, 0), max_positions - 1)
+
+
+@triton.jit
+def rotate_half(x1, x2, c1, c2, s1, s2):
+    """(out[:D/2], out[D/2:]) of (x * cos + rotate_half(x) * sin).to(x's dtype), fp32 math: shared
+    with kernels/qkv_rotary.py so both round identically."""
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    return (f1 * c1 + (-f2) * s1).to(x1.dtype), (f2 * c2 + f1 * s2).to(x1.dtype)
+
+
+@triton.jit
+def slot_ok(slot, like, num_slots):
+    """Lanes of `like`'s shape that may store to `slot`: a negative slot means skip, and a slot past
+    the pool is skipped too (no out-of-bounds write). Broadcast through a tensor: the interpreter
+    rejects a scalar-and-tensor mask."""
+    slot_v = like.to(tl.int64) * 0 + slot
+    return (slot_v >= 0) & (slot_v < num_slots)
+
+
+@triton.jit
 def _rotary_store_kv_kernel(
     q_ptr,  # [N, Hq, D], strides (stride_qn, stride_qh, 1)
     k_ptr,  # [N, Hkv, D], strides (stride_kn, stride_kh, 1)
@@ -142,20 +169,12 @@ def _rotary_store_kv_kernel(
         x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
         x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
 
-    # torch indexing semantics for negative positions; clamp so a padded row's garbage position
-    # never reads outside the table.
-    pos = tl.load(pos_ptr + n).to(tl.int64)
-    pos = tl.where(pos < 0, pos + max_positions, pos)
-    pos = tl.minimum(tl.maximum(pos, 0), max_positions - 1)
-    row = pos * HEAD_DIM
+    row = table_row(pos_ptr + n, max_positions) * HEAD_DIM
     c1 = tl.load(cos_ptr + row + offs, mask=mask, other=0.0)
     c2 = tl.load(cos_ptr + row + HALF + offs, mask=mask, other=0.0)
     s1 = tl.load(sin_ptr + row + offs, mask=mask, other=0.0)
     s2 = tl.load(sin_ptr + row + HALF + offs, mask=mask, other=0.0)
-    f1 = x1.to(tl.float32)
-    f2 = x2.to(tl.float32)
-    o1 = (f1 * c1 + (-f2) * s1).to(x1.dtype)
-    o2 = (f2 * c2 + f1 * s2).to(x1.dtype)
+    o1, o2 = rotate_half(x1, x2, c1, c2, s1, s2)
 
     if is_q:
         dst = q_out_ptr + (n * NUM_Q_HEADS + h) * HEAD_DIM
@@ -163,10 +182,7 @@ def _rotary_store_kv_kernel(
         tl.store(dst + HALF + offs, o2, mask=mask)
     else:
         slot = tl.load(slot_ptr + n).to(tl.int64)
-        # Negative slot: skip the row; a slot past the pool is skipped too (no OOB write).
-        # (Broadcast through a tensor: the interpreter rejects a scalar-and-tensor mask.)
-        slot_v = offs.to(tl.int64) * 0 + slot
-        keep = mask & (slot_v >= 0) & (slot_v < num_slots)
+        keep = mask & slot_ok(slot, offs, num_slots)
         blk = slot // PAGE
         off = slot % PAGE
         k_dst = k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kh * stride_kc_h

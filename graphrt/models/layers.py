@@ -29,9 +29,8 @@ from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_silu_mul
 from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
-from graphrt.kernels.qkv_rotary import fusable as qkv_fusable
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
-from graphrt.kernels.rotary import apply_rotary_reference, rotary_store_kv
+from graphrt.kernels.rotary import apply_rotary_reference
 
 
 @dataclass
@@ -113,29 +112,18 @@ class AttentionBlock:
 
     def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
         n = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.q_norm is None and qkv_fusable(x, self.qkv_weight, k_cache, has_qk_norm=False):
-            # One token: the rotation and the KV store run in the qkv GEMV's epilogue.
-            q = qkv_rotary_store(
-                x, self.qkv_weight, self.qkv_bias, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
-                meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            )
-        else:
-            qkv = linear(x, self.qkv_weight, self.qkv_bias)
-            q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)
-            v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim)
-            # q, k, v stay column slices of qkv: one launch normalises (Qwen3) and rotates q and k,
-            # stores k and v and returns q contiguous.
-            q = rotary_store_kv(
-                q, k, v, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache, meta.slot_mapping,
-                q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
-            )
+        # One token: the rotation and the KV store run in the qkv GEMV's epilogue; otherwise one
+        # launch normalises (Qwen3) and rotates q and k, stores k and v and returns q contiguous.
+        q = qkv_rotary_store(
+            x, self.qkv_weight, self.qkv_bias, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
+            meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
+        )
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
-        return linear(out.reshape(n, q_size), self.o_weight)
+        return linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight)
 
 
 class GatedMLP:
