@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
+from graphrt.kernels.norm import PendingNorm, apply_norm, norm_input, row_rstd
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "m1_fma_config",
@@ -89,6 +90,11 @@ def _fma_step(acc, w, x_row_ptr, offs_k, kmask, MASK_K: tl.constexpr, REDUCE_EAC
         xv = tl.load(x_row_ptr + offs_k, mask=kmask, other=0.0)
     else:
         xv = tl.load(x_row_ptr + offs_k)
+    return _fma_acc(acc, w, xv, REDUCE_EACH)
+
+
+@triton.jit
+def _fma_acc(acc, w, xv, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         # Reduce along K every step: a few shuffles per step, but the accumulator is one register
         # per row instead of one per loaded element, which leaves room for more loads in flight.
@@ -110,6 +116,43 @@ def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K: tl.
     if BLOCK_M > 3:
         a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     return a0, a1, a2, a3
+
+
+@triton.jit
+def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The norm prologue of a one-row GEMV whose x is the input of an RMSNorm (kernels/norm.py):
+    the row's 1/rms from one [BLOCK_H] load of it, the standalone norm kernel's load and sum. With
+    a residual, the rounded x + residual (the stream the next layer reads) goes to sum_ptr from the
+    program with write_sum. Call after the wait for x's producer."""
+    offs = tl.arange(0, BLOCK_H)
+    mask = offs < K
+    row = norm_input(x_ptr, res_ptr, offs, mask, NORM_RES)
+    if NORM_RES:
+        if write_sum:
+            tl.store(sum_ptr + offs, row, mask=mask)
+    return row_rstd(row, K, eps)
+
+
+@triton.jit
+def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr):
+    """Columns k + offs_k of the normalised row with norm weights g: what the norm kernel would
+    have stored there, bit for bit, given the same rstd."""
+    xt = norm_input(x_ptr + k, res_ptr + k, offs_k, kmask, NORM_RES)
+    return apply_norm(xt, rstd, g, x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH: tl.constexpr,
+                GATED: tl.constexpr, NORM_RES: tl.constexpr, g=None):
+    # One weight tile (and a second one, u, when GATED) against the normalised x tile at column k;
+    # g: the norm weights of the tile when already loaded (before the PDL wait).
+    if g is None:
+        g = tl.load(g_ptr + k + offs_k, mask=kmask, other=0.0)
+    xv = normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES)
+    a0 = _fma_acc(a0, w, xv, REDUCE_EACH)
+    if GATED:
+        c0 = _fma_acc(c0, u, xv, REDUCE_EACH)
+    return a0, c0
 
 
 @triton.jit
@@ -161,6 +204,10 @@ def _gemv_kernel(
     y_ptr,  # [M, N] x's dtype, last dim contiguous (row stride stride_ym)
     ws_ptr,  # [SPLIT_K, M, N] fp32 partials (SPLIT only)
     ctr_ptr,  # [>= cdiv(N, BLOCK_N)] int32 zeros (FUSED only): splits of each tile done
+    res_ptr,  # [1, K] residual added to x before the norm (NORM_RES only)
+    g_ptr,  # [K] norm weight, x's dtype (NORM only)
+    sum_ptr,  # [1, K] out: x + residual (NORM_RES only)
+    eps,  # the norm's epsilon (NORM only)
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -177,6 +224,9 @@ def _gemv_kernel(
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
     USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
     GATED: tl.constexpr = False,  # FMA, M = 1, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
+    NORM: tl.constexpr = False,  # FMA, M = 1, unsplit: x is the input of an RMSNorm (g_ptr, eps)
+    NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
+    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -234,28 +284,46 @@ def _gemv_kernel(
             w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+            if NORM:  # norm weights too
+                g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
             wait_for_producer()
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
-                                       REDUCE_EACH, BLOCK_M)
-            if GATED:
-                c0 = _fma_step(c0, u, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
+        if NORM:
+            rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, pid_n == 0, NORM_RES, BLOCK_H)
+        if USE_PDL:
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, offs_k, kmask,
+                                     rstd, REDUCE_EACH, GATED, NORM_RES, g)
+            else:
+                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
+                                           REDUCE_EACH, BLOCK_M)
+                if GATED:
+                    c0 = _fma_step(c0, u, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
             k_start = k0 + BLOCK_K
         for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k).to(tl.float32)
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
-                                       REDUCE_EACH, BLOCK_M)
-            if GATED:
-                c0 = _fma_step(c0, u, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, offs_k,
+                                     (k + offs_k) < K, rstd, REDUCE_EACH, GATED, NORM_RES)
+            else:
+                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
+                                           REDUCE_EACH, BLOCK_M)
+                if GATED:
+                    c0 = _fma_step(c0, u, x_ptr + k, offs_k, None, False, REDUCE_EACH)
         if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
-                                       REDUCE_EACH, BLOCK_M)
             if GATED:
                 u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-                c0 = _fma_step(c0, u, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full, offs_k,
+                                     kmask, rstd, REDUCE_EACH, GATED, NORM_RES)
+            else:
+                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
+                                           REDUCE_EACH, BLOCK_M)
+                if GATED:
+                    c0 = _fma_step(c0, u, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty
@@ -445,6 +513,7 @@ def gemv_triton(
     fused: bool | None = None,
     pdl: bool | None = None,
     gated: bool = False,
+    norm: PendingNorm | None = None,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -462,6 +531,9 @@ def gemv_triton(
     bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (FMA path, M = 1, no
     split, no bias, no out): the gate_up output never goes to memory and the activation needs no
     launch of its own.
+    norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
+    taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
+    (FMA path, M = 1, no split, no out); norm.stream holds x + residual afterwards.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -469,6 +541,9 @@ def gemv_triton(
     if gated and (m != 1 or bias is not None or out is not None or n % 2):
         raise ValueError("gated=True takes M = 1, an even N (gate rows then up rows), no bias, no out; "
                          f"got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if norm is not None and (norm.x is not x or m != 1 or out is not None or not norm.fusable()):
+        raise ValueError("norm= takes the PendingNorm of x itself: one contiguous row, norm weight in x's dtype, "
+                         f"no out; got x {tuple(x.shape)}")
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
     cfg = select_config(m, n, k) if m <= MAX_M else None
@@ -500,6 +575,8 @@ def gemv_triton(
             raise ValueError("gated=True needs the unsplit FMA path")
         n //= 2  # y's width: one output per (gate row, up row) pair
         tiles = triton.cdiv(n, block_n)
+    if norm is not None and (use_dot or split_k > 1):
+        raise ValueError("norm= needs the unsplit FMA path")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -514,13 +591,15 @@ def gemv_triton(
         ws = y  # unused
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
     pdl = pdl_enabled(x.device) if pdl is None else pdl
+    res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _gemv_kernel[(tiles, split_k)](
-        x, w, b, y, ws, ctr if ctr is not None else y,
+        x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
@@ -553,23 +632,39 @@ def m1_fma_config(n: int, k: int) -> dict | None:
 
 
 def epilogues_enabled(kind: str) -> bool:
-    """Whether the M = 1 GEMV epilogue fusion `kind` ("mlp": SiLU·mul after gate_up; "qkv":
-    kernels/qkv_rotary.py after qkv) is on. GRAPHRT_GEMV_EPILOGUE=0 turns both off, =mlp or =qkv
-    keeps one; read per call, so a benchmark can time each in one process."""
-    return os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1") in ("1", kind)
+    """Whether the M = 1 GEMV fusion `kind` is on: "mlp" (SiLU·mul after gate_up), "qkv"
+    (kernels/qkv_rotary.py after qkv) or "norm" (the RMSNorm before qkv and gate_up, in their
+    prologue). GRAPHRT_GEMV_EPILOGUE: 1 (all, the default), 0 (none) or a comma list of kinds; read
+    per call, so a benchmark can time each in one process."""
+    value = os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1")
+    return value == "1" or kind in value.split(",")
 
 
-def linear_silu_mul(x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
-    """x [M, K], w_gate_up [2I, K] (gate rows, then up rows) -> silu(x.gate^T) * (x.up^T), [M, I].
+def norm_fusable(x) -> bool:
+    """Whether a consumer given x (a tensor or a PendingNorm) takes the norm in its prologue."""
+    return isinstance(x, PendingNorm) and epilogues_enabled("norm") and x.fusable()
+
+
+def materialized(x) -> torch.Tensor:
+    """x itself, or the output of the PendingNorm x as its own launch."""
+    return x.materialize() if isinstance(x, PendingNorm) else x
+
+
+def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (or a PendingNorm of one), w_gate_up [2I, K] (gate rows, then up rows) ->
+    silu(x.gate^T) * (x.up^T), [M, I].
 
     Where the dispatcher puts the product on the unsplit M = 1 FMA path, one launch with the
-    activation in the GEMV's epilogue (gemv_triton(gated=True)); elsewhere linear then silu_and_mul,
-    which gives the same bits.
+    activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
+    its prologue; elsewhere [the norm,] linear, then silu_and_mul, which give the same bits.
     """
-    if (epilogues_enabled("mlp") and x.shape[0] == 1 and w_gate_up.shape[0] % 2 == 0
-            and _triton_ok(x, w_gate_up, None) and m1_fma_config(*w_gate_up.shape) is not None):
-        return gemv_triton(x, w_gate_up, gated=True)
-    return silu_and_mul(linear(x, w_gate_up))
+    xt = x.x if isinstance(x, PendingNorm) else x
+    if (epilogues_enabled("mlp") and xt.shape[0] == 1 and w_gate_up.shape[0] % 2 == 0
+            and _triton_ok(xt, w_gate_up, None) and m1_fma_config(*w_gate_up.shape) is not None):
+        if norm_fusable(x):
+            return gemv_triton(xt, w_gate_up, gated=True, norm=x)
+        return gemv_triton(materialized(x), w_gate_up, gated=True)
+    return silu_and_mul(linear(materialized(x), w_gate_up))
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -25,6 +25,7 @@ import triton.language as tl
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = [
+    "PendingNorm",
     "rms_norm",
     "rms_norm_reference",
     "rms_norm_triton",
@@ -65,6 +66,33 @@ def add_rms_norm_reference(
 
 
 @triton.jit
+def norm_input(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """A tile of the row a norm reads: x, or x + residual added in fp32 and rounded once to x's
+    dtype (what torch does for two bf16/fp16 tensors)."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def row_rstd(row, H, eps):
+    """1 / rms of a whole row (masked lanes zero), fp32. The one place the sum of squares is taken,
+    so every kernel that normalises the same row with the same layout gets the same bits."""
+    xf = row.to(tl.float32)
+    return tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+
+
+@triton.jit
+def apply_norm(x, rstd, w, out_dtype: tl.constexpr):
+    """The rounding chain after the statistic: one rounding of the normalised values to x's dtype
+    before the weight, then the weight product in fp32 rounded once to out_dtype."""
+    y = (x.to(tl.float32) * rstd).to(x.dtype)
+    return (w.to(tl.float32) * y.to(tl.float32)).to(out_dtype)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [N, H], row stride stride_xn, unit column stride
     res_ptr,  # [N, H] residual (read only if HAS_RESIDUAL)
@@ -84,19 +112,18 @@ def _rms_norm_kernel(
     n = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < H
-    x = tl.load(x_ptr + n * stride_xn + offs, mask=mask, other=0.0)
+    x = norm_input(x_ptr + n * stride_xn, res_ptr + n * stride_rn, offs, mask, HAS_RESIDUAL)
     if HAS_RESIDUAL:
-        res = tl.load(res_ptr + n * stride_rn + offs, mask=mask, other=0.0)
-        # torch adds two bf16/fp16 tensors in fp32 and rounds once: the same here.
-        x = (x.to(tl.float32) + res.to(tl.float32)).to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + n * H + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    mean_sq = tl.sum(xf * xf, axis=0) / H
-    rstd = tl.rsqrt(mean_sq + eps)
-    y = (xf * rstd).to(x.dtype)  # the one rounding to the input dtype, before the weight
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    out = w.to(tl.float32) * y.to(tl.float32)
-    tl.store(out_ptr + n * H + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = apply_norm(x, row_rstd(x, H, eps), w, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + n * H + offs, out, mask=mask)
+
+
+def norm_num_warps(block_h: int) -> int:
+    # 4 warps up to 4096 (llama-8b) as the one-row GEMVs with a norm prologue have: the same layout
+    # of the row, so the same order of the sum of squares (kernels/gemv.norm_stats).
+    return 1 if block_h <= 256 else 4 if block_h <= 4096 else 8 if block_h <= 8192 else 16
 
 
 def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> None:
@@ -132,7 +159,7 @@ def _launch(x, weight, eps, residual):
         return out, total
     block_h = triton.next_power_of_2(h)
     pdl = pdl_enabled(x.device)
-    num_warps = 1 if block_h <= 256 else 4 if block_h <= 2048 else 8 if block_h <= 8192 else 16
+    num_warps = norm_num_warps(block_h)
     _rms_norm_kernel[(n,)](
         x,
         residual if residual is not None else x,
@@ -187,3 +214,43 @@ def add_rms_norm(
     if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and residual.stride(-1) == 1:
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_reference(x, residual, weight, eps)
+
+
+class PendingNorm:
+    """rms_norm(x [+ residual], weight) handed to the projection that reads it, not yet computed.
+
+    At batch 1 a norm launch is a fixed cost of every layer, and a one-row GEMV on the FMA path
+    already streams all of x: it applies the norm in its prologue instead (kernels/gemv.py
+    norm_stats and normed_tile: this file's load, sum and rounding chain, so the GEMV sees the
+    bits the norm kernel would have stored). Any other consumer calls materialize(). Either way
+    `stream` is afterwards x + residual (x itself without a residual): what the next norm adds to.
+    """
+
+    def __init__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+        self.x, self.residual, self.weight, self.eps = x, residual, weight, eps
+        self.stream = x if residual is None else None
+
+    def materialize(self) -> torch.Tensor:
+        """The norm's output as its own launch (the reference on CPU)."""
+        if self.residual is None:
+            return rms_norm(self.x, self.weight, self.eps)
+        h, self.stream = add_rms_norm(self.x, self.residual, self.weight, self.eps)
+        return h
+
+    def fusable(self) -> bool:
+        """One contiguous row whose norm output keeps x's dtype (the GEMV's input dtype). Whether
+        the GEMV itself runs on Triton is its dispatcher's call."""
+        x, r, w = self.x, self.residual, self.weight
+        return (
+            x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous()
+            and w.dtype == x.dtype and w.shape == (x.shape[1],) and w.is_contiguous() and w.device == x.device
+            and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.is_contiguous()))
+        )
+
+    def kernel_args(self) -> tuple:
+        """(residual, weight, stream out, eps, has residual) for a kernel with the norm prologue;
+        allocates the stream it will write. Pointers a kernel does not read are x."""
+        if self.residual is None:
+            return self.x, self.weight, self.x, float(self.eps), False
+        self.stream = torch.empty_like(self.x)
+        return self.residual, self.weight, self.stream, float(self.eps), True

@@ -22,7 +22,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import _fma_final, _fma_step, _fma_zeros, epilogues_enabled, linear, m1_fma_config
+from graphrt.kernels.gemv import (
+    _fma_final,
+    _fma_normed,
+    _fma_step,
+    _fma_zeros,
+    epilogues_enabled,
+    linear,
+    m1_fma_config,
+    materialized,
+    norm_fusable,
+    norm_stats,
+)
+from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
@@ -57,6 +69,10 @@ def _qkv_rotary_kernel(
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     slot_ptr,  # [1] int64, negative = skip the store
+    res_ptr,  # [1, K] residual added to x before the norm (NORM_RES only)
+    g_ptr,  # [K] norm weight, x's dtype (NORM only)
+    sum_ptr,  # [1, K] out: x + residual (NORM_RES only)
+    eps,  # the norm's epsilon (NORM only)
     K,
     max_positions,
     num_slots,
@@ -75,6 +91,9 @@ def _qkv_rotary_kernel(
     REDUCE_EACH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    NORM: tl.constexpr = False,  # x is the input of an RMSNorm (g_ptr, eps), applied in the prologue
+    NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
+    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
@@ -101,25 +120,42 @@ def _qkv_rotary_kernel(
     k_full = (K // BLOCK_K) * BLOCK_K
     k_start = 0
     if USE_PDL:
-        # As in gemv: the weights stream in while the producer of x finishes.
+        # As in gemv: the weights (and norm weights) stream in while the producer of x finishes.
         kmask = offs_k < K
         w1 = tl.load(w1_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
         w2 = tl.load(w2_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if NORM:
+            g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0)
         wait_for_producer()
-        a1 = _fma_step(a1, w1, x_ptr, offs_k, kmask, True, REDUCE_EACH)
-        a2 = _fma_step(a2, w2, x_ptr, offs_k, kmask, True, REDUCE_EACH)
+    if NORM:
+        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tl.program_id(0) == 0, NORM_RES, BLOCK_H)
+    if USE_PDL:
+        if NORM:
+            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, 0, offs_k, kmask, rstd, REDUCE_EACH,
+                                 True, NORM_RES, g)
+        else:
+            a1 = _fma_step(a1, w1, x_ptr, offs_k, kmask, True, REDUCE_EACH)
+            a2 = _fma_step(a2, w2, x_ptr, offs_k, kmask, True, REDUCE_EACH)
         k_start = BLOCK_K
     for k in range(k_start, k_full, BLOCK_K):
         w1 = tl.load(w1_ptrs + k).to(tl.float32)
         w2 = tl.load(w2_ptrs + k).to(tl.float32)
-        a1 = _fma_step(a1, w1, x_ptr + k, offs_k, None, False, REDUCE_EACH)
-        a2 = _fma_step(a2, w2, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+        if NORM:
+            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, k, offs_k, (k + offs_k) < K, rstd,
+                                 REDUCE_EACH, True, NORM_RES)
+        else:
+            a1 = _fma_step(a1, w1, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+            a2 = _fma_step(a2, w2, x_ptr + k, offs_k, None, False, REDUCE_EACH)
     if k_full < K and k_full >= k_start:  # K tail (unless the peeled first tile was it)
         kmask = (k_full + offs_k) < K
         w1 = tl.load(w1_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
         w2 = tl.load(w2_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-        a1 = _fma_step(a1, w1, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
-        a2 = _fma_step(a2, w2, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+        if NORM:
+            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, k_full, offs_k, kmask, rstd,
+                                 REDUCE_EACH, True, NORM_RES)
+        else:
+            a1 = _fma_step(a1, w1, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+            a2 = _fma_step(a2, w2, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
     y1 = _fma_final(a1, REDUCE_EACH)
     y2 = _fma_final(a2, REDUCE_EACH)
     if HAS_BIAS:
@@ -163,8 +199,10 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
 
 
 def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
-                            num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """Same contract as qkv_rotary_store_reference, for N = 1 token. One launch; no host sync."""
+                            num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
+    """Same contract as qkv_rotary_store_reference, for N = 1 token. One launch; no host sync.
+    norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/gemv.norm_stats);
+    the result is then the reference's on norm.materialize(), bit for bit, and norm.stream is set."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be [1, H] (one token), got {tuple(x.shape)}")
     d = k_cache.shape[-1]
@@ -173,6 +211,8 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
         raise ValueError(f"w_qkv must be [{n_out}, {x.shape[1]}] {x.dtype}, got {tuple(w_qkv.shape)} {w_qkv.dtype}")
     if bias is not None and (bias.shape != (n_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
+    if norm is not None and (norm.x is not x or not norm.fusable()):
+        raise ValueError("norm= takes the PendingNorm of x itself: one contiguous row, norm weight in x's dtype")
     cfg = m1_fma_config(n_out, x.shape[1])
     if cfg is None or not x.is_contiguous() or not w_qkv.is_contiguous():
         raise ValueError("qkv_rotary_store_triton needs contiguous x and w_qkv on the M = 1 FMA GEMV path")
@@ -183,14 +223,16 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     num_blocks, page = k_cache.shape[:2]
     block_n = cfg["block_n"]
     pdl = pdl_enabled(x.device)
+    res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n),)](
         x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
-        x.shape[1], cos.shape[0], num_blocks * page,
+        res, g, stream, eps, x.shape[1], cos.shape[0], num_blocks * page,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
         BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
-        HAS_BIAS=bias is not None, USE_PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HAS_BIAS=bias is not None, USE_PDL=pdl, NORM=norm is not None, NORM_RES=has_res,
+        BLOCK_H=triton.next_power_of_2(x.shape[1]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch(pdl),
     )  # fmt: skip
     return q_out
@@ -198,11 +240,16 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
 
 def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
                      num_q_heads: int, num_kv_heads: int, q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
-    """The attention prologue: qkv projection, [q/k norm,] rotary of q and k, store of k and v.
-    One launch where `fusable` says so, else the GEMV then rotary_store_kv (which also takes the
-    per-head norms). Returns the rotated q [N, Hq, D]."""
+    """The attention prologue: [the layer's input RMSNorm, when x is a PendingNorm,] qkv projection,
+    [q/k norm,] rotary of q and k, store of k and v. One launch where `fusable` says so (with the
+    input norm in the GEMV's prologue where kernels/gemv.norm_fusable allows), else [the norm,] the
+    GEMV, then rotary_store_kv (which also takes the per-head norms). Returns the rotated q
+    [N, Hq, D]."""
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
-    if fusable(x, w_qkv, k_cache, has_qk_norm=q_norm is not None, bias=bias):
-        return qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw)
-    return qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, **kw,
-                                      q_norm=q_norm, k_norm=k_norm, eps=eps)
+    xt = x.x if isinstance(x, PendingNorm) else x
+    if fusable(xt, w_qkv, k_cache, has_qk_norm=q_norm is not None, bias=bias):
+        norm = x if norm_fusable(x) else None
+        return qkv_rotary_store_triton(xt if norm is not None else materialized(x), w_qkv, bias, positions, cos,
+                                       sin, k_cache, v_cache, slot_mapping, **kw, norm=norm)
+    return qkv_rotary_store_reference(materialized(x), w_qkv, bias, positions, cos, sin, k_cache, v_cache,
+                                      slot_mapping, **kw, q_norm=q_norm, k_norm=k_norm, eps=eps)

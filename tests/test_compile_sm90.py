@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-_GEMV = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32", ctr_ptr="*i32")
+_GEMV = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32", ctr_ptr="*i32",
+             eps="fp32")
 _ARGMAX = dict(logits_ptr="*bf16", part_val_ptr="*fp32", part_idx_ptr="*i32", out_val_ptr="*bf16",
                out_idx_ptr="*i64", ctr_ptr="*i32")
 _ROTARY = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_norm_ptr="*fp32",
@@ -37,6 +38,18 @@ CASES = {
     "gemv-fma-m1-gated-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
         BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
         FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True), dict(num_warps=4, num_stages=1)),
+    # the RMSNorm prologue (kernels/norm.PendingNorm): PDL with one K tile, no PDL with several
+    "gemv-fma-m1-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True, NORM=True, NORM_RES=True,
+        BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
+    "gemv-fma-m1-norm-tiles": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=False, NORM=True, NORM_RES=False,
+        BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
+    "qkv-rotary-m1-norm-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
+        NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
+        HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
     "qkv-rotary-m1-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),

@@ -4,13 +4,13 @@ projection is one GEMM.
 
 On CUDA a decoder layer is nine launches (ten when attention splits the KV): [residual add +]
 RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
-residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. A one-token step (batch 1) saves two:
-the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no q/k norm) and
-SiLU * mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), each bit for bit the pair it
-replaces. The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py;
-on CPU each entry point runs its PyTorch reference, which is the eager code this file used to
-hold, bit for bit. The four GEMMs go
-through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
+residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. A one-token step (batch 1) saves four:
+the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no q/k norm), SiLU *
+mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), and each [residual add +] RMSNorm in the
+prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
+The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each
+entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
+bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
 reads the small decode matrices far below peak bandwidth), F.linear otherwise (CPU included).
 
 Measured 2026-11-22 (H200, triton 3.6, llama-1b-shape bf16, plain decode under CUDA graphs, both
@@ -27,7 +27,7 @@ import torch
 
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_silu_mul
-from graphrt.kernels.norm import add_rms_norm, rms_norm_reference
+from graphrt.kernels.norm import PendingNorm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 from graphrt.kernels.rotary import apply_rotary_reference
@@ -111,7 +111,8 @@ class AttentionBlock:
         self.k_norm = weights.get(f"{prefix}.k_norm.weight")
 
     def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
-        n = x.shape[0]
+        """x: [N, H], or the PendingNorm that produces it (the layer's input norm)."""
+        n = (x.x if isinstance(x, PendingNorm) else x).shape[0]
         # One token: the rotation and the KV store run in the qkv GEMV's epilogue; otherwise one
         # launch normalises (Qwen3) and rotates q and k, stores k and v and returns q contiguous.
         q = qkv_rotary_store(
@@ -133,6 +134,7 @@ class GatedMLP:
         self.inter = self.down.shape[1]
 
     def __call__(self, x):
+        """x: [N, H], or the PendingNorm that produces it."""
         return linear(linear_silu_mul(x, self.gate_up), self.down)
 
 
@@ -155,15 +157,15 @@ class DecoderLayer:
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
         when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it.
-        Deferring each residual add into the next norm saves a launch per add on CUDA."""
-        if residual is None:
-            residual = x
-            h = rms_norm(x, self.input_norm, self.eps) if self.input_norm is not None else x
-        elif self.input_norm is not None:
-            h, residual = add_rms_norm(x, residual, self.input_norm, self.eps)
+        Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
+        each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
+        prologue (kernels/norm.PendingNorm), which saves the norm's launch too."""
+        if self.input_norm is not None:
+            h = PendingNorm(x, residual, self.input_norm, self.eps)
         else:
-            residual = residual + x
-            h = residual
+            h = x if residual is None else residual + x
         attn_out = self.attn(h, positions, meta, k_cache, v_cache)
-        h, residual = add_rms_norm(attn_out, residual, self.post_norm, self.eps)
-        return self.mlp(h), residual
+        residual = h.stream if isinstance(h, PendingNorm) else h
+        h = PendingNorm(attn_out, residual, self.post_norm, self.eps)
+        out = self.mlp(h)
+        return out, h.stream
