@@ -35,6 +35,7 @@ def compare_replay_to_eager(rt, batch_size: int) -> dict[str, list[str]]:
     s.batch_slots[:batch_size] = torch.tensor(rows, device=rt.device)
     s.batch_num_drafts[:batch_size] = torch.tensor([rt.K if r != s.scratch_slot else 0 for r in rows],
                                                    device=rt.device)
+    s.staged = None
     diffs: dict[str, list[str]] = {}
     for name, fn in rt.cycle.phases():
         graph = rt.cycle.graphs.get(name, batch_size)

@@ -25,6 +25,7 @@ import torch
 from graphrt.kernels import argmax, rejection_sample
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
+from graphrt.packed import packed
 from graphrt.profiling.nvtx_ranges import PhaseHooks
 from graphrt.profiling.phases import DRAFT_DECODE, DRAFT_EXTEND, TARGET_DECODE, TARGET_VERIFY
 
@@ -48,18 +49,33 @@ class DecodeState:
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=device)
         self.seed = torch.zeros(S + 1, **i64)
         self.block_tables = torch.full((S + 1, max_blocks), TRASH_BLOCK, dtype=torch.int32, device=device)
-        # per batch row
-        self.batch_slots = torch.full((B,), S, **i64)
-        self.batch_num_drafts = torch.zeros(B, **i64)  # 0 on padded rows: they count no acceptances
+        # per batch row. The host writes the inputs and reads the results each cycle, each group as
+        # one packed buffer (graphrt/packed.py): one copy per direction.
+        self.inputs, (self.batch_slots, self.batch_num_drafts) = packed(self.input_specs(B), device)
+        self.batch_slots.fill_(S)  # batch_num_drafts: 0 on padded rows, which count no acceptances
+        # What the host last copied into `inputs`, so an unchanged batch needs no copy; anything
+        # else that writes batch_slots or batch_num_drafts sets it to None.
+        self.staged = None
         self.batch_n = torch.zeros(B, **i64)  # n at the start of this cycle
-        self.emitted = torch.full((B, K + 1), -1, **i64)
-        self.num_emitted = torch.zeros(B, dtype=torch.int32, device=device)
-        self.logprobs = torch.zeros(B, K + 1, dtype=torch.float32, device=device)
+        self.results, (self.emitted, self.num_emitted, self.logprobs) = packed(self.result_specs(B, K), device)
+        self.emitted.fill_(-1)
         self.acceptance_counts = torch.zeros(K, **i64)
         hid = dict(dtype=hidden_dtype, device=device)
         self.target_hidden = None if target_hidden_size is None else torch.zeros(
             B * (K + 1), target_hidden_size, **hid)
         self.draft_state = None if draft_state_size is None else torch.zeros(B, draft_state_size, **hid)
+
+    @staticmethod
+    def input_specs(max_batch_size):
+        """batch_slots [B] int64, batch_num_drafts [B] int64."""
+        return [((max_batch_size,), torch.int64)] * 2
+
+    @staticmethod
+    def result_specs(max_batch_size, num_draft_tokens):
+        """emitted [B, K+1] int64, num_emitted [B] int32, logprobs [B, K+1] fp32."""
+        W = max(num_draft_tokens, 1) + 1
+        return [((max_batch_size, W), torch.int64), ((max_batch_size,), torch.int32),
+                ((max_batch_size, W), torch.float32)]
 
     def reset_scratch(self):
         # Padded rows advance the scratch slot like any request; pin it back so its positions stay
@@ -243,6 +259,7 @@ class Cycle:
         state = self.draft.draft_forward(tokens, positions[0], self._meta(slots, positions), self.draft_kv,
                                          hidden_in)
         s.batch_slots[:1] = slot
+        s.staged = None
         self._propose(slots, state[-1:], column=0, B=1)
         self.draft_decode(1)
         return first, out.logprobs[:, 0]

@@ -20,6 +20,7 @@ from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import build_draft, build_target
+from graphrt.packed import packed
 from graphrt.params import Generation, SamplingParams
 from graphrt.profiling.phases import PREFILL
 
@@ -116,15 +117,14 @@ class Runtime:
                            state=self.state, num_draft_tokens=max(self.K, 1))
 
         pin = device.type == "cuda"
-        W = max(self.K, 1) + 1
 
         def host_buffers():
-            return {"slots": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
-                    "ndrafts": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
-                    "emitted": torch.zeros(max_batch_size, W, dtype=torch.int64, pin_memory=pin),
-                    "num": torch.zeros(max_batch_size, dtype=torch.int32, pin_memory=pin),
-                    "logprobs": torch.zeros(max_batch_size, W, dtype=torch.float32, pin_memory=pin),
-                    "event": torch.cuda.Event() if pin else None}
+            # pinned twins of DecodeState.inputs / .results: each moves in one copy
+            inputs, (slots, ndrafts) = packed(DecodeState.input_specs(max_batch_size), "cpu", pin_memory=pin)
+            results, (emitted, num, logprobs) = packed(
+                DecodeState.result_specs(max_batch_size, self.K), "cpu", pin_memory=pin)
+            return {"inputs": inputs, "slots": slots, "ndrafts": ndrafts, "results": results, "emitted": emitted,
+                    "num": num, "logprobs": logprobs, "event": torch.cuda.Event() if pin else None}
 
         # two sets: cycle n+1 is launched into one while the host reads cycle n from the other
         self._host_buffers = [host_buffers(), host_buffers()]
@@ -285,7 +285,8 @@ class Runtime:
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
         A request that finished in cycle n rides along in cycle n+1 inside its reserved slack and
-        that cycle's tokens for it are dropped.
+        that cycle's tokens for it are dropped; when cycle n surely ends every running request (its
+        token budget), cycle n+1 is not launched at all.
         """
         t0 = time.perf_counter()
         self._admit()
@@ -296,7 +297,12 @@ class Runtime:
                 return {}
             self._inflight = self._launch()
         done = self._inflight
-        self._inflight = self._launch() if self.overlap and self._running else None
+        # No cycle n+1 when cycle n ends every running request anyway (each cycle emits at least
+        # one token per request): it would only ride along.
+        in_done = {r.rid for r in done[0]}
+        ends_all = all(r.rid in in_done and len(r.gen.token_ids) + 1 >= r.params.max_new_tokens
+                       for r in self._running.values())
+        self._inflight = self._launch() if self.overlap and self._running and not ends_all else None
         self.host_seconds += time.perf_counter() - t0
         return self._collect(done)
 
@@ -308,16 +314,15 @@ class Runtime:
         s = self.state
         h = self._host_buffers[self._next_buffer]
         self._next_buffer ^= 1
-        h["slots"][:Bk] = s.scratch_slot
-        h["slots"][:B] = torch.tensor([r.slot for r in reqs])
-        h["ndrafts"][:Bk] = 0
-        h["ndrafts"][:B] = self.K
-        s.batch_slots[:Bk].copy_(h["slots"][:Bk], non_blocking=True)
-        s.batch_num_drafts[:Bk].copy_(h["ndrafts"][:Bk], non_blocking=True)
+        rows = tuple(r.slot for r in reqs) + (s.scratch_slot,) * (Bk - B)
+        if s.staged != rows:  # a steady batch keeps its device inputs: no copy
+            h["slots"][:Bk] = torch.tensor(rows)
+            h["ndrafts"][:Bk] = 0
+            h["ndrafts"][:B] = self.K
+            s.inputs.copy_(h["inputs"], non_blocking=True)
+            s.staged = rows
         self.cycle.run(Bk)
-        h["emitted"][:Bk].copy_(s.emitted[:Bk], non_blocking=True)
-        h["num"][:Bk].copy_(s.num_emitted[:Bk], non_blocking=True)
-        h["logprobs"][:Bk].copy_(s.logprobs[:Bk], non_blocking=True)
+        h["results"].copy_(s.results, non_blocking=True)
         if h["event"] is not None:
             h["event"].record()
         self.num_cycles += 1
