@@ -1,0 +1,248 @@
+"""The decode cycle, top to bottom.
+
+Per speculative cycle with K drafts (DESIGN.md, "The cycle"):
+
+  TARGET_VERIFY  target over [last verified token, d_1 .. d_K] -> fused rejection -> 1..K+1 tokens
+  DRAFT_EXTEND   draft over the K+1 emitted positions -> argmax at the last emitted one: next d_1
+  DRAFT_DECODE   K-1 more argmax steps: next d_2 .. d_K
+
+TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass. Every phase reads and
+writes only the static buffers of `DecodeState` (sliced to the bucket size), so each one can be
+captured once per bucket as a CUDA graph and replayed: no host sync, no `.item()`, no shape that
+depends on data.
+
+State invariant at the start of a cycle, for a request with n verified tokens t_0 .. t_{n-1}:
+  target KV holds positions [0, n-1); t_{n-1} is `last_token`;
+  a standalone draft's KV holds [0, n); an EAGLE head's holds [0, n-1) (its row i pairs the hidden
+  state of position i with token i+1, so it runs one position behind: `position_offset` = -1);
+  `draft_tokens` holds d_1 .. d_K, the guesses for positions n .. n+K-1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrt.kernels import argmax, rejection_sample
+from graphrt.kv_cache import TRASH_BLOCK, KVPool
+from graphrt.models.layers import AttentionMetadata
+from graphrt.profiling.nvtx_ranges import PhaseHooks
+from graphrt.profiling.phases import DRAFT_DECODE, DRAFT_EXTEND, TARGET_DECODE, TARGET_VERIFY
+
+
+class DecodeState:
+    """Static device buffers, allocated once at the maximum batch size.
+
+    Per slot (max_batch_size request slots + one scratch slot, the last, that padded batch rows
+    use) and per batch row (a batch row names its slot through `batch_slots`).
+    """
+
+    def __init__(self, *, max_batch_size, num_draft_tokens, max_blocks, target_hidden_size, draft_state_size,
+                 hidden_dtype=torch.float32, device):
+        S, B, K = max_batch_size, max_batch_size, max(num_draft_tokens, 1)
+        i64 = dict(dtype=torch.int64, device=device)
+        self.scratch_slot = S
+        # per slot
+        self.num_tokens = torch.full((S + 1,), 2, **i64)
+        self.last_token = torch.zeros(S + 1, **i64)
+        self.draft_tokens = torch.zeros(S + 1, K, **i64)
+        self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=device)
+        self.seed = torch.zeros(S + 1, **i64)
+        self.block_tables = torch.full((S + 1, max_blocks), TRASH_BLOCK, dtype=torch.int32, device=device)
+        # per batch row
+        self.batch_slots = torch.full((B,), S, **i64)
+        self.batch_num_drafts = torch.zeros(B, **i64)  # 0 on padded rows: they count no acceptances
+        self.batch_n = torch.zeros(B, **i64)  # n at the start of this cycle
+        self.emitted = torch.full((B, K + 1), -1, **i64)
+        self.num_emitted = torch.zeros(B, dtype=torch.int32, device=device)
+        self.logprobs = torch.zeros(B, K + 1, dtype=torch.float32, device=device)
+        self.acceptance_counts = torch.zeros(K, **i64)
+        hid = dict(dtype=hidden_dtype, device=device)
+        self.target_hidden = None if target_hidden_size is None else torch.zeros(
+            B * (K + 1), target_hidden_size, **hid)
+        self.draft_state = None if draft_state_size is None else torch.zeros(B, draft_state_size, **hid)
+
+    def reset_scratch(self):
+        # Padded rows advance the scratch slot like any request; pin it back so its positions stay
+        # small and inside block 0 forever.
+        # (fill_ on a view: a device-side fill, capturable, where item assignment copies from host)
+        self.num_tokens[self.scratch_slot :].fill_(2)
+        self.last_token[self.scratch_slot :].fill_(0)
+
+
+class Cycle:
+    def __init__(self, *, target, draft, target_kv: KVPool, draft_kv: KVPool | None, state: DecodeState,
+                 num_draft_tokens: int):
+        self.target, self.draft = target, draft
+        self.target_kv, self.draft_kv = target_kv, draft_kv
+        self.s = state
+        self.K = num_draft_tokens
+        self.block_size = target_kv.block_size
+        self.max_blocks = state.block_tables.shape[1]
+        device = state.num_tokens.device
+        self.rows = torch.arange(self.K + 1, device=device)  # [K+1]
+        self.batch_rows = torch.arange(state.batch_slots.shape[0], device=device)
+        self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
+        self.offset = draft.position_offset if draft is not None else 0
+        # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
+        self.hooks = PhaseHooks()
+        self.graphs = None  # a graphrt.capture.graphs.CycleGraphs, once captured
+
+    def _meta(self, slots, positions) -> AttentionMetadata:
+        """slots [B]; positions [B, T] int64 (consecutive per row)."""
+        bs = self.block_size
+        tables = self.s.block_tables[slots]  # [B, max_blocks]
+        blk = (positions // bs).clamp(max=self.max_blocks - 1)
+        slot_mapping = tables.gather(1, blk).to(torch.int64) * bs + positions % bs
+        return AttentionMetadata(
+            block_tables=tables,
+            seq_lens=(positions[:, -1] + 1).to(torch.int32),
+            slot_mapping=slot_mapping.flatten(),
+            query_len=positions.shape[1],
+            max_seq_len=self.max_blocks * bs,
+        )
+
+    def _advance(self, slots, n, B):
+        s = self.s
+        ne = s.num_emitted[:B].to(torch.int64)
+        s.num_tokens[slots] = n + ne
+        s.last_token[slots] = s.emitted[:B].gather(1, (ne - 1)[:, None]).squeeze(1)
+        s.reset_scratch()
+
+    # ---- TARGET_VERIFY ------------------------------------------------------------------------
+    def target_verify(self, B: int) -> None:
+        s, K = self.s, self.K
+        slots = s.batch_slots[:B]
+        # gathered straight into the static buffer: one kernel, no copy node
+        n = torch.index_select(s.num_tokens, 0, slots, out=s.batch_n[:B])
+        drafts = s.draft_tokens[slots]
+        tokens = torch.cat([s.last_token[slots][:, None], drafts], dim=1)  # [B, K+1]
+        positions = (n - 1)[:, None] + self.rows  # [B, K+1]
+        hidden, aux = self.target.forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
+                                          self.target_kv)
+        logits = self.target.logits(hidden).view(B, K + 1, -1)
+        rejection_sample(  # writes the cycle's results straight into the static buffers
+            logits, drafts, s.temperature[slots], s.seed[slots], n,
+            num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=s.acceptance_counts,
+            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]),
+        )
+        if s.target_hidden is not None:
+            s.target_hidden[: B * (K + 1)] = aux if self.draft.target_hidden == "aux" else hidden
+        self._advance(slots, n, B)
+
+    # ---- DRAFT_EXTEND -------------------------------------------------------------------------
+    def draft_extend(self, B: int) -> None:
+        s, K = self.s, self.K
+        slots = s.batch_slots[:B]
+        # -1 marks "not emitted"; those rows are computed and ignored, but must not index the
+        # embedding with -1.
+        tokens = s.emitted[:B].clamp(min=0)  # [B, K+1]
+        positions = (s.batch_n[:B] + self.offset)[:, None] + self.rows  # [B, K+1]
+        hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
+        state = self.draft.draft_forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
+                                         self.draft_kv, hidden_in)
+        last = self.batch_rows[:B] * (K + 1) + s.num_emitted[:B].to(torch.int64) - 1
+        if s.draft_state is not None:
+            # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
+            # drew initcheck reports on its source at the graph's first replay although the gather
+            # before it writes every byte (BENCHMARKS.md, Reliability).
+            state = torch.index_select(state, 0, last, out=s.draft_state[:B])
+        else:
+            state = state[last]
+        self._propose(slots, state, column=0, B=B, stored=True)
+
+    # ---- DRAFT_DECODE -------------------------------------------------------------------------
+    def draft_decode(self, B: int) -> None:
+        s = self.s
+        slots = s.batch_slots[:B]
+        n = s.num_tokens[slots]
+        for i in range(1, self.K):
+            positions = (n + (i - 1 + self.offset))[:, None]  # [B, 1]
+            hidden_in = s.draft_state[:B] if s.draft_state is not None else None
+            state = self.draft.draft_forward(s.draft_tokens[slots, i - 1], positions[:, 0],
+                                             self._meta(slots, positions), self.draft_kv, hidden_in)
+            self._propose(slots, state, column=i, B=B)
+
+    def _propose(self, slots, state, *, column: int, B: int, stored: bool = False) -> None:
+        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. The rows
+        go to draft_state (what the next DRAFT_DECODE step reads) unless already `stored` there."""
+        if self.s.draft_state is not None and not stored:
+            self.s.draft_state[:B] = state
+        _, ids = argmax(self.draft.draft_logits(state))
+        self.s.draft_tokens[slots, column] = self.draft.draft_to_target_ids(ids)
+
+    # ---- TARGET_DECODE ------------------------------------------------------------------------
+    def target_decode(self, B: int) -> None:
+        s = self.s
+        slots = s.batch_slots[:B]
+        n = s.num_tokens[slots]
+        positions = (n - 1)[:, None]  # [B, 1]
+        hidden, _ = self.target.forward(s.last_token[slots], positions[:, 0], self._meta(slots, positions),
+                                        self.target_kv)
+        logits = self.target.logits(hidden).view(B, 1, -1)
+        out = rejection_sample(logits, self.no_drafts[:B], s.temperature[slots], s.seed[slots], n)
+        s.emitted[:B].fill_(-1)
+        s.emitted[:B, :1] = out.token_ids
+        s.num_emitted[:B] = out.num_emitted
+        s.logprobs[:B, :1] = out.logprobs
+        self._advance(slots, n, B)
+
+    # ---- one cycle ----------------------------------------------------------------------------
+    @property
+    def timer(self):
+        """A graphrt.profiling.phase_timer.PhaseTimer while phases are being timed, else None."""
+        return self.hooks.timer
+
+    @timer.setter
+    def timer(self, timer):
+        self.hooks.timer = timer
+
+    def phases(self):
+        """The phase launches of one cycle, in order: [(name, function of the bucket size)]."""
+        if self.draft is None:
+            return [(TARGET_DECODE, self.target_decode)]
+        phases = [(TARGET_VERIFY, self.target_verify), (DRAFT_EXTEND, self.draft_extend)]
+        if self.K > 1:
+            phases.append((DRAFT_DECODE, self.draft_decode))
+        return phases
+
+    def run(self, B: int) -> None:
+        """One cycle at bucket size B: each phase replays its CUDA graph when one was captured for
+        this bucket, else runs eagerly. Either way it sits inside one timer/NVTX phase."""
+        for name, fn in self.phases():
+            graph = self.graphs.get(name, B) if self.graphs is not None else None
+            with self.hooks.phase(name, B):
+                if graph is not None:
+                    graph.replay()
+                else:
+                    fn(B)
+
+    # ---- PREFILL (eager, one request) ---------------------------------------------------------
+    def prefill(self, slot: int, prompt: torch.Tensor):
+        """prompt: [P] int64 on the device. Leaves the slot in the cycle-start state and returns
+        the first generated token and its logprob, both [1] device tensors."""
+        s = self.s
+        P = prompt.shape[0]
+        slots = torch.tensor([slot], device=prompt.device)
+        positions = torch.arange(P, device=prompt.device)[None, :]  # [1, P]
+        hidden, aux = self.target.forward(prompt, positions[0], self._meta(slots, positions), self.target_kv)
+        logits = self.target.logits(hidden[-1:]).view(1, 1, -1)
+        out = rejection_sample(logits, self.no_drafts[:1], s.temperature[slots], s.seed[slots],
+                               torch.full((1,), P, dtype=torch.int64, device=prompt.device))
+        first = out.token_ids[:, 0]  # [1]
+        s.num_tokens[slot] = P + 1
+        s.last_token[slots] = first
+        if self.draft is None:
+            return first, out.logprobs[:, 0]
+        tokens = torch.cat([prompt, first])  # t_0 .. t_P
+        if self.draft.uses_target_hidden:  # rows (h_i, t_{i+1}) at positions 0 .. P-1
+            hidden_in = aux if self.draft.target_hidden == "aux" else hidden
+            tokens = tokens[1:]
+        else:  # rows t_0 .. t_P at positions 0 .. P
+            hidden_in = None
+            positions = torch.arange(P + 1, device=prompt.device)[None, :]
+        state = self.draft.draft_forward(tokens, positions[0], self._meta(slots, positions), self.draft_kv,
+                                         hidden_in)
+        s.batch_slots[:1] = slot
+        self._propose(slots, state[-1:], column=0, B=1)
+        self.draft_decode(1)
+        return first, out.logprobs[:, 0]

@@ -1,0 +1,370 @@
+"""graphrt.Runtime: the embedded API.
+
+Host-side bookkeeping lives here (requests, slots, KV blocks, stop conditions); everything that
+runs per decode cycle on the device lives in graphrt/cycle.py. The host touches the device once
+per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into pinned memory.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
+from graphrt.cycle import Cycle, DecodeState
+from graphrt.errors import CapacityError, RequestError
+from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
+from graphrt.models import build_draft, build_target
+from graphrt.params import Generation, SamplingParams
+from graphrt.profiling.phases import PREFILL
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class _Request:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    gen: Generation
+    slot: int = -1
+    blocks: list[int] = field(default_factory=list)
+    stop_ids: frozenset = frozenset()
+
+
+class Runtime:
+    """Speculative (or plain) decoding of a target model with an optional draft.
+
+    from_pretrained() is the usual entry point. generate() runs a list of prompts to completion;
+    add_request() / step() / finished() let an engine schedule its own batches.
+    """
+
+    def __init__(self, target: Checkpoint, draft: Checkpoint | None = None, *, num_draft_tokens: int = 3,
+                 device=None, max_batch_size: int = 64, max_seq_len: int = 2048, block_size: int = 16,
+                 kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
+                 buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
+                 seed: int | None = None):
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if use_cuda_graphs and device.type != "cuda":
+            raise ValueError("use_cuda_graphs=True needs a CUDA device")
+        # graphs are captured lazily, before the first decode cycle, or by capture()
+        self.use_cuda_graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
+        if num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        if max_batch_size < 1 or max_seq_len < 2 or block_size < 1:
+            raise ValueError("max_batch_size, max_seq_len and block_size must be positive")
+        if draft is not None:
+            check_draft_compatible(target.config, draft.config, draft.kind)
+        self.device = device
+        self.K = num_draft_tokens if draft is not None else 0
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.block_size = block_size
+        self.buckets = tuple(sorted({b for b in (buckets or DEFAULT_BUCKETS) if b < max_batch_size}
+                                    | {max_batch_size}))
+        # A request reserves its whole budget at admission (prompt + max_new_tokens) plus the
+        # positions a cycle may touch past its last token: verify K+1, extend K+1, decode K-1,
+        # and one more cycle in flight.
+        self.slack = 3 * (self.K + 1) + 1
+        max_positions = max_seq_len + self.slack
+        self.max_blocks = -(-max_positions // block_size)
+
+        self.target_ckpt, self.draft_ckpt = target, draft
+        self.target = build_target(target, max_positions, device)
+        self.draft = build_draft(draft, self.target, max_positions, device) if draft is not None else None
+        tcfg = target.config
+        self.vocab_size = tcfg.vocab_size
+        self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
+
+        dtype = target.weights["embed_tokens.weight"].dtype
+        per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, tcfg.num_key_value_heads,
+                                           tcfg.head_dim, dtype)
+        if self.draft is not None:
+            dc = self.draft.cfg
+            per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, dc.num_key_value_heads,
+                                                dc.head_dim, dtype)
+        if kv_budget_tokens is None and kv_memory_fraction is None:
+            # enough for every slot at full length, each rounded up to whole blocks as it is
+            # allocated; ask for a memory fraction to oversubscribe slots
+            kv_budget_tokens = max_batch_size * -(-max_positions // block_size) * block_size
+        num_blocks = blocks_for_budget(block_size=block_size, bytes_per_block=per_block,
+                                       token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
+                                       device=device)
+        self.allocator = BlockAllocator(num_blocks)
+        self.target_kv = KVPool.allocate(tcfg.num_hidden_layers, num_blocks, block_size,
+                                         tcfg.num_key_value_heads, tcfg.head_dim, dtype, device)
+        self.draft_kv = None
+        target_hidden = draft_state = None
+        if self.draft is not None:
+            dc = self.draft.cfg
+            self.draft_kv = KVPool.allocate(self.draft.num_layers, num_blocks, block_size,
+                                            dc.num_key_value_heads, dc.head_dim, dtype, device)
+            if self.draft.uses_target_hidden:
+                aux = self.draft.target_hidden == "aux"
+                target_hidden = tcfg.hidden_size * (len(self.target.aux_layer_ids) if aux else 1)
+                draft_state = dc.hidden_size
+        self.state = DecodeState(max_batch_size=max_batch_size, num_draft_tokens=self.K,
+                                 max_blocks=self.max_blocks, target_hidden_size=target_hidden,
+                                 draft_state_size=draft_state, hidden_dtype=dtype, device=device)
+        self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
+                           state=self.state, num_draft_tokens=max(self.K, 1))
+
+        pin = device.type == "cuda"
+        W = max(self.K, 1) + 1
+
+        def host_buffers():
+            return {"slots": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
+                    "ndrafts": torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin),
+                    "emitted": torch.zeros(max_batch_size, W, dtype=torch.int64, pin_memory=pin),
+                    "num": torch.zeros(max_batch_size, dtype=torch.int32, pin_memory=pin),
+                    "logprobs": torch.zeros(max_batch_size, W, dtype=torch.float32, pin_memory=pin),
+                    "event": torch.cuda.Event() if pin else None}
+
+        # two sets: cycle n+1 is launched into one while the host reads cycle n from the other
+        self._host_buffers = [host_buffers(), host_buffers()]
+        self._next_buffer = 0
+        self._inflight = None
+        self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
+        self.num_cycles = 0
+        self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
+
+        self._free_slots = list(range(max_batch_size - 1, -1, -1))
+        self._running: dict[int, _Request] = {}  # slot -> request
+        self._waiting: deque[_Request] = deque()
+        self._requests: dict[int, _Request] = {}
+        self._next_id = 0
+        self._rng = random.Random(seed)  # draws the seeds of requests that bring none
+
+    @classmethod
+    def from_pretrained(cls, target, draft=None, *, num_draft_tokens: int = 3, device=None, dtype=None,
+                        max_batch_size: int = 64, max_seq_len: int = 2048, **kwargs) -> Runtime:
+        """target, draft: local Hugging Face directories (or already loaded Checkpoints).
+        dtype defaults to bf16 on CUDA and fp32 on the CPU."""
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        if isinstance(target, (str, Path)):
+            target = load_checkpoint(target, dtype=dtype, device=device)
+        if isinstance(draft, (str, Path)):
+            draft = load_checkpoint(draft, dtype=dtype, device=device)
+        return cls(target, draft, num_draft_tokens=num_draft_tokens, device=device, max_batch_size=max_batch_size,
+                   max_seq_len=max_seq_len, **kwargs)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue a request; it is prefilled as soon as a slot and its KV blocks are free.
+        Raises RequestError for bad input and CapacityError if it could never fit."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        prompt = self._check_prompt(prompt, params)
+        need = self._blocks_needed(len(prompt), params)
+        if need > self.allocator.num_blocks - 1:
+            raise CapacityError(
+                f"request needs {need} KV blocks (prompt {len(prompt)} + max_new_tokens {params.max_new_tokens}) "
+                f"but the pool has {self.allocator.num_blocks - 1}")
+        rid = self._next_id
+        self._next_id += 1
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        stop = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        req = _Request(rid, prompt, params, seed, Generation(rid, list(prompt)), stop_ids=stop)
+        self._requests[rid] = req
+        self._waiting.append(req)
+        self._admit()
+        return rid
+
+    def finished(self, request_id: int) -> bool:
+        return self._requests[request_id].gen.finish_reason is not None
+
+    def get_generation(self, request_id: int) -> Generation:
+        return self._requests[request_id].gen
+
+    def pop_generation(self, request_id: int) -> Generation:
+        """Return a finished request's Generation and forget the request (an engine driving
+        add_request/step calls this, or the host keeps every finished request)."""
+        req = self._requests[request_id]
+        if req.gen.finish_reason is None:
+            raise RequestError(f"request {request_id} has not finished")
+        return self._requests.pop(request_id).gen
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def _check_prompt(self, prompt, params) -> list[int]:
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        try:
+            prompt = [int(t) for t in prompt]
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"prompt must be a list of token ids: {exc}") from None
+        if not prompt:
+            raise RequestError("prompt is empty: give at least one token id")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt) + params.max_new_tokens > self.max_seq_len:
+            raise RequestError(
+                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds "
+                f"max_seq_len {self.max_seq_len}")
+        return prompt
+
+    def _blocks_needed(self, prompt_len, params) -> int:
+        return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_slots:
+            req = self._waiting[0]
+            need = self._blocks_needed(len(req.prompt), req.params)
+            if need > self.allocator.num_free:
+                return  # wait for running requests to free blocks (first come, first served)
+            self._waiting.popleft()
+            req.slot = self._free_slots.pop()
+            req.blocks = self.allocator.allocate(need)
+            self._prefill(req)
+
+    def _prefill(self, req: _Request) -> None:
+        s, slot, dev = self.state, req.slot, self.device
+        table = torch.zeros(self.max_blocks, dtype=torch.int32)
+        table[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
+        s.block_tables[slot] = table.to(dev)
+        s.temperature[slot] = float(req.params.temperature)
+        s.seed[slot] = req.seed
+        with self.cycle.hooks.phase(PREFILL, 1):
+            first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
+        self._running[slot] = req
+        self._emit(req, [int(first[0])], [float(logprob[0])])  # prefill is eager: one sync is fine
+
+    def _emit(self, req: _Request, tokens: list[int], logprobs: list[float]) -> None:
+        gen = req.gen
+        for tok, lp in zip(tokens, logprobs):
+            gen.token_ids.append(tok)
+            gen.logprobs.append(lp)
+            if tok in req.stop_ids:
+                gen.finish_reason = "stop"
+            elif len(gen.token_ids) >= req.params.max_new_tokens:
+                gen.finish_reason = "length"
+            if gen.finish_reason:
+                self._release(req)
+                return
+
+    def _release(self, req: _Request) -> None:
+        del self._running[req.slot]
+        self.state.block_tables[req.slot] = 0  # the trash block: stray writes can't reach reused blocks
+        self.allocator.free(req.blocks)
+        self._free_slots.append(req.slot)
+        req.blocks, req.slot = [], -1
+
+    # ---- CUDA graphs --------------------------------------------------------------------------
+    def capture(self, progress=None, inspect_kernels: bool = True):
+        """Capture every phase x bucket as a CUDA graph (largest bucket first, one shared pool).
+        Returns the list of graphrt.capture.graphs.CapturedGraph records."""
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graph capture needs a CUDA device")
+        from graphrt.capture.graphs import CycleGraphs
+
+        graphs = CycleGraphs(self.cycle, self.buckets)
+        self.cycle.graphs = None
+        records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
+        self.cycle.graphs = graphs
+        return records
+
+    # ---- decoding -----------------------------------------------------------------------------
+    def bucket_for(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    def step(self) -> dict[int, list[int]]:
+        """One decode cycle over every running request. Returns the tokens each request gained.
+
+        On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
+        newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
+        A request that finished in cycle n rides along in cycle n+1 inside its reserved slack and
+        that cycle's tokens for it are dropped.
+        """
+        t0 = time.perf_counter()
+        self._admit()
+        if self.use_cuda_graphs and self.cycle.graphs is None and self._running:
+            self.capture(inspect_kernels=False)
+        if self._inflight is None:
+            if not self._running:
+                return {}
+            self._inflight = self._launch()
+        done = self._inflight
+        self._inflight = self._launch() if self.overlap and self._running else None
+        self.host_seconds += time.perf_counter() - t0
+        return self._collect(done)
+
+    def _launch(self):
+        """Enqueue one cycle for the running requests; returns what _collect needs. No sync."""
+        reqs = sorted(self._running.values(), key=lambda r: r.slot)
+        B = len(reqs)
+        Bk = self.bucket_for(B)
+        s = self.state
+        h = self._host_buffers[self._next_buffer]
+        self._next_buffer ^= 1
+        h["slots"][:Bk] = s.scratch_slot
+        h["slots"][:B] = torch.tensor([r.slot for r in reqs])
+        h["ndrafts"][:Bk] = 0
+        h["ndrafts"][:B] = self.K
+        s.batch_slots[:Bk].copy_(h["slots"][:Bk], non_blocking=True)
+        s.batch_num_drafts[:Bk].copy_(h["ndrafts"][:Bk], non_blocking=True)
+        self.cycle.run(Bk)
+        h["emitted"][:Bk].copy_(s.emitted[:Bk], non_blocking=True)
+        h["num"][:Bk].copy_(s.num_emitted[:Bk], non_blocking=True)
+        h["logprobs"][:Bk].copy_(s.logprobs[:Bk], non_blocking=True)
+        if h["event"] is not None:
+            h["event"].record()
+        self.num_cycles += 1
+        return reqs, h
+
+    def _collect(self, launched) -> dict[int, list[int]]:
+        reqs, h = launched
+        if h["event"] is not None:
+            h["event"].synchronize()
+        t0 = time.perf_counter()
+        if self.cycle.timer is not None:
+            self.cycle.timer.collect()  # completed phases only: reading them costs no sync
+        emitted, nums, lps = h["emitted"].tolist(), h["num"].tolist(), h["logprobs"].tolist()
+        new: dict[int, list[int]] = {}
+        for i, req in enumerate(reqs):
+            if req.gen.finish_reason is not None:  # finished in the previous cycle: a ride-along
+                continue
+            n = nums[i]
+            before = len(req.gen.token_ids)
+            req.gen.num_cycles += 1
+            if self.K:
+                req.gen.num_draft_tokens += self.K
+                req.gen.num_accepted_tokens += n - 1
+            self._emit(req, emitted[i][:n], lps[i][:n])
+            new[req.rid] = req.gen.token_ids[before:]
+        self._admit()
+        self.host_seconds += time.perf_counter() - t0
+        return new
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:
+        """Run every prompt to completion. Prompts beyond the free slots or KV wait their turn."""
+        if prompts and isinstance(prompts[0], int):
+            raise RequestError("prompts must be a list of token-id lists (wrap a single prompt in a list)")
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        for p, sp in zip(prompts, params):  # validate all before admitting any
+            if not isinstance(sp, SamplingParams):
+                raise RequestError(f"params must be SamplingParams, got {type(sp).__name__}")
+            self._check_prompt(p, sp)
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while not all(self.finished(r) for r in rids):
+            self.step()
+        return [self.pop_generation(r) for r in rids]
+
+    @property
+    def acceptance_counts(self) -> list[int]:
+        """Per draft position j, how many times draft j was accepted (device counter, read now)."""
+        return self.state.acceptance_counts.tolist()[: self.K]
