@@ -38,7 +38,6 @@ __all__ = [
     "paged_attention_reference",
     "paged_attention_triton",
     "attention_workspace",
-    "PendingMerge",
     "choose_num_splits",
 ]
 
@@ -435,10 +434,10 @@ def _paged_attn_partial_kernel(
             mask=row_ok[:, None] & d_ok[None, :],
         )
     else:
-        # Every split writes, an empty one lse -inf and zeros: a merge may read all NUM_SPLITS of a
-        # row without knowing which held keys (merge_splits; the merge kernel's many-split path
-        # still skips the empty ones, from the same formula).
-        wrote = row_ok
+        # Empty splits write nothing; the merge kernel knows which splits wrote (same formula).
+        # (The scalar test is broadcast through a [BLOCK_M] tensor: the interpreter rejects a
+        # scalar-and-tensor mask.)
+        wrote = row_ok & ((offs_m * 0 + kv_start) < kv_end)  # [BLOCK_M]
         ws_row = (split * total_rows + row).to(tl.int64) * NUM_Q_HEADS + head  # [BLOCK_M]
         tl.store(
             ws_out_ptr + ws_row[:, None] * HEAD_DIM + offs_d[None, :],
@@ -447,35 +446,6 @@ def _paged_attn_partial_kernel(
         )
         lse = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
         tl.store(ws_lse_ptr + ws_row, lse, mask=wrote)
-
-
-@triton.jit
-def merge_splits(ws_out_ptr, ws_lse_ptr, row, heads, dims, mask, total_rows, NUM_Q_HEADS: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    """The merged attention output (fp32) at query row `row`, heads `heads`, dims `dims` (int
-    tensors of one shape, `mask` where wanted), from the NUM_SPLITS partials of
-    _paged_attn_partial_kernel. Every sum runs over the splits in split order, element by element,
-    so the bits do not depend on how a caller tiles (heads, dims): the merge kernel and the o
-    projection's prologue (kernels/gemv.py) agree exactly."""
-    lse_max = tl.full(heads.shape, float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        lse = tl.load(ws_lse_ptr + (s * total_rows + row) * NUM_Q_HEADS + heads, mask=mask, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # a row without keys: weights 0
-    denom = tl.zeros(heads.shape, tl.float32)
-    acc = tl.zeros(heads.shape, tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        base = ((s * total_rows + row) * NUM_Q_HEADS + heads).to(tl.int64)
-        w = tl.exp2(tl.load(ws_lse_ptr + base, mask=mask, other=float("-inf")) - lse_max)
-        denom += w
-        acc += w * tl.load(ws_out_ptr + base * HEAD_DIM + dims, mask=mask, other=0.0)
-    return acc / tl.where(denom > 0.0, denom, 1.0)
-
-
-# The merge kernel and the o projection's prologue use merge_splits (split order) up to this many
-# splits; the merge kernel's vectorised path, for more, reads all of a tile's splits at once.
-MAX_SEQUENTIAL_SPLITS = 8
-_SEQUENTIAL_SPLITS = tl.constexpr(MAX_SEQUENTIAL_SPLITS)
 
 
 @triton.jit
@@ -523,25 +493,6 @@ def _paged_attn_merge_kernel(
     offs_d = d_tile * BLOCK_DM + tl.arange(0, BLOCK_DM)
     d_ok = offs_d < HEAD_DIM
     h_ok = offs_h < NUM_Q_HEADS
-    if NUM_SPLITS <= _SEQUENTIAL_SPLITS:
-        heads = offs_h[:, None] + offs_d[None, :] * 0
-        dims = offs_d[None, :] + offs_h[:, None] * 0
-        o = merge_splits(ws_out_ptr, ws_lse_ptr, row, heads, dims, h_ok[:, None] & d_ok[None, :], total_rows,
-                         NUM_Q_HEADS, HEAD_DIM, NUM_SPLITS)
-    else:
-        o = _merge_tile(ws_out_ptr, ws_lse_ptr, row, offs_h, offs_s, offs_d, h_ok, d_ok, num_valid, total_rows,
-                        NUM_Q_HEADS, HEAD_DIM)
-    tl.store(
-        out_ptr + row.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=h_ok[:, None] & d_ok[None, :],
-    )
-
-
-@triton.jit
-def _merge_tile(ws_out_ptr, ws_lse_ptr, row, offs_h, offs_s, offs_d, h_ok, d_ok, num_valid, total_rows,
-                NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # All splits of a [heads, D slice] tile in one load: [BLOCK_H, SPLITS_P2, BLOCK_DM].
     s_ok = (offs_s < num_valid)[None, :] & h_ok[:, None]  # [BLOCK_H, SPLITS_P2]
     ws_row = (offs_s[None, :] * total_rows + row).to(tl.int64) * NUM_Q_HEADS + offs_h[:, None]
     lse = tl.load(ws_lse_ptr + ws_row, mask=s_ok, other=float("-inf"))  # [BLOCK_H, SPLITS_P2]
@@ -554,7 +505,12 @@ def _merge_tile(ws_out_ptr, ws_lse_ptr, row, offs_h, offs_s, offs_d, h_ok, d_ok,
         mask=s_ok[:, :, None] & d_ok[None, None, :],
         other=0.0,
     )  # [BLOCK_H, SPLITS_P2, BLOCK_DM]
-    return tl.sum(part * w[:, :, None], 1) / tl.where(denom > 0.0, denom, 1.0)[:, None]  # rows w/o key: 0
+    o = tl.sum(part * w[:, :, None], 1) / tl.where(denom > 0.0, denom, 1.0)[:, None]  # rows w/o key: 0
+    tl.store(
+        out_ptr + row.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=h_ok[:, None] & d_ok[None, :],
+    )
 
 
 # Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
@@ -641,8 +597,7 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    defer_merge: bool = False,
-):
+) -> torch.Tensor:
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
     max_seq_len: static upper bound of seq_lens used to size the split count (default: the table's
@@ -651,8 +606,6 @@ def paged_attention_triton(
     num_splits: override the heuristic (tests, tuning). workspace: preallocated
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
-    defer_merge: for one query row split 2..MAX_SEQUENTIAL_SPLITS ways, return a PendingMerge
-      instead of launching the merge kernel (its consumer may merge in its own prologue).
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -759,61 +712,35 @@ def paged_attention_triton(
         **pdl_launch(pdl),
     )
     if num_splits > 1:
-        merge = functools.partial(_launch_merge, out, ws_out, ws_lse, seq_lens, query_len, max_blocks, total_rows,
-                                  page, block_n, num_splits, block_d, pdl)
-        if defer_merge and total_rows == 1 and num_splits <= MAX_SEQUENTIAL_SPLITS:
-            return PendingMerge(out, ws_out, ws_lse, num_splits, merge)
-        merge()
+        splits_p2 = triton.next_power_of_2(num_splits)
+        # Merge tile [heads, splits, D slice] of <= 4096 fp32 values (32 a thread at 4 warps; 8192
+        # spilled registers at 64 splits x D 128 on sm_90).
+        merge_d = min(block_d, max(16, 4096 // splits_p2))
+        merge_h = max(1, min(triton.next_power_of_2(hq), 4096 // (splits_p2 * merge_d)))
+        merge_grid = (total_rows, triton.cdiv(hq, merge_h), triton.cdiv(d, merge_d))
+        _paged_attn_merge_kernel[merge_grid](
+            out,
+            ws_out,
+            ws_lse,
+            seq_lens,
+            query_len,
+            max_blocks,
+            total_rows,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=hq,
+            HEAD_DIM=d,
+            PAGE=page,
+            BLOCK_N=block_n,
+            NUM_SPLITS=num_splits,
+            SPLITS_P2=splits_p2,
+            BLOCK_H=merge_h,
+            BLOCK_DM=merge_d,
+            USE_PDL=pdl,
+            num_warps=4,
+            **pdl_launch(pdl),
+        )
     return out
-
-
-class PendingMerge:
-    """The split-KV partials of a one-row attention, not merged yet. Its consumer, the o
-    projection, either merges them in its GEMV's prologue (kernels/gemv.py, merge_splits: the
-    merge kernel's arithmetic, bit for bit) or calls materialize(), which launches the merge
-    kernel. At batch 1 that launch is a fixed cost of every layer."""
-
-    def __init__(self, out, ws_out, ws_lse, num_splits, launch_merge):
-        self.out = out  # [1, Hq, D]: what materialize() fills
-        self.ws_out, self.ws_lse, self.num_splits = ws_out, ws_lse, num_splits
-        self._launch_merge = launch_merge
-
-    def materialize(self) -> torch.Tensor:
-        self._launch_merge()
-        return self.out
-
-
-def _launch_merge(out, ws_out, ws_lse, seq_lens, query_len, max_blocks, total_rows, page, block_n, num_splits,
-                  block_d, pdl):
-    hq, d = out.shape[1], out.shape[2]
-    splits_p2 = triton.next_power_of_2(num_splits)
-    # Merge tile [heads, splits, D slice] of <= 4096 fp32 values (32 a thread at 4 warps; 8192
-    # spilled registers at 64 splits x D 128 on sm_90).
-    merge_d = min(block_d, max(16, 4096 // splits_p2))
-    merge_h = max(1, min(triton.next_power_of_2(hq), 4096 // (splits_p2 * merge_d)))
-    merge_grid = (total_rows, triton.cdiv(hq, merge_h), triton.cdiv(d, merge_d))
-    _paged_attn_merge_kernel[merge_grid](
-        out,
-        ws_out,
-        ws_lse,
-        seq_lens,
-        query_len,
-        max_blocks,
-        total_rows,
-        out.stride(0),
-        out.stride(1),
-        NUM_Q_HEADS=hq,
-        HEAD_DIM=d,
-        PAGE=page,
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        SPLITS_P2=splits_p2,
-        BLOCK_H=merge_h,
-        BLOCK_DM=merge_d,
-        USE_PDL=pdl,
-        num_warps=4,
-        **pdl_launch(pdl),
-    )
 
 
 def paged_attention(
@@ -828,20 +755,19 @@ def paged_attention(
     out=None,
     max_seq_len: int | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-    defer_merge: bool = False,
-):
+) -> torch.Tensor:
     """Causal attention of B * query_len query rows over the paged KV cache. CUDA -> Triton.
 
     Returns [B * query_len, Hq, D] in query's dtype (fp32 accumulation). See the module docstring
     for the layout and which positions each row attends to. max_seq_len (static, default the
     table's capacity) sizes the Triton grid; workspace (attention_workspace(...), optional) is the
     Triton split buffer, for callers that keep static buffers per captured graph. The reference
-    ignores both. defer_merge: see paged_attention_triton (the result may then be a PendingMerge).
+    ignores both.
     """
     if query.is_cuda:
         return paged_attention_triton(
             query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-            max_seq_len=max_seq_len, workspace=workspace, defer_merge=defer_merge,
+            max_seq_len=max_seq_len, workspace=workspace,
         )  # fmt: skip
     return paged_attention_reference(
         query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from graphrt.kernels.activation import silu_and_mul, silu_mul
-from graphrt.kernels.attention import PendingMerge, merge_splits
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.norm import PendingNorm, apply_norm, norm_input, row_rstd
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -143,37 +142,17 @@ def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexp
 
 
 @triton.jit
-def _fma_x(a0, c0, w, u, xv, REDUCE_EACH: tl.constexpr, GATED: tl.constexpr):
-    # One weight tile (and a second one, u, when GATED) against the x tile xv.
+def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH: tl.constexpr,
+                GATED: tl.constexpr, NORM_RES: tl.constexpr, g=None):
+    # One weight tile (and a second one, u, when GATED) against the normalised x tile at column k;
+    # g: the norm weights of the tile when already loaded (before the PDL wait).
+    if g is None:
+        g = tl.load(g_ptr + k + offs_k, mask=kmask, other=0.0)
+    xv = normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES)
     a0 = _fma_acc(a0, w, xv, REDUCE_EACH)
     if GATED:
         c0 = _fma_acc(c0, u, xv, REDUCE_EACH)
     return a0, c0
-
-
-@triton.jit
-def _prologue_tile(x_ptr, res_ptr, g_ptr, mo_ptr, ml_ptr, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr,
-                   MERGE_SPLITS: tl.constexpr, MERGE_HEADS: tl.constexpr, MERGE_D: tl.constexpr, g=None):
-    # Columns k + offs_k of x as the launch it replaces would have stored them, in x's dtype: the
-    # merged split attention (MERGE_SPLITS > 0) or the normalised row (g: the tile's norm weights
-    # when already loaded, before the PDL wait).
-    if MERGE_SPLITS > 0:
-        cols = k + offs_k
-        xv = merge_splits(mo_ptr, ml_ptr, 0, cols // MERGE_D, cols % MERGE_D, kmask, 1, MERGE_HEADS, MERGE_D,
-                          MERGE_SPLITS).to(x_ptr.dtype.element_ty)
-    else:
-        if g is None:
-            g = tl.load(g_ptr + k + offs_k, mask=kmask, other=0.0)
-        xv = normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES)
-    return xv
-
-
-@triton.jit
-def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH: tl.constexpr,
-                GATED: tl.constexpr, NORM_RES: tl.constexpr, g=None):
-    # The NORM prologue's step (kernels/qkv_rotary.py): the normalised x tile against w (and u).
-    xv = _prologue_tile(x_ptr, res_ptr, g_ptr, x_ptr, x_ptr, k, offs_k, kmask, rstd, NORM_RES, 0, 1, 1, g)
-    return _fma_x(a0, c0, w, u, xv, REDUCE_EACH, GATED)
 
 
 @triton.jit
@@ -229,8 +208,6 @@ def _gemv_kernel(
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
     sum_ptr,  # [1, K] out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
-    mo_ptr,  # [>= MERGE_SPLITS, 1, MERGE_HEADS, MERGE_D] fp32 attention partials (MERGE_SPLITS only)
-    ml_ptr,  # [>= MERGE_SPLITS, 1, MERGE_HEADS] fp32 their log2-sum-exp (MERGE_SPLITS only)
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -250,12 +227,7 @@ def _gemv_kernel(
     NORM: tl.constexpr = False,  # FMA, M = 1, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
-    MERGE_SPLITS: tl.constexpr = 0,  # FMA, M = 1, unsplit, > 0: x is the merge of split attention
-    MERGE_HEADS: tl.constexpr = 1,  # (partials mo_ptr / ml_ptr, kernels/attention.merge_splits)
-    MERGE_D: tl.constexpr = 1,  # with K = MERGE_HEADS * MERGE_D; x itself is never read
 ):
-    # A prologue computes each x tile (NORM: an RMSNorm of x; MERGE: split attention merged).
-    PROLOGUE: tl.constexpr = NORM or MERGE_SPLITS > 0
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -315,14 +287,12 @@ def _gemv_kernel(
             if NORM:  # norm weights too
                 g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
             wait_for_producer()
-        rstd = 1.0
         if NORM:
             rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, pid_n == 0, NORM_RES, BLOCK_H)
         if USE_PDL:
-            if PROLOGUE:
-                xv = _prologue_tile(x_ptr, res_ptr, g_ptr, mo_ptr, ml_ptr, k0, offs_k, kmask, rstd, NORM_RES,
-                                    MERGE_SPLITS, MERGE_HEADS, MERGE_D, g if NORM else None)
-                a0, c0 = _fma_x(a0, c0, w, u if GATED else w, xv, REDUCE_EACH, GATED)
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, offs_k, kmask,
+                                     rstd, REDUCE_EACH, GATED, NORM_RES, g)
             else:
                 a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
                                            REDUCE_EACH, BLOCK_M)
@@ -333,10 +303,9 @@ def _gemv_kernel(
             w = tl.load(w_ptrs + k).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k).to(tl.float32)
-            if PROLOGUE:
-                xv = _prologue_tile(x_ptr, res_ptr, g_ptr, mo_ptr, ml_ptr, k, offs_k, (k + offs_k) < K, rstd,
-                                    NORM_RES, MERGE_SPLITS, MERGE_HEADS, MERGE_D)
-                a0, c0 = _fma_x(a0, c0, w, u if GATED else w, xv, REDUCE_EACH, GATED)
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, offs_k,
+                                     (k + offs_k) < K, rstd, REDUCE_EACH, GATED, NORM_RES)
             else:
                 a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
                                            REDUCE_EACH, BLOCK_M)
@@ -347,10 +316,9 @@ def _gemv_kernel(
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if PROLOGUE:
-                xv = _prologue_tile(x_ptr, res_ptr, g_ptr, mo_ptr, ml_ptr, k_full, offs_k, kmask, rstd, NORM_RES,
-                                    MERGE_SPLITS, MERGE_HEADS, MERGE_D)
-                a0, c0 = _fma_x(a0, c0, w, u if GATED else w, xv, REDUCE_EACH, GATED)
+            if NORM:
+                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full, offs_k,
+                                     kmask, rstd, REDUCE_EACH, GATED, NORM_RES)
             else:
                 a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
                                            REDUCE_EACH, BLOCK_M)
@@ -546,7 +514,6 @@ def gemv_triton(
     pdl: bool | None = None,
     gated: bool = False,
     norm: PendingNorm | None = None,
-    merge: PendingMerge | None = None,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -567,9 +534,6 @@ def gemv_triton(
     norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
     (FMA path, M = 1, no split, no out); norm.stream holds x + residual afterwards.
-    merge: x is then merge.out viewed [1, Hq * D], never read: the product is taken with the merged
-    split attention (kernels/attention.PendingMerge) as its x, bit for bit merge.materialize()
-    then the same GEMV, in one launch (FMA path, M = 1, no split, no out).
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -580,11 +544,6 @@ def gemv_triton(
     if norm is not None and (norm.x is not x or m != 1 or out is not None or not norm.fusable()):
         raise ValueError("norm= takes the PendingNorm of x itself: one contiguous row, norm weight in x's dtype, "
                          f"no out; got x {tuple(x.shape)}")
-    if merge is not None:
-        hq, d = merge.out.shape[1], merge.out.shape[2]
-        if m != 1 or k != hq * d or out is not None or norm is not None or x.data_ptr() != merge.out.data_ptr():
-            raise ValueError(f"merge= takes x = merge.out viewed [1, Hq * D] = [1, {hq * d}], no out, no norm; "
-                             f"got x {tuple(x.shape)}")
     if use_dot is False and m > _FMA_MAX_M:
         raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
     cfg = select_config(m, n, k) if m <= MAX_M else None
@@ -616,8 +575,8 @@ def gemv_triton(
             raise ValueError("gated=True needs the unsplit FMA path")
         n //= 2  # y's width: one output per (gate row, up row) pair
         tiles = triton.cdiv(n, block_n)
-    if (norm is not None or merge is not None) and (use_dot or split_k > 1):
-        raise ValueError("norm= and merge= need the unsplit FMA path")
+    if norm is not None and (use_dot or split_k > 1):
+        raise ValueError("norm= needs the unsplit FMA path")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -635,16 +594,12 @@ def gemv_triton(
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _gemv_kernel[(tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps,
-        merge.ws_out if merge is not None else x, merge.ws_lse if merge is not None else x,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k),
-        MERGE_SPLITS=merge.num_splits if merge is not None else 0,
-        MERGE_HEADS=merge.out.shape[1] if merge is not None else 1,
-        MERGE_D=merge.out.shape[2] if merge is not None else 1,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
@@ -678,10 +633,9 @@ def m1_fma_config(n: int, k: int) -> dict | None:
 
 def epilogues_enabled(kind: str) -> bool:
     """Whether the M = 1 GEMV fusion `kind` is on: "mlp" (SiLU·mul after gate_up), "qkv"
-    (kernels/qkv_rotary.py after qkv), "norm" (the RMSNorm before qkv and gate_up, in their
-    prologue) or "merge" (the split-attention merge before o_proj, in its prologue).
-    GRAPHRT_GEMV_EPILOGUE: 1 (all, the default), 0 (none) or a comma list of kinds; read per call,
-    so a benchmark can time each in one process."""
+    (kernels/qkv_rotary.py after qkv) or "norm" (the RMSNorm before qkv and gate_up, in their
+    prologue). GRAPHRT_GEMV_EPILOGUE: 1 (all, the default), 0 (none) or a comma list of kinds; read
+    per call, so a benchmark can time each in one process."""
     value = os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1")
     return value == "1" or kind in value.split(",")
 
@@ -711,18 +665,6 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
             return gemv_triton(xt, w_gate_up, gated=True, norm=x)
         return gemv_triton(materialized(x), w_gate_up, gated=True)
     return silu_and_mul(linear(materialized(x), w_gate_up))
-
-
-def linear_attention_out(att, w: torch.Tensor) -> torch.Tensor:
-    """att: the attention output [N, Hq, D], or a PendingMerge of one row; w [N_out, Hq * D] (the o
-    projection) -> [N, N_out]. A PendingMerge on the M = 1 FMA path is merged in the GEMV's prologue
-    (one launch instead of the merge kernel and the GEMV, same bits); otherwise it is materialized."""
-    if isinstance(att, PendingMerge):
-        x = att.out.view(1, -1)
-        if epilogues_enabled("merge") and _triton_ok(x, w, None) and m1_fma_config(*w.shape) is not None:
-            return gemv_triton(x, w, merge=att)
-        att = att.materialize()
-    return linear(att.reshape(att.shape[0], -1), w)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn ashort lmhead fuseab normab mergeab knorm kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
+# attn ashort lmhead fuseab normab knorm kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -64,14 +64,9 @@ for step in $steps; do
               for v in mlp,qkv 1 mlp,qkv 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
                 --batch-sizes 1 --max-new-tokens 128 --json "$OUT/normab$v.json" 2>&1 | grep -E '^(plain|mode)' \
                 | sed "s/^/FUSED=$v /" | log; done ;;
-    mergeab)  # session 5: the split-attention merge in the o projection's prologue, off / on, twice each
-              for v in mlp,qkv,norm 1 mlp,qkv,norm 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
-                --batch-sizes 1 --max-new-tokens 128 --json "$OUT/mergeab.json" 2>&1 | grep -E '^(plain|mode)' \
-                | sed "s/^/FUSED=$v /" | log; done ;;
-    knorm)    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_norm_prologue.py tests/test_merge_prologue.py \
-                tests/test_gpu_runtime.py tests/test_attention.py \
+    knorm)    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_norm_prologue.py tests/test_gpu_runtime.py \
                 2>&1 | log | tail -8 ;;
-    kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py tests/test_merge_prologue.py \
+    kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py \
                 tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py 2>&1 | log | tail -8 ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;

@@ -47,11 +47,6 @@ CASES = {
         BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
         FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=False, NORM=True, NORM_RES=False,
         BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
-    # the split-attention merge in the o projection's prologue (kernels/attention.PendingMerge)
-    "gemv-fma-m1-merge-pdl": ("gemv", "_gemv_kernel", dict(_GEMV, mo_ptr="*fp32", ml_ptr="*fp32"), dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, MERGE_SPLITS=3, MERGE_HEADS=32, MERGE_D=64),
-        dict(num_warps=4, num_stages=1)),
     "qkv-rotary-m1-norm-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
@@ -84,10 +79,6 @@ CASES = {
                                                                       seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
         USE_PDL=True), dict(num_warps=4)),
-    "attn-merge-sequential": ("attention", "_paged_attn_merge_kernel", dict(
-        ws_out_ptr="*fp32", ws_lse_ptr="*fp32", seq_lens_ptr="*i32"), dict(
-        NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=64, NUM_SPLITS=3, SPLITS_P2=4, BLOCK_H=16, BLOCK_DM=64,
-        USE_PDL=False), dict(num_warps=4)),
     # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
     "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
@@ -107,7 +98,7 @@ CASES = {
 }
 
 _SCRIPT = textwrap.dedent("""
-    import importlib, inspect, json, sys
+    import importlib, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -116,9 +107,6 @@ _SCRIPT = textwrap.dedent("""
     for name, (mod, kernel, types, constexprs, options) in json.loads(sys.argv[1]).items():
         fn = getattr(importlib.import_module("graphrt.kernels." + mod), kernel)
         names = [p.name for p in fn.params]
-        for p in fn.params:  # constexprs a case leaves out take the kernel's defaults
-            if p.is_constexpr and p.name not in constexprs and p.default is not inspect.Parameter.empty:
-                constexprs[p.name] = p.default
         sig = {}
         for p in fn.params:
             sig[p.name] = ("constexpr" if p.is_constexpr else

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.gemv import linear, linear_attention_out, linear_silu_mul
+from graphrt.kernels.gemv import linear, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
@@ -112,6 +112,7 @@ class AttentionBlock:
 
     def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
         """x: [N, H], or the PendingNorm that produces it (the layer's input norm)."""
+        n = (x.x if isinstance(x, PendingNorm) else x).shape[0]
         # One token: the rotation and the KV store run in the qkv GEMV's epilogue; otherwise one
         # launch normalises (Qwen3) and rotates q and k, stores k and v and returns q contiguous.
         q = qkv_rotary_store(
@@ -119,12 +120,11 @@ class AttentionBlock:
             meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
         )
-        # One token over a few splits: the merge is left to the o projection's prologue.
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len, defer_merge=True,
+            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
-        return linear_attention_out(out, self.o_weight)
+        return linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight)
 
 
 class GatedMLP:
