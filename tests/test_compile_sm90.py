@@ -98,7 +98,7 @@ CASES = {
 }
 
 _SCRIPT = textwrap.dedent("""
-    import importlib, json, sys
+    import importlib, inspect, json, sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -107,6 +107,9 @@ _SCRIPT = textwrap.dedent("""
     for name, (mod, kernel, types, constexprs, options) in json.loads(sys.argv[1]).items():
         fn = getattr(importlib.import_module("graphrt.kernels." + mod), kernel)
         names = [p.name for p in fn.params]
+        for p in fn.params:  # constexprs a case leaves out take the kernel's defaults
+            if p.is_constexpr and p.name not in constexprs and p.default is not inspect.Parameter.empty:
+                constexprs[p.name] = p.default
         sig = {}
         for p in fn.params:
             sig[p.name] = ("constexpr" if p.is_constexpr else
