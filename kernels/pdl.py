@@ -23,14 +23,24 @@ import triton.language as tl
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
+# GRAPHRT_PDL_RELEASE=before: release the dependents before waiting, so the next kernel may be
+# scheduled (and prefetch its weights) while this one still waits for its own producer. Read at
+# import (a constexpr of every kernel); an experiment switch, see BENCHMARKS.md.
+_RELEASE_FIRST = tl.constexpr(os.environ.get("GRAPHRT_PDL_RELEASE", "after") == "before")
+
+
 @triton.jit
 def wait_for_producer():
     """griddepcontrol.wait (all of the previous kernel's writes visible), then launch_dependents so
     the next kernel may be scheduled early too. Nothing under the interpreter, which runs one grid
     at a time and has no griddepcontrol (so the CPU tests still run the code around it)."""
     if not _INTERPRETED:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if _RELEASE_FIRST:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        else:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @functools.cache

@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn ashort lmhead fuseab normab knorm kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
+# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -64,6 +64,10 @@ for step in $steps; do
               for v in mlp,qkv 1 mlp,qkv 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
                 --batch-sizes 1 --max-new-tokens 128 --json "$OUT/normab$v.json" 2>&1 | grep -E '^(plain|mode)' \
                 | sed "s/^/FUSED=$v /" | log; done ;;
+    releaseab) # session 5: PDL release of dependents after (default) / before the wait, twice each, plain B = 1, 8
+              for v in after before after before; do GRAPHRT_PDL_RELEASE=$v python3 -m graphrt bench --no-draft \
+                --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/release$v.json" 2>&1 | grep -E '^(plain|mode)' \
+                | sed "s/^/RELEASE=$v /" | log; done ;;
     knorm)    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_norm_prologue.py tests/test_gpu_runtime.py \
                 2>&1 | log | tail -8 ;;
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py \
