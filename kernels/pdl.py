@@ -23,17 +23,21 @@ import triton.language as tl
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
-# GRAPHRT_PDL_RELEASE=before: release the dependents before waiting, so the next kernel may be
-# scheduled (and prefetch its weights) while this one still waits for its own producer. Read at
-# import (a constexpr of every kernel); an experiment switch, see BENCHMARKS.md.
-_RELEASE_FIRST = tl.constexpr(os.environ.get("GRAPHRT_PDL_RELEASE", "after") == "before")
+# Dependents are released before the wait (GRAPHRT_PDL_RELEASE=before, the default), so the next
+# kernel may be scheduled, and prefetch its weights, while this one still waits for its producer:
+# H100, plain decode B = 1, same call, 918.8 / 918.4 -> 926.6 / 925.0 tok/s (BENCHMARKS.md, session 5).
+# Safe: a dependent touches nothing the chain writes before its own wait, and each wait is for a
+# completed producer, which itself completed only after its own producer. `after` releases them
+# once the wait returns (sessions 2-4). Read at import: a constexpr of every kernel.
+_RELEASE_FIRST = tl.constexpr(os.environ.get("GRAPHRT_PDL_RELEASE", "before") != "after")
 
 
 @triton.jit
 def wait_for_producer():
-    """griddepcontrol.wait (all of the previous kernel's writes visible), then launch_dependents so
-    the next kernel may be scheduled early too. Nothing under the interpreter, which runs one grid
-    at a time and has no griddepcontrol (so the CPU tests still run the code around it)."""
+    """launch_dependents (the next kernel may be scheduled now) and griddepcontrol.wait (all of the
+    previous kernel's writes visible), in the order _RELEASE_FIRST says. Nothing under the
+    interpreter, which runs one grid at a time and has no griddepcontrol (so the CPU tests still
+    run the code around it)."""
     if not _INTERPRETED:
         if _RELEASE_FIRST:
             tl.extra.cuda.gdc_launch_dependents()
