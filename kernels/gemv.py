@@ -156,6 +156,25 @@ def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, RED
 
 
 @triton.jit
+def _fma_tile(a0, a1, a2, a3, c0, w, u, x_ptr, res_ptr, g_ptr, k, K, stride_xm, offs_k, kmask, rstd, g,
+              MASK_K: tl.constexpr, REDUCE_EACH: tl.constexpr, BLOCK_M: tl.constexpr, GATED: tl.constexpr,
+              NORM: tl.constexpr, NORM_RES: tl.constexpr):
+    # One weight tile w at column k (and its up tile u when GATED) against every row of x, or,
+    # with NORM, against the normalised row (g: the tile's norm weights when already loaded).
+    if NORM:
+        if not MASK_K:
+            kmask = (k + offs_k) < K
+        a0, c0 = _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH, GATED,
+                             NORM_RES, g)
+    else:
+        a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K, REDUCE_EACH,
+                                   BLOCK_M)
+        if GATED:
+            c0 = _fma_step(c0, u, x_ptr + k, offs_k, kmask, MASK_K, REDUCE_EACH)
+    return a0, a1, a2, a3, c0
+
+
+@triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         out = acc
@@ -287,43 +306,29 @@ def _gemv_kernel(
             if NORM:  # norm weights too
                 g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
             wait_for_producer()
+        rstd = 1.0
         if NORM:
             rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, pid_n == 0, NORM_RES, BLOCK_H)
         if USE_PDL:
-            if NORM:
-                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, offs_k, kmask,
-                                     rstd, REDUCE_EACH, GATED, NORM_RES, g)
-            else:
-                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k0, stride_xm, offs_k, kmask, True,
-                                           REDUCE_EACH, BLOCK_M)
-                if GATED:
-                    c0 = _fma_step(c0, u, x_ptr + k0, offs_k, kmask, True, REDUCE_EACH)
+            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
+                                           stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
+                                           REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
             k_start = k0 + BLOCK_K
         for k in range(k_start, k_full, BLOCK_K):
             w = tl.load(w_ptrs + k).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k).to(tl.float32)
-            if NORM:
-                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, offs_k,
-                                     (k + offs_k) < K, rstd, REDUCE_EACH, GATED, NORM_RES)
-            else:
-                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, None, False,
-                                           REDUCE_EACH, BLOCK_M)
-                if GATED:
-                    c0 = _fma_step(c0, u, x_ptr + k, offs_k, None, False, REDUCE_EACH)
+            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
+                                           stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
+                                           NORM, NORM_RES)
         if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
             if GATED:
                 u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if NORM:
-                a0, c0 = _fma_normed(a0, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full, offs_k,
-                                     kmask, rstd, REDUCE_EACH, GATED, NORM_RES)
-            else:
-                a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k_full, stride_xm, offs_k, kmask, True,
-                                           REDUCE_EACH, BLOCK_M)
-                if GATED:
-                    c0 = _fma_step(c0, u, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
+                                           K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
+                                           GATED, NORM, NORM_RES)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty

@@ -36,3 +36,19 @@ def _cupti_ready_for_graphs():
 
         init_cupti_for_cuda_graphs()
     yield
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The tiny random target checkpoint (CPU, fp32)."""
+    from tests.helpers import load, tiny_dir
+
+    return load(tiny_dir())
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """Its self-draft: a standalone LM of the target's first layers."""
+    from tests.helpers import draft_dir, load
+
+    return load(draft_dir("self"))

@@ -1,23 +1,12 @@
 """What the host moves per cycle (graphrt/packed.py, Runtime._launch): the batch inputs and the
 results as one packed buffer each, the inputs only when the batch changed, and no cycle launched
-that could only ride along after every request has ended."""
+that could only ride along after every request has ended. `target` and `draft`: tests/conftest.py."""
 
 import pytest
 import torch
 
 from graphrt import Runtime, SamplingParams
 from graphrt.packed import packed
-from tests.helpers import draft_dir, load, tiny_dir
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load(tiny_dir())
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return load(draft_dir("self"))
 
 
 def test_packed_views_are_disjoint_aligned_and_copy_as_twins():

@@ -7,17 +7,7 @@ import torch
 
 from graphrt import Runtime, SamplingParams
 from graphrt.errors import CapacityError, ConfigMismatchError, RequestError
-from tests.helpers import draft_dir, load, tiny_dir
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load(tiny_dir())
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return load(draft_dir("self"))
+from tests.helpers import draft_dir, load
 
 
 def _rand_prompts(n, vocab, seed):

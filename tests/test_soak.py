@@ -203,13 +203,6 @@ def soak_seed(default: int = 20261122) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def target():
-    from tests.helpers import load, tiny_dir
-
-    return load(tiny_dir())
-
-
 def _draft(kind):
     from tests.helpers import draft_dir, load
 
