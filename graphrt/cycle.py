@@ -167,9 +167,10 @@ class Cycle:
         self._propose(slots, state, column=0, B=B, stored=True)
 
     # ---- DRAFT_DECODE -------------------------------------------------------------------------
-    def draft_decode(self, B: int) -> None:
+    def draft_decode(self, B: int, slots=None) -> None:
+        """slots: the batch rows' slots, default batch_slots[:B] (what the captured graph reads)."""
         s = self.s
-        slots = s.batch_slots[:B]
+        slots = s.batch_slots[:B] if slots is None else slots
         n = s.num_tokens[slots]
         for i in range(1, self.K):
             positions = (n + (i - 1 + self.offset))[:, None]  # [B, 1]
@@ -258,8 +259,6 @@ class Cycle:
             positions = torch.arange(P + 1, device=prompt.device)[None, :]
         state = self.draft.draft_forward(tokens, positions[0], self._meta(slots, positions), self.draft_kv,
                                          hidden_in)
-        s.batch_slots[:1] = slot
-        s.staged = None
         self._propose(slots, state[-1:], column=0, B=1)
-        self.draft_decode(1)
+        self.draft_decode(1, slots)
         return first, out.logprobs[:, 0]

@@ -2,7 +2,8 @@
 
 Host-side bookkeeping lives here (requests, slots, KV blocks, stop conditions); everything that
 runs per decode cycle on the device lives in graphrt/cycle.py. The host touches the device once
-per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into pinned memory.
+per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into pinned memory
+(plus one of the batch rows' inputs when the batch changed; graphrt/packed.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class _Request:
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
     stop_ids: frozenset = frozenset()
+
+
+def _budget_left(req: _Request) -> int:
+    """Tokens the request may still generate (max_new_tokens counts the prefill's first one)."""
+    return req.params.max_new_tokens - len(req.gen.token_ids)
 
 
 class Runtime:
@@ -248,7 +254,7 @@ class Runtime:
             gen.logprobs.append(lp)
             if tok in req.stop_ids:
                 gen.finish_reason = "stop"
-            elif len(gen.token_ids) >= req.params.max_new_tokens:
+            elif _budget_left(req) <= 0:
                 gen.finish_reason = "length"
             if gen.finish_reason:
                 self._release(req)
@@ -300,8 +306,7 @@ class Runtime:
         # No cycle n+1 when cycle n ends every running request anyway (each cycle emits at least
         # one token per request): it would only ride along.
         in_done = {r.rid for r in done[0]}
-        ends_all = all(r.rid in in_done and len(r.gen.token_ids) + 1 >= r.params.max_new_tokens
-                       for r in self._running.values())
+        ends_all = all(r.rid in in_done and _budget_left(r) <= 1 for r in self._running.values())
         self._inflight = self._launch() if self.overlap and self._running and not ends_all else None
         self.host_seconds += time.perf_counter() - t0
         return self._collect(done)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters
-from graphrt.kernels.norm import PendingNorm, apply_norm, norm_input, row_rstd
+from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "m1_fma_config",
@@ -116,29 +116,6 @@ def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K: tl.
     if BLOCK_M > 3:
         a3 = _fma_step(a3, w, x_ptr + 3 * stride_xm + k, offs_k, kmask, MASK_K, REDUCE_EACH)
     return a0, a1, a2, a3
-
-
-@triton.jit
-def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The norm prologue of a one-row GEMV whose x is the input of an RMSNorm (kernels/norm.py):
-    the row's 1/rms from one [BLOCK_H] load of it, the standalone norm kernel's load and sum. With
-    a residual, the rounded x + residual (the stream the next layer reads) goes to sum_ptr from the
-    program with write_sum. Call after the wait for x's producer."""
-    offs = tl.arange(0, BLOCK_H)
-    mask = offs < K
-    row = norm_input(x_ptr, res_ptr, offs, mask, NORM_RES)
-    if NORM_RES:
-        if write_sum:
-            tl.store(sum_ptr + offs, row, mask=mask)
-    return row_rstd(row, K, eps)
-
-
-@triton.jit
-def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr):
-    """Columns k + offs_k of the normalised row with norm weights g: what the norm kernel would
-    have stored there, bit for bit, given the same rstd."""
-    xt = norm_input(x_ptr + k, res_ptr + k, offs_k, kmask, NORM_RES)
-    return apply_norm(xt, rstd, g, x_ptr.dtype.element_ty)
 
 
 @triton.jit

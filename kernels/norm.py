@@ -93,6 +93,29 @@ def apply_norm(x, rstd, w, out_dtype: tl.constexpr):
 
 
 @triton.jit
+def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The norm prologue of a one-row GEMV whose x is the input of an RMSNorm (kernels/gemv.py,
+    kernels/qkv_rotary.py): the row's 1/rms from one [BLOCK_H] load of it, the norm kernel's load
+    and sum. With a residual, the rounded x + residual (the stream the next layer reads) goes to
+    sum_ptr from the program with write_sum. Call after the wait for x's producer."""
+    offs = tl.arange(0, BLOCK_H)
+    mask = offs < K
+    row = norm_input(x_ptr, res_ptr, offs, mask, NORM_RES)
+    if NORM_RES:
+        if write_sum:
+            tl.store(sum_ptr + offs, row, mask=mask)
+    return row_rstd(row, K, eps)
+
+
+@triton.jit
+def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr):
+    """Columns k + offs_k of the normalised row with norm weights g: what the norm kernel would
+    have stored there, bit for bit, given the same rstd."""
+    xt = norm_input(x_ptr + k, res_ptr + k, offs_k, kmask, NORM_RES)
+    return apply_norm(xt, rstd, g, x_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [N, H], row stride stride_xn, unit column stride
     res_ptr,  # [N, H] residual (read only if HAS_RESIDUAL)
@@ -122,7 +145,7 @@ def _rms_norm_kernel(
 
 def norm_num_warps(block_h: int) -> int:
     # 4 warps up to 4096 (llama-8b) as the one-row GEMVs with a norm prologue have: the same layout
-    # of the row, so the same order of the sum of squares (kernels/gemv.norm_stats).
+    # of the row, so the same order of the sum of squares (norm_stats).
     return 1 if block_h <= 256 else 4 if block_h <= 4096 else 8 if block_h <= 8192 else 16
 
 
@@ -220,9 +243,9 @@ class PendingNorm:
     """rms_norm(x [+ residual], weight) handed to the projection that reads it, not yet computed.
 
     At batch 1 a norm launch is a fixed cost of every layer, and a one-row GEMV on the FMA path
-    already streams all of x: it applies the norm in its prologue instead (kernels/gemv.py
-    norm_stats and normed_tile: this file's load, sum and rounding chain, so the GEMV sees the
-    bits the norm kernel would have stored). Any other consumer calls materialize(). Either way
+    already streams all of x: it applies the norm in its prologue instead (norm_stats and
+    normed_tile above: the norm kernel's load, sum and rounding chain, so the GEMV sees the bits
+    the norm kernel would have stored). Any other consumer calls materialize(). Either way
     `stream` is afterwards x + residual (x itself without a residual): what the next norm adds to.
     """
 

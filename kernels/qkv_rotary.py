@@ -32,9 +32,8 @@ from graphrt.kernels.gemv import (
     m1_fma_config,
     materialized,
     norm_fusable,
-    norm_stats,
 )
-from graphrt.kernels.norm import PendingNorm
+from graphrt.kernels.norm import PendingNorm, norm_stats
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
@@ -201,7 +200,7 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
 def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
     """Same contract as qkv_rotary_store_reference, for N = 1 token. One launch; no host sync.
-    norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/gemv.norm_stats);
+    norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/norm.norm_stats);
     the result is then the reference's on norm.materialize(), bit for bit, and norm.stream is set."""
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be [1, H] (one token), got {tuple(x.shape)}")

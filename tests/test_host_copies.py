@@ -54,8 +54,8 @@ def test_inputs_are_copied_only_when_the_batch_changes(target, draft):
         rt.step()
     n_steady = len(copies)
     assert n_steady == 1, copies  # three cycles, one batch: one copy
-    # A second request's prefill writes batch_slots on the device (the draft's first proposals):
-    # the next cycle must copy again, and its tokens must be the ones it gets alone.
+    # A second request joins the batch: the next cycle must copy again, and its tokens must be the
+    # ones it gets alone.
     b = rt.add_request([9, 8, 7, 6], SamplingParams(max_new_tokens=5, ignore_eos=True))
     while rt.has_unfinished():
         rt.step()

@@ -1,4 +1,4 @@
-"""The RMSNorm in the prologue of a one-row GEMV (kernels/norm.PendingNorm, kernels/gemv.norm_stats):
+"""The RMSNorm in the prologue of a one-row GEMV (kernels/norm.PendingNorm, kernels/norm.norm_stats):
 plain, gated (gate_up + SiLU·mul) and qkv + rotary + KV store, each against the norm kernel's
 output fed to the same kernel without the prologue.
 

@@ -10,8 +10,9 @@ mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), and each [residual add
 prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
 The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each
 entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
-bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for decode-sized M (cuBLAS
-reads the small decode matrices far below peak bandwidth), F.linear otherwise (CPU included).
+bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
+decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
+otherwise (CPU included).
 
 Measured 2026-11-22 (H200, triton 3.6, llama-1b-shape bf16, plain decode under CUDA graphs, both
 versions in one run): TARGET_DECODE 2052 -> 1086 us at B = 1 (34% -> 65% of the weight-read
