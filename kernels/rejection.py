@@ -14,11 +14,19 @@ Per request b with k_b drafts (row j of target_logits predicts the token at posi
     full q:  accept iff u_j * q_j(d) < p_j(d)         q_j = softmax of the draft logits, same rules
   first rejection at j -> correction from row j, then stop:
     greedy:  argmax_j
-    one-hot: Gumbel-max race over x_j + g(seed, position + j, v), d excluded
+    one-hot: two-level Gumbel-max race over x_j, d excluded (below)
     full q:  race over log(max(0, p_j - q_j)) + g; all-zero residual -> race over x_j + g
     every key -inf (dead row, or only d was alive) -> argmax_j
-  all k_b accepted -> bonus from row k_b: argmax (greedy) or the race over x + g, nothing excluded
+  all k_b accepted -> bonus from row k_b: argmax (greedy), else the race over x, nothing excluded
+  (two-level without draft logits, one level over x + g in full q)
   logprob of an emitted token t at row i: x_i[t] - lse_i (-inf on a dead row)
+
+  g(v) = gumbel(race_bits(seed, position + j, v)). The two-level race (_two_level_race): the vocab
+  splits into chunks of RACE_CHUNK entries; chunk c races on lse(x over c, d excluded) +
+  gumbel(chunk_bits(seed, position + j, c)), then the winning chunk's entries on x + g. That draws
+  v with probability p(v) / (1 - p(d)) exactly like one race over the row, but hashes one chunk per
+  request instead of V entries. Full q races the whole row in one level: its residual needs every
+  entry anyway.
 
 Ties in races and argmaxes go to the lowest index, so every emitted id is in [0, V) whatever the
 input. The Triton path matches the reference token for token: the races and argmaxes are exact
@@ -27,30 +35,32 @@ last-ulp differences flip a decision only when u lands within ~1e-7 of p(d) or t
 ~1e-6.
 
 Triton structure (no [B*(K+1), V] fp32 intermediate; target logits read once in their own dtype).
-Tiles are [lanes, 8] (16 bytes of bf16 per lane); up to 4 launches, chained by programmatic
-dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one before:
-  1. _row_stats_kernel, grid (B*(K+1), splits): per vocab chunk, the raw (max, lowest argmax), the
-     online (max, sum-exp) of the scaled row and the same for the draft logits in full-q mode. The
-     hot loop keeps per-lane raw-domain state and does one rescale per lane and one exp2 per entry
-     (_stats_step); the argmax keeps only the tile where each lane's max was reached and re-reads
-     that tile once at the end. Inputs where the fast lse is not the reference's (a +inf logit, x
-     overflowing) rerun the chunk through the exact sanitised loop. The chunk holding row j's draft
-     also stores its logit (and q's), so the walk reads nothing that depends on another read.
-     When `fuse_race` (B*(K+1) <= 8, one-hot q) it also runs the Gumbel race of every row, draft
-     excluded, so that tiny batches finish in two launches.
-  2. _walk_kernel, grid B: merges the chunks, walks the drafts, writes the accepted part,
-     num_emitted, acceptance_counts and the greedy (or fused-race) correction/bonus token, and
-     otherwise leaves the one row that needs a race, with what to exclude, in a small workspace.
-  3. _race_kernel, grid (B, splits): Gumbel-max race over that one row per sampled request
-     (greedy requests return at once), residual race in full-q mode. Pruned exactly (_race_tile):
-     a tile is raced only if some entry's upper bound raw * inv_t + (-log(1 - u)) beats the best
-     key so far; Gumbel-max records get rarer along a row (~ln n of n tiles), so most tiles cost
-     the hash and one fast lg2 per entry instead of two exact logs.
-  4. _finish_kernel, grid B: merges the race chunks and writes the token and its logprob (the
-     winners carry their x, so no logit is re-read).
-Large batches take 1-4 because the race needs the row's lse and the walk's decision first: done
-for every row in the row pass it would make that pass compute-bound, done for one row per request
-it re-reads 1/(K+1) of the bytes.
+Tiles are [lanes, 8] (16 bytes of bf16 per lane); two launches (four in full q), chained by
+programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
+before:
+  1. _row_stats_kernel, grid (B*(K+1), splits): per split of the vocab, the raw (max, lowest
+     argmax), the online (max, sum-exp) of the scaled row, the sum without the row's draft (one-hot:
+     a chunk's mass for the correction's race) and the draft logits' stats in full-q mode. One-hot
+     splits never straddle a race chunk. The hot loop keeps per-lane raw-domain state and does one
+     rescale per lane and one exp2 per entry (_stats_step); the argmax keeps only the tile where
+     each lane's max was reached and re-reads that tile once at the end. Inputs where the fast lse
+     is not the reference's (a +inf logit, x overflowing) rerun the split through the exact
+     sanitised loop. The split holding row j's draft also stores its logit (and q's), so the walk
+     reads nothing that depends on another read. When `fuse_race` (B*(K+1) <= 8, one-hot) it also
+     races every row's entries per split, draft excluded, so the walk reads no logits.
+  2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
+     num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
+     two-level race (_race_two_level: the chunks' keys from the split stats, then the winning
+     chunk's RACE_CHUNK entries raced here, pruned exactly by _race_tile: a tile is raced only if
+     some entry's upper bound raw * inv_t + (-log(1 - u)) beats the best key so far, so most tiles
+     cost the hash and one fast lg2 per entry instead of two exact logs). In full q it leaves the
+     one row that needs a race in a small workspace.
+  3. _race_kernel, grid (B, splits), full q only: the residual race (and the race over p, its
+     fallback) over that one row per sampled request; greedy requests return at once.
+  4. _finish_kernel, grid B, full q only: merges the race splits and writes the token and its
+     logprob (the winners carry their x, so no logit is re-read).
+The race cannot join the row pass at large batches: it needs the row's lse and the walk's decision
+first; done for every row there it would make that pass compute-bound.
 """
 
 from __future__ import annotations
@@ -65,10 +75,12 @@ from graphrt.kernels.argmax import lowest_argmax
 from graphrt.kernels.counters import capturing, counters
 from graphrt.kernels.pdl import pdl_available, pdl_enabled, pdl_launch
 from graphrt.kernels.rng import (
+    CHUNK_STREAM,
     accept_uniform,
     race_gumbel,
     tl_accept_uniform,
     tl_bits_to_uniform,
+    tl_chunk_key,
     tl_gumbel,
     tl_gumbel_upper_bound,
     tl_race_bits,
@@ -96,10 +108,22 @@ _RACE_PROGRAMS = 1024
 _PRUNE = True
 _BOUND_PER_LANE = False
 _FUSE_FINISH = False
+_WALK_RACE_WARPS = 4
 _PDL_EARLY_MAX_ROWS = 128  # PDL with an early trigger from 9 to 128 rows, a late one otherwise
 # Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
-_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD = (tl.constexpr(i) for i in range(9))
-_NUM_FPLANES = 9
+_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
+    tl.constexpr(i) for i in range(10))
+_NUM_FPLANES = 10
+# Vocab chunk of the two-level race (one-hot q and K = 0): part of the sampling definition, so the
+# reference and the kernels share it; every row pass split lies inside one chunk.
+RACE_CHUNK = 8192
+
+
+def _race_chunk(chunk: int | None) -> int:
+    chunk = RACE_CHUNK if chunk is None else chunk
+    if chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"race_chunk must be a power of two, got {chunk}")
+    return chunk
 
 
 class RejectionOutput(NamedTuple):
@@ -200,7 +224,27 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, kb, counts_acc):
+def _two_level_race(x: torch.Tensor, g: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
+                    chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-max sample of softmax(x) in two levels: race the vocab chunks of `chunk` entries on
+    their log-mass (lse of the chunk + a chunk Gumbel), then the entries of the winning chunk on
+    x + g. Chunk c wins with probability mass_c / total and entry v with p_v / mass_c, so v is drawn
+    with probability p_v, like a race over the whole row, at 1/chunks of the per-entry work.
+
+    x, g: [b, V] fp32 (-inf: excluded); seed, position: [b] -> (best key, lowest winning index),
+    best = -inf when every entry is excluded."""
+    b, v = x.shape
+    n_chunks = -(-v // chunk)
+    xc = torch.nn.functional.pad(x, (0, n_chunks * chunk - v), value=float("-inf"))
+    ckey = _logsumexp(xc.view(b, n_chunks, chunk)) + race_gumbel(seed, position, n_chunks, CHUNK_STREAM)
+    cbest, cwin = lowest_argmax(ckey)
+    mine = (torch.arange(v, device=x.device) // chunk)[None, :] == cwin[:, None]
+    best, winner = lowest_argmax(torch.where(mine, x + g, torch.full_like(x, float("-inf"))))
+    return torch.where(cbest > float("-inf"), best, cbest), winner
+
+
+def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, kb, counts_acc,
+                     race_chunk):
     b, r, v = target.shape
     k = r - 1
     dev = target.device
@@ -243,8 +287,9 @@ def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, 
         d_n = torch.full_like(n_acc, -1)
         valid_n = torch.zeros_like(is_bonus)
     g = race_gumbel(seed, position + n_acc, v)  # [b, v]
-    key = x_n + g
     if draft_logits is not None and k > 0:
+        # Full q races the whole row in one level: the residual needs every entry anyway.
+        key = x_n + g
         use_res = ~is_bonus
         jq = n_acc.clamp(max=k - 1)
         lse_qn = lse_q[rows, jq][:, None]
@@ -256,12 +301,10 @@ def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, 
         # Full q excludes nothing: a rejected draft's mass is already out of the residual, and the
         # p fallback only runs when p == q, where a rejection means p(d) = 0 anyway.
         key = torch.where((use_res & res_alive)[:, None], key_res, key)
-        exclude = torch.zeros_like(use_res)
+        best, winner = lowest_argmax(key)
     else:
-        exclude = ~is_bonus & valid_n
-    vocab = torch.arange(v, device=dev)
-    key = torch.where(exclude[:, None] & (vocab[None, :] == d_n[:, None]), torch.full_like(key, inf), key)
-    best, winner = lowest_argmax(key)
+        out = (~is_bonus & valid_n)[:, None] & (torch.arange(v, device=dev)[None, :] == d_n[:, None])
+        best, winner = _two_level_race(x_n.masked_fill(out, inf), g, seed, position + n_acc, race_chunk)
     sampled_tok = torch.where(best > inf, winner, amax_n)
     tok = torch.where(greedy, amax_n, sampled_tok)
     lp_n = torch.where(dead_n, torch.full_like(lse_n, inf), x_n.gather(-1, tok[:, None]).squeeze(-1) - lse_n)
@@ -290,8 +333,11 @@ def rejection_sample_reference(
     num_draft_tokens: torch.Tensor | None = None,
     acceptance_counts: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    race_chunk: int | None = None,
 ) -> RejectionOutput:
     """Vectorized PyTorch ground truth; same arguments as `rejection_sample`.
+    race_chunk: vocab chunk of the two-level race (a power of two; RACE_CHUNK by default; tests
+    shrink it to exercise many chunks at small V).
 
     Requests are independent, so large inputs run in chunks of requests to bound the fp32 and
     int64 (RNG) temporaries; small-V calls with 1e5 requests stay one vectorized chunk.
@@ -310,7 +356,8 @@ def rejection_sample_reference(
         e = min(b, s + chunk)
         parts.append(_reference_chunk(
             target_logits[s:e], draft_token_ids[s:e], temperature[s:e], seed[s:e], position[s:e],
-            None if draft_logits is None else draft_logits[s:e], kb[s:e], counts))
+            None if draft_logits is None else draft_logits[s:e], kb[s:e], counts,
+            _race_chunk(race_chunk)))
     token_ids = torch.cat([p[0] for p in parts])
     num_emitted = torch.cat([p[1] for p in parts])
     logprobs = torch.cat([p[2] for p in parts])
@@ -371,16 +418,7 @@ def _tile_offsets(BLOCK_V: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def _online_lse_step(x, m_run, s_lane):
-    """One tile of an online logsumexp: scalar running max, per-lane running sums."""
-    m_new = tl.maximum(m_run, tl.max(x, axis=0))
-    alpha = tl.exp(m_run - m_new)
-    s_lane = tl.where(m_new == _NEG_INF, 0.0, s_lane * alpha + tl.exp(x - m_new))
-    return m_new, s_lane
-
-
-@triton.jit
-def _stats_step(raw, t, best, bt, s, c):
+def _stats_step(raw, t, best, bt, s, sx, c, xo, toffs, XSUM: tl.constexpr):
     """One [lanes, VEC] tile of the raw-domain online stats: one rescale per lane, one exp2 per entry.
 
     best: the lane's running max of raw (NaN never counts: max() ignores it), bt: the tile where it
@@ -388,27 +426,34 @@ def _stats_step(raw, t, best, bt, s, c):
     sum over the lane of exp((raw_i - best) * inv_t), c = inv_t * log2e. A NaN/-inf entry adds
     exp2(max(NaN or -inf, -inf)) = 0. (Tracking the position here instead, a few ops per entry,
     measured slower at every B on an H200, even with one tile per chunk.)
+    XSUM: sx is the same sum without the entry at tile position xo (the row's draft, which the
+    correction's race excludes); summed apart, never subtracted, so "only the draft alive" gives 0.
     """
     m = tl.max(raw, axis=1)
     take = m > best
     new = tl.maximum(best, m)
     alpha = tl.exp2(tl.maximum((best - new) * c, _NEG_INF))  # 1, or 0 from -inf (NaN -> -inf)
     e = tl.exp2(tl.maximum((raw - new[:, None]) * c, _NEG_INF))
-    s = s * alpha + tl.sum(e, axis=1)
+    te = tl.sum(e, axis=1)
+    s = s * alpha + te
+    if XSUM:
+        if (xo >= 0) & (xo < toffs.shape[0] * toffs.shape[1]):  # the one tile holding the draft
+            te = tl.sum(tl.where(toffs == xo, 0.0, e), axis=1)
+        sx = sx * alpha + te
     bt = tl.where(take, t, bt)
-    return new, bt, s
+    return new, bt, s, sx
 
 
 @triton.jit
-def _stats_finish(best, s, inv_t, c):
-    """Lanes -> (max of the scaled row x, sum of exp(x - that max)); ok = False if the fast form
-    cannot stand for the reference's (a +inf entry, or x overflowing), then the exact loop reruns."""
+def _stats_finish(best, s, sx, inv_t, c):
+    """Lanes -> (max of the scaled row x, sum of exp(x - that max), the same for sx); ok = False if
+    the fast form cannot stand for the reference's (a +inf entry, or x overflowing), then the
+    exact loop reruns."""
     mr = tl.max(best, axis=0)
-    w = tl.where(best > _NEG_INF, s * tl.exp2((best - mr) * c), 0.0)
-    ssum = tl.sum(w, axis=0)
+    scale = tl.where(best > _NEG_INF, tl.exp2((best - mr) * c), 0.0)
     mx = mr * inv_t
     ok = (mr == _NEG_INF) | ((mx > _NEG_INF) & (mx < float("inf")))
-    return _scaled(mr, inv_t), ssum, ok
+    return _scaled(mr, inv_t), tl.sum(s * scale, axis=0), tl.sum(sx * scale, axis=0), ok
 
 
 @triton.jit
@@ -426,16 +471,23 @@ def _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V: tl.constexpr, VEC
 
 
 @triton.jit
-def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V: tl.constexpr):
-    """The reference's sanitised online logsumexp over a chunk (slow path, rare inputs only)."""
+def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V: tl.constexpr):
+    """The reference's sanitised online logsumexp over a chunk (slow path, rare inputs only):
+    (max, sum, sum without entry excl)."""
     offs0 = tl.arange(0, BLOCK_V)
     m_run = tl.max(tl.full([BLOCK_V], _NEG_INF, tl.float32), axis=0)
     s_lane = tl.zeros([BLOCK_V], tl.float32)
+    sx_lane = tl.zeros([BLOCK_V], tl.float32)
     for t in range(n_tiles):
         offs = chunk_start + t * BLOCK_V + offs0
         x = _scaled(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), inv_t)
-        m_run, s_lane = _online_lse_step(x, m_run, s_lane)
-    return m_run, tl.sum(s_lane, axis=0)
+        m_new = tl.maximum(m_run, tl.max(x, axis=0))
+        alpha = tl.exp(m_run - m_new)
+        e = tl.exp(x - m_new)
+        s_lane = tl.where(m_new == _NEG_INF, 0.0, s_lane * alpha + e)
+        sx_lane = tl.where(m_new == _NEG_INF, 0.0, sx_lane * alpha + tl.where(offs == excl, 0.0, e))
+        m_run = m_new
+    return m_run, tl.sum(s_lane, axis=0), tl.sum(sx_lane, axis=0)
 
 
 @triton.jit
@@ -509,6 +561,11 @@ def _row_stats_kernel(
     HAS_COUNTS: tl.constexpr = False,
     R_POW2: tl.constexpr = 1,
     SPLITS_POW2: tl.constexpr = 1,
+    CHUNK: tl.constexpr = 1,  # one-hot: two-level race chunk (SPC splits each)
+    SPC: tl.constexpr = 1,
+    NC_POW2: tl.constexpr = 1,
+    RACE_BLOCK_V: tl.constexpr = 1,  # tile of the walk's race over one chunk
+    XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
 ):
     _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -545,6 +602,7 @@ def _row_stats_kernel(
     best = tl.full([BLOCK_V // VEC], _NEG_INF, tl.float32)
     bt = tl.full([BLOCK_V // VEC], _INT32_MAX, tl.int32)
     s = tl.zeros([BLOCK_V // VEC], tl.float32)
+    sx = tl.zeros([BLOCK_V // VEC], tl.float32)
     qbest = tl.full([BLOCK_V // VEC], _NEG_INF, tl.float32)
     qbt = tl.full([BLOCK_V // VEC], _INT32_MAX, tl.int32)
     qs = tl.zeros([BLOCK_V // VEC], tl.float32)
@@ -557,8 +615,9 @@ def _row_stats_kernel(
         offs_a = chunk_start + t * BLOCK_V + toffs
         ra = tl.load(row_ptr + offs_a).to(tl.float32)
         rb = tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32)
-        best, bt, s = _stats_step(ra, t, best, bt, s, c)
-        best, bt, s = _stats_step(rb, t + 1, best, bt, s, c)
+        xo = excl - chunk_start - t * BLOCK_V
+        best, bt, s, sx = _stats_step(ra, t, best, bt, s, sx, c, xo, toffs, XSUM)
+        best, bt, s, sx = _stats_step(rb, t + 1, best, bt, s, sx, c, xo - BLOCK_V, toffs, XSUM)
         if FUSE_RACE:
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
@@ -571,14 +630,15 @@ def _row_stats_kernel(
             if need_q:
                 ya = tl.load(q_ptr + offs_a).to(tl.float32)
                 yb = tl.load(q_ptr + offs_a + BLOCK_V).to(tl.float32)
-                qbest, qbt, qs = _stats_step(ya, t, qbest, qbt, qs, c)
-                qbest, qbt, qs = _stats_step(yb, t + 1, qbest, qbt, qs, c)
+                qbest, qbt, qs, _ = _stats_step(ya, t, qbest, qbt, qs, qs, c, -1, toffs, False)
+                qbest, qbt, qs, _ = _stats_step(yb, t + 1, qbest, qbt, qs, qs, c, -1, toffs, False)
     # The odd whole tile and the partial last one, masked.
     for t in range(n_full - (n_full % 2), n_tiles):
         offs = chunk_start + t * BLOCK_V + toffs
         inb = offs < V
         raw = tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        best, bt, s = _stats_step(raw, t, best, bt, s, c)
+        best, bt, s, sx = _stats_step(raw, t, best, bt, s, sx, c, excl - chunk_start - t * BLOCK_V,
+                                      toffs, XSUM)
         if FUSE_RACE:
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
@@ -587,27 +647,29 @@ def _row_stats_kernel(
         if FULL_Q:
             if need_q:
                 y = tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-                qbest, qbt, qs = _stats_step(y, t, qbest, qbt, qs, c)
+                qbest, qbt, qs, _ = _stats_step(y, t, qbest, qbt, qs, qs, c, -1, toffs, False)
 
     _pdl_late(PDL)
     plane = tl.num_programs(0).to(tl.int64) * SPLITS  # elements per plane
     o = row * SPLITS + split
     rm, ri = _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V, VEC)
-    m_run, s_run, ok = _stats_finish(best, s, inv_t, c)
+    m_run, s_run, sx_run, ok = _stats_finish(best, s, sx, inv_t, c)
     if ~ok:
-        m_run, s_run = _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V)
+        m_run, s_run, sx_run = _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V)
     qm_run = rm * 0.0 + _NEG_INF
     qs_run = rm * 0.0
     if FULL_Q:
-        qm_run, qs_run, qok = _stats_finish(qbest, qs, inv_t, c)
+        qm_run, qs_run, _, qok = _stats_finish(qbest, qs, qs, inv_t, c)
         if need_q:
             if ~qok:
-                qm_run, qs_run = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, BLOCK_V)
+                qm_run, qs_run, _ = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, -1, BLOCK_V)
         tl.store(fstat_ptr + _P_YD * plane + row * SPLITS, y_d, mask=mine)
     tl.store(fstat_ptr + _P_XD * plane + row * SPLITS, x_d, mask=mine)
     tl.store(fstat_ptr + _P_RAW_MAX * plane + o, rm)
     tl.store(fstat_ptr + _P_MAX * plane + o, m_run)
     tl.store(fstat_ptr + _P_SUM * plane + o, s_run)
+    if XSUM:
+        tl.store(fstat_ptr + _P_XSUM * plane + o, sx_run)
     tl.store(fstat_ptr + _P_QMAX * plane + o, qm_run)
     tl.store(fstat_ptr + _P_QSUM * plane + o, qs_run)
     tl.store(istat_ptr + o, ri)
@@ -623,11 +685,12 @@ def _row_stats_kernel(
         done = tl.atomic_add(ctr_ptr + b, 1, sem="acq_rel", scope="gpu")
         if done == R * SPLITS - 1:
             tl.atomic_xchg(ctr_ptr + b, 0, sem="relaxed", scope="gpu")
-            _walk_body(b, plane,
+            _walk_body(b, plane, logits_ptr,
                        draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                        fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-                       race_f_ptr, stride_db, stride_dk,
-                       R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2)
+                       race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
+                       R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2,
+                       CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
 
 
 @triton.jit
@@ -640,17 +703,67 @@ def _merge_lse(m_part, s_part, mask):
 
 
 @triton.jit
-def _walk_body(b, plane,
+def _race_two_level(row, plane, row_ptr, fstat_ptr, istat_ptr, seed, pos, inv_t, excl, V, SPLITS,
+                    FUSE_RACE: tl.constexpr, CHUNK: tl.constexpr, SPC: tl.constexpr,
+                    NC_POW2: tl.constexpr, RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr,
+                    PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
+    """The reference's _two_level_race on one row: (winner, its x, its key; key -inf if none).
+
+    The chunks race on their log-mass, merged from the row pass's per-split (max, sum without the
+    excluded draft) with SPC splits per chunk; then the winning chunk's entries race on x + g:
+    already done per split in the row pass when FUSE_RACE, else here, CHUNK entries re-read."""
+    cc = tl.arange(0, NC_POW2)
+    si = cc[:, None] * SPC + tl.arange(0, SPC)[None, :]
+    ms = si < SPLITS
+    o = row * SPLITS + si
+    lse_c = _merge_lse(tl.load(fstat_ptr + _P_MAX * plane + o, mask=ms, other=_NEG_INF, cache_modifier=".cg"),
+                       tl.load(fstat_ptr + _P_XSUM * plane + o, mask=ms, other=0.0, cache_modifier=".cg"), ms)
+    ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
+    kc = tl.max(ckey, axis=0)
+    cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
+    if FUSE_RACE:  # the row pass raced every split: take the best of the winning chunk's
+        sw = cw * SPC + tl.arange(0, SPC)
+        mw = sw < SPLITS
+        km, win, xw = _merge_race(fstat_ptr + _P_RACE * plane, istat_ptr + plane,
+                                  fstat_ptr + _P_RACE_X * plane, row * SPLITS + sw, mw)
+    else:
+        rkey = tl_race_key(seed, pos)
+        toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
+        best = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        best_i = tl.full([RACE_BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
+        best_x = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+        best_run = tl.max(tl.max(best, axis=1), axis=0)
+        raw = tl.load(row_ptr + toffs, mask=toffs < V, other=float("-inf")).to(tl.float32)
+        for t in range(CHUNK // RACE_BLOCK_V):  # the next tile's load in flight while one races
+            offs = toffs + t * RACE_BLOCK_V
+            nxt = offs + RACE_BLOCK_V
+            raw_next = tl.load(row_ptr + nxt, mask=(nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V),
+                               other=float("-inf")).to(tl.float32)
+            best, best_i, best_x, best_run = _race_tile(
+                raw, offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
+                PRUNE, BOUND_PER_LANE, FAST)
+            raw = raw_next
+        km, win, xw = _race_result(best, best_i, best_x)
+        win = win.to(tl.int64)
+    return win, xw, tl.where(kc > _NEG_INF, km, _NEG_INF)
+
+
+@triton.jit
+def _walk_body(b, plane, logits_ptr,
                draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-               race_f_ptr, stride_db, stride_dk,
+               race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
                R, V, SPLITS,
                HAS_ND: tl.constexpr, HAS_COUNTS: tl.constexpr, FULL_Q: tl.constexpr,
-               FUSE_RACE: tl.constexpr, R_POW2: tl.constexpr, SPLITS_POW2: tl.constexpr):
+               FUSE_RACE: tl.constexpr, R_POW2: tl.constexpr, SPLITS_POW2: tl.constexpr,
+               CHUNK: tl.constexpr, SPC: tl.constexpr, NC_POW2: tl.constexpr,
+               RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr, PRUNE: tl.constexpr,
+               BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
     """Request b: merge its chunks, walk its drafts (see _walk_kernel). plane = B*(K+1)*SPLITS.
 
-    Every load is addressed by b alone (the row pass stored the drafts' logits and, when fused,
-    the race winners' x), so they all issue at once: no read waits on another."""
+    Every load of the walk itself is addressed by b alone (the row pass stored the drafts'
+    logits), so they all issue at once: no read waits on another. A sampled one-hot request then
+    runs its two-level race (_race_two_level)."""
     K = R - 1
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     kb = K
@@ -712,19 +825,15 @@ def _walk_body(b, plane,
 
     tok_n = amax_n
     x_t = x_amax_n
-    if FUSE_RACE:
-        # Every row's race ran in the row pass (row j excluding its draft): take row n_acc's.
-        keys = tl.load(fstat_ptr + _P_RACE * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
-        idxs = tl.load(istat_ptr + plane + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
-        xs = tl.load(fstat_ptr + _P_RACE_X * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
-        sel = at_n[:, None] & m2
-        keys = tl.where(sel, keys, _NEG_INF)
-        kmax = tl.max(tl.max(keys, axis=1), axis=0)
-        win = tl.min(tl.min(tl.where(sel & (keys == kmax), idxs, _INT32_MAX), axis=1), axis=0)
-        x_win = tl.max(tl.max(tl.where(sel & (idxs == win), xs, _NEG_INF), axis=1), axis=0)
-        raced = ~greedy & (kmax > _NEG_INF)
-        tok_n = tl.where(raced, win.to(tl.int64), amax_n)
-        x_t = tl.where(raced, x_win, x_amax_n)
+    if not FULL_Q:
+        if ~greedy:
+            win, x_win, kmax = _race_two_level(
+                b * R + n_acc, plane, logits_ptr + b * stride_lb + n_acc * stride_lj, fstat_ptr,
+                istat_ptr, seed, pos + n_acc, inv_t, excl, V, SPLITS, FUSE_RACE, CHUNK, SPC, NC_POW2,
+                RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+            raced = kmax > _NEG_INF
+            tok_n = tl.where(raced, win, amax_n)
+            x_t = tl.where(raced, x_win, x_amax_n)
     lp_n = tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)
 
     toks = tl.where(jr < n_acc, d, tl.where(at_n, tok_n, -1))
@@ -734,12 +843,11 @@ def _walk_body(b, plane,
     tl.store(nemit_ptr + b, (n_acc + 1).to(tl.int32))
     if HAS_COUNTS:
         tl.atomic_add(counts_ptr + jr, tl.full([R_POW2], 1, tl.int64), mask=jr < n_acc)
-    if not FUSE_RACE:
+    if FULL_Q:  # the race pass samples the correction or bonus
         race_row = tl.where(greedy, -1, n_acc)
-        tl.store(race_i_ptr + b * 4 + 0, race_row.to(tl.int32))
-        tl.store(race_i_ptr + b * 4 + 1, excl.to(tl.int32))
-        tl.store(race_i_ptr + b * 4 + 2, tl.where(use_res, 1, 0).to(tl.int32))
-        tl.store(race_i_ptr + b * 4 + 3, amax_n.to(tl.int32))
+        tl.store(race_i_ptr + b * 3 + 0, race_row.to(tl.int32))
+        tl.store(race_i_ptr + b * 3 + 1, tl.where(use_res, 1, 0).to(tl.int32))
+        tl.store(race_i_ptr + b * 3 + 2, amax_n.to(tl.int32))
         tl.store(race_f_ptr + b * 3 + 0, lse_n)
         tl.store(race_f_ptr + b * 3 + 1, lse_q_n)
         tl.store(race_f_ptr + b * 3 + 2, x_amax_n)
@@ -747,6 +855,7 @@ def _walk_body(b, plane,
 
 @triton.jit
 def _walk_kernel(
+    logits_ptr,  # [B, K+1, V]: the one-hot race re-reads one chunk of one row per request
     draft_ptr,  # [B, K] integer
     temp_ptr,  # [B] fp32
     seed_ptr,  # [B] int64
@@ -758,35 +867,44 @@ def _walk_kernel(
     nemit_ptr,  # [B] int32 out
     lp_ptr,  # [B, K+1] fp32 out
     counts_ptr,  # [K] int64, accumulated (HAS_COUNTS only)
-    race_i_ptr,  # [B, 4] int32 out: race row (-1: none), excluded id (-1: none), residual?, argmax
+    race_i_ptr,  # [B, 3] int32 out (full q): race row (-1: none), residual?, argmax
     race_f_ptr,  # [B, 3] fp32 out: lse of p and of q on the race row, x at its argmax
-    stride_db, stride_dk,
+    stride_lb, stride_lj, stride_db, stride_dk,
     R, V, SPLITS,
     HAS_ND: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     FULL_Q: tl.constexpr,
     FUSE_RACE: tl.constexpr,
     R_POW2: tl.constexpr,  # K+1 rows of one request in one tile
-    SPLITS_POW2: tl.constexpr,  # all vocab chunks of a row in one tile
+    SPLITS_POW2: tl.constexpr,  # all vocab splits of a row in one tile
+    CHUNK: tl.constexpr = 1,  # one-hot: the two-level race's chunk, SPC splits each
+    SPC: tl.constexpr = 1,
+    NC_POW2: tl.constexpr = 1,
+    RACE_BLOCK_V: tl.constexpr = 1,
+    VEC: tl.constexpr = 8,
+    PRUNE: tl.constexpr = False,
+    BOUND_PER_LANE: tl.constexpr = False,
+    FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
-    _walk_body(b, tl.num_programs(0).to(tl.int64) * R * SPLITS,
+    _walk_body(b, tl.num_programs(0).to(tl.int64) * R * SPLITS, logits_ptr,
                draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
                fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-               race_f_ptr, stride_db, stride_dk,
-               R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2)
+               race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
+               R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2,
+               CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
 
 
 @triton.jit
 def _race_kernel(
     logits_ptr,  # [B, K+1, V]
-    qlogits_ptr,  # [B, K, V] (FULL_Q only)
+    qlogits_ptr,  # [B, K, V]
     temp_ptr,  # [B] fp32
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
-    race_i_ptr,  # [B, 4] int32 from _walk_kernel
+    race_i_ptr,  # [B, 3] int32 from _walk_kernel
     race_f_ptr,  # [B, 3] fp32 from _walk_kernel
     part_k_ptr,  # [2, B, SPLITS] fp32 out: best key per chunk (p race, residual race)
     part_i_ptr,  # [2, B, SPLITS] int32 out: its lowest index
@@ -794,23 +912,20 @@ def _race_kernel(
     tok_ptr, lp_ptr, ctr_ptr,  # FUSED_FINISH only: the last program of a request runs the finish
     stride_lb, stride_lj, stride_qb, stride_qj,
     R, V, SPLITS, TILES_PER_SPLIT,
-    FULL_Q: tl.constexpr,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     VEC: tl.constexpr = 8,
-    PRUNE: tl.constexpr = False,
-    BOUND_PER_LANE: tl.constexpr = False,
-    FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
     FUSED_FINISH: tl.constexpr = False,
     SPLITS_POW2: tl.constexpr = 1,
 ):
+    """Full q: the residual race (and the race over p, its fallback when p == q, and the bonus
+    token's race) over one row per sampled request, one level: the residual needs every entry."""
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
+    race_row = tl.load(race_i_ptr + b * 3).to(tl.int64)
     if race_row >= 0:  # greedy requests have their token already
-        excl = tl.load(race_i_ptr + b * 4 + 1)
-        use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
+        use_res = tl.load(race_i_ptr + b * 3 + 1) != 0
         lse_p = tl.load(race_f_ptr + b * 3)
         lse_q = tl.load(race_f_ptr + b * 3 + 1)
         _, inv_t = _inv_temperature(temp_ptr, b)
@@ -822,7 +937,6 @@ def _race_kernel(
         best = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
         best_i = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
         best_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
-        best_run = tl.max(tl.max(best, axis=1), axis=0)
         rbest = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
         rbest_i = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
         rbest_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
@@ -833,29 +947,23 @@ def _race_kernel(
             nxt = offs + BLOCK_V
             raw_next = tl.load(row_ptr + nxt, mask=nxt < lim, other=float("-inf")).to(tl.float32)
             inb = offs < V
-            if FULL_Q:
-                # Unpruned: the residual needs every entry, and the p race is its fallback.
-                x = _scaled(raw, inv_t)
-                g = tl_race_gumbel(rkey, offs)
-                key = tl.where(inb & (offs != excl), x + g, _NEG_INF)
-                win = key > best
-                best = tl.where(win, key, best)
-                best_i = tl.where(win, offs, best_i)
-                best_x = tl.where(win, x, best_x)
-                if use_res:
-                    y = _scaled(tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
-                    p = tl.where(lse_p > _NEG_INF, tl.exp(x - lse_p), 0.0)
-                    q = tl.where(lse_q > _NEG_INF, tl.exp(y - lse_q), 0.0)
-                    res = tl.maximum(p - q, 0.0)
-                    rkey_v = tl.where(inb & (res > 0), tl.log(res) + g, _NEG_INF)
-                    rwin = rkey_v > rbest
-                    rbest = tl.where(rwin, rkey_v, rbest)
-                    rbest_i = tl.where(rwin, offs, rbest_i)
-                    rbest_x = tl.where(rwin, x, rbest_x)
-            else:
-                best, best_i, best_x, best_run = _race_tile(
-                    raw, offs, inb & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
-                    PRUNE, BOUND_PER_LANE, FAST)
+            x = _scaled(raw, inv_t)
+            g = tl_race_gumbel(rkey, offs)
+            key = tl.where(inb, x + g, _NEG_INF)
+            win = key > best
+            best = tl.where(win, key, best)
+            best_i = tl.where(win, offs, best_i)
+            best_x = tl.where(win, x, best_x)
+            if use_res:
+                y = _scaled(tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), inv_t)
+                p = tl.where(lse_p > _NEG_INF, tl.exp(x - lse_p), 0.0)
+                q = tl.where(lse_q > _NEG_INF, tl.exp(y - lse_q), 0.0)
+                res = tl.maximum(p - q, 0.0)
+                rkey_v = tl.where(inb & (res > 0), tl.log(res) + g, _NEG_INF)
+                rwin = rkey_v > rbest
+                rbest = tl.where(rwin, rkey_v, rbest)
+                rbest_i = tl.where(rwin, offs, rbest_i)
+                rbest_x = tl.where(rwin, x, rbest_x)
             raw = raw_next
         _pdl_late(PDL)
         o = b * SPLITS + split
@@ -879,7 +987,7 @@ def _race_kernel(
 
 @triton.jit
 def _finish_kernel(
-    race_i_ptr,  # [B, 4] int32
+    race_i_ptr,  # [B, 3] int32
     race_f_ptr,  # [B, 3] fp32
     part_k_ptr,  # [2, B, SPLITS] fp32
     part_i_ptr,  # [2, B, SPLITS] int32
@@ -892,7 +1000,7 @@ def _finish_kernel(
 ):
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
-    race_row = tl.load(race_i_ptr + b * 4).to(tl.int64)
+    race_row = tl.load(race_i_ptr + b * 3).to(tl.int64)
     if race_row >= 0:
         _finish_body(b, race_row, tl.num_programs(0).to(tl.int64) * SPLITS, race_i_ptr, race_f_ptr,
                      part_k_ptr, part_i_ptr, part_x_ptr, tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2)
@@ -913,8 +1021,8 @@ def _merge_race(k_ptr, i_ptr, x_ptr, o, sm):
 def _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_ptr, part_x_ptr,
                  tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2: tl.constexpr):
     """Request b (race row race_row >= 0): merge the race chunks, write the token and its logprob."""
-    use_res = tl.load(race_i_ptr + b * 4 + 2) != 0
-    amax_n = tl.load(race_i_ptr + b * 4 + 3).to(tl.int64)
+    use_res = tl.load(race_i_ptr + b * 3 + 1) != 0
+    amax_n = tl.load(race_i_ptr + b * 3 + 2).to(tl.int64)
     lse_n = tl.load(race_f_ptr + b * 3)
     x_amax = tl.load(race_f_ptr + b * 3 + 2)
     s = tl.arange(0, SPLITS_POW2)
@@ -938,6 +1046,18 @@ def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None,
     splits = max(1, min(tiles, triton.cdiv(target_programs, rows))) if num_splits is None else num_splits
     tiles_per_split = triton.cdiv(tiles, max(1, min(splits, tiles)))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split  # no empty chunk
+
+
+def _chunk_splits(rows: int, vocab: int, block_v: int, chunk: int, num_splits: int | None,
+                  target_programs: int) -> tuple[int, int, int]:
+    """Splits for one-hot mode: whole tiles, never straddling a race chunk, `spc` (a power of two)
+    per chunk, so the walk merges each chunk's mass from its own splits.
+    -> (splits, tiles_per_split, spc)"""
+    tiles_per_chunk = chunk // block_v
+    want = num_splits if num_splits is not None else triton.cdiv(target_programs, rows)
+    spc = min(tiles_per_chunk, triton.next_power_of_2(triton.cdiv(want, triton.cdiv(vocab, chunk))))
+    tiles_per_split = tiles_per_chunk // spc
+    return triton.cdiv(triton.cdiv(vocab, block_v), tiles_per_split), tiles_per_split, spc
 
 
 def _on_gpu(dev: torch.device) -> bool:
@@ -983,6 +1103,7 @@ def rejection_sample_triton(
     pdl: bool | int | None = None,
     pdl_race: bool = True,
     walk_warps: int | None = None,
+    race_chunk: int | None = None,
     _stop_after: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
@@ -997,7 +1118,8 @@ def rejection_sample_triton(
     target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
     (both), prune / bound_per_lane (race pruning), pdl (programmatic dependent launch: 0/False
     off, 1/True early trigger, 2 late trigger; pdl_race=False launches the race pass without it),
-    walk_warps,
+    walk_warps, race_chunk (the two-level race's chunk; changes which tokens a seed draws, so the
+    reference must get the same),
     fuse_finish (the race's last program per request runs the finish, through a per-request
     counter: kernels/counters.py), fused (that, and the row pass's last program per request runs the
     walk). _stop_after=n launches only the first n kernels (timing breakdowns).
@@ -1015,6 +1137,9 @@ def rejection_sample_triton(
     vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
     block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS else _ROW_BLOCK_V)
     race_block_v = race_block_v or (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V)
+    chunk = _race_chunk(race_chunk)
+    if not full_q:  # tiles and the walk's race tiles both lie inside one chunk
+        block_v, race_block_v = min(block_v, chunk), min(race_block_v, chunk)
     vec = min(vec, block_v, race_block_v)
     if num_warps is None:
         num_warps = _ROW_WARPS
@@ -1025,7 +1150,14 @@ def rejection_sample_triton(
     fast = _on_gpu(dev)
     pdl = _pdl_mode(dev, pdl, rows)
     launch = pdl_launch(bool(pdl))
-    splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
+    if full_q:
+        splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
+        spc = 1
+    else:
+        splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, num_splits,
+                                                     target_programs or _TARGET_PROGRAMS)
+    race_args = dict(CHUNK=chunk, SPC=spc, NC_POW2=triton.next_power_of_2(triton.cdiv(splits, spc)),
+                     RACE_BLOCK_V=race_block_v, VEC=vec)
     if out is None:
         out = (torch.empty((b, r), dtype=torch.int64, device=dev),
                torch.empty((b,), dtype=torch.int32, device=dev),
@@ -1033,7 +1165,7 @@ def rejection_sample_triton(
     tok, nemit, lp = out
     fstat = torch.empty((_NUM_FPLANES, rows, splits), dtype=torch.float32, device=dev)
     istat = torch.empty((2, rows, splits), dtype=torch.int32, device=dev)
-    race_i = torch.empty((b, 4), dtype=torch.int32, device=dev)
+    race_i = torch.empty((b, 3), dtype=torch.int32, device=dev)
     race_f = torch.empty((b, 3), dtype=torch.float32, device=dev)
     q = draft_logits if full_q else target_logits  # a valid pointer when unused
     q_strides = (q.stride(0), q.stride(1))
@@ -1051,30 +1183,33 @@ def rejection_sample_triton(
     ctr_arg = ctr if ctr is not None else nemit
     walk_args = (tok, nemit, lp, counts, race_i, race_f)
     stages = _stop_after if _stop_after is not None else 4
-    prune_args = dict(PRUNE=prune, BOUND_PER_LANE=bound_per_lane, FAST=fast, PDL=pdl)
+    prune_args = dict(PRUNE=prune, BOUND_PER_LANE=bound_per_lane, FAST=fast)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
         target_logits, q, ids, temperature, seed, position, nd, fstat, istat, *walk_args, ctr_arg,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
         r, v, splits, tiles_per_split,
-        FUSE_RACE=fuse_race, BLOCK_V=block_v, VEC=vec, FUSED_WALK=fused,
+        FUSE_RACE=fuse_race, BLOCK_V=block_v, FUSED_WALK=fused, XSUM=not full_q,
         HAS_COUNTS=acceptance_counts is not None,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits),
-        num_warps=num_warps, enable_fp_fusion=False, **prune_args, **common, **launch,
+        num_warps=num_warps, enable_fp_fusion=False, PDL=pdl, **prune_args, **race_args, **common,
+        **launch,
     )
+    if walk_warps is None:  # one-hot: the walk races a chunk for each sampled request
+        walk_warps = _WALK_RACE_WARPS if not (full_q or fuse_race) else (1 if r * splits <= 256 else 4)
     if not fused and stages >= 2:
         _walk_kernel[(b,)](
-            ids, temperature, seed, position, nd, fstat, istat, *walk_args, *ids_strides,
+            target_logits, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
+            target_logits.stride(0), target_logits.stride(1), *ids_strides,
             r, v, splits,
             HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
             R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits), PDL=pdl,
-            num_warps=walk_warps or (1 if r * splits <= 256 else 4), enable_fp_fusion=False, **common,
+            num_warps=walk_warps, enable_fp_fusion=False, **prune_args, **race_args, **common,
             **launch,
         )
-    if not fuse_race and stages >= 3:
+    if full_q and stages >= 3:
         rsplits, rtiles = _splits(b, v, race_block_v, num_splits, race_programs or _RACE_PROGRAMS)
-        race_args = dict(prune_args, PDL=pdl if pdl_race else 0)
         part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
         part_x = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
@@ -1082,9 +1217,9 @@ def rejection_sample_triton(
             target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
             tok, lp, ctr_arg,
             target_logits.stride(0), target_logits.stride(1), *q_strides,
-            r, v, rsplits, rtiles, FULL_Q=full_q, BLOCK_V=race_block_v, VEC=vec, FUSED_FINISH=fuse_finish,
+            r, v, rsplits, rtiles, BLOCK_V=race_block_v, VEC=vec, FUSED_FINISH=fuse_finish,
             SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=race_warps, enable_fp_fusion=False,
-            **race_args, **(launch if pdl_race else {}),
+            PDL=pdl if pdl_race else 0, **(launch if pdl_race else {}),
         )
         if not fuse_finish and stages >= 4:
             _finish_kernel[(b,)](

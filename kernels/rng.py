@@ -10,6 +10,7 @@ Definition (all arithmetic on uint32, wrapping):
     row_key(s, p)     = mix(mix(mix(s_lo ^ 0x9E3779B9) ^ s_hi) ^ mix(p_lo ^ 0x85EBCA6B))
     accept_bits(s, p) = mix(row_key ^ 0x68E31DA4)
     race_bits(s,p,v)  = mix(mix(row_key ^ 0x1B56C4E9) ^ (v * 0x9E3779B1))
+    chunk_bits(s,p,c) = mix(mix(row_key ^ 0x2C1B3C6D) ^ (c * 0x9E3779B1))   (c: vocab chunk)
     uniform(h)        = ((h >> 9) + 0.5) * 2**-23      (fp32, exact, in [2**-24, 1 - 2**-24])
     gumbel(h)         = -log(-log(uniform(h)))
 
@@ -33,6 +34,7 @@ SEED_SALT = 0x9E3779B9
 POS_SALT = 0x85EBCA6B
 ACCEPT_STREAM = 0x68E31DA4
 RACE_STREAM = 0x1B56C4E9
+CHUNK_STREAM = 0x2C1B3C6D
 VOCAB_MULT = 0x9E3779B1
 MIX_MUL1 = 0x7FEB352D
 MIX_MUL2 = 0x846CA68B
@@ -45,6 +47,7 @@ _TL_SEED_SALT = tl.constexpr(SEED_SALT)
 _TL_POS_SALT = tl.constexpr(POS_SALT)
 _TL_ACCEPT_STREAM = tl.constexpr(ACCEPT_STREAM)
 _TL_RACE_STREAM = tl.constexpr(RACE_STREAM)
+_TL_CHUNK_STREAM = tl.constexpr(CHUNK_STREAM)
 _TL_VOCAB_MULT = tl.constexpr(VOCAB_MULT)
 _TL_MIX_MUL1 = tl.constexpr(MIX_MUL1)
 _TL_MIX_MUL2 = tl.constexpr(MIX_MUL2)
@@ -89,9 +92,11 @@ def accept_bits(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     return mix32(row_key(seed, position) ^ ACCEPT_STREAM)
 
 
-def race_bits(seed: torch.Tensor, position: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
-    """seed, position: [...]; vocab: [V] -> [..., V] hashes for the Gumbel race."""
-    rkey = mix32(row_key(seed, position) ^ RACE_STREAM)
+def race_bits(seed: torch.Tensor, position: torch.Tensor, vocab: torch.Tensor,
+              stream: int = RACE_STREAM) -> torch.Tensor:
+    """seed, position: [...]; vocab: [V] -> [..., V] hashes for the Gumbel race (stream
+    CHUNK_STREAM: indices are vocab chunks, for the race between chunks)."""
+    rkey = mix32(row_key(seed, position) ^ stream)
     v = _mul32(vocab.to(torch.int64), VOCAB_MULT)
     return mix32(rkey.unsqueeze(-1) ^ v)
 
@@ -105,10 +110,11 @@ def accept_uniform(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     return bits_to_uniform(accept_bits(seed, position))
 
 
-def race_gumbel(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def race_gumbel(seed: torch.Tensor, position: torch.Tensor, vocab_size: int,
+                stream: int = RACE_STREAM) -> torch.Tensor:
     """Gumbel noise g(seed, position, v) for v in [0, V): [...] -> [..., V] fp32."""
     vocab = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
-    u = bits_to_uniform(race_bits(seed, position, vocab))
+    u = bits_to_uniform(race_bits(seed, position, vocab, stream))
     return -torch.log(-torch.log(u))
 
 
@@ -153,6 +159,12 @@ def tl_accept_uniform(seed, position):
 def tl_race_key(seed, position):
     """Per-row key of the Gumbel race; compute once per row, then call tl_race_bits per element."""
     return tl_mix32(tl_row_key(seed, position) ^ _TL_RACE_STREAM)
+
+
+@triton.jit
+def tl_chunk_key(seed, position):
+    """Per-row key of the race between vocab chunks; pass it to tl_race_bits with chunk indices."""
+    return tl_mix32(tl_row_key(seed, position) ^ _TL_CHUNK_STREAM)
 
 
 @triton.jit

@@ -166,10 +166,12 @@ def test_triton_matches_reference(name):
     before = clone_args(args)
     counts_ref = torch.arange(k, dtype=torch.int64)
     counts_tri = counts_ref.clone()
-    ref = rejection_sample_reference(**args, acceptance_counts=counts_ref)
-    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, fuse_race=fuse, block_v=32,
-                                  num_splits=2)
-    msg = f"seed {seed} dtype {dtype}"
+    # 3-5 race chunks of 16-32 entries (1-2 splits each) at V = 75, or the default single chunk
+    chunk = [16, 32, None][(seed // 3) % 3]
+    ref = rejection_sample_reference(**args, acceptance_counts=counts_ref, race_chunk=chunk)
+    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, fuse_race=fuse, block_v=16,
+                                  num_splits=6, race_chunk=chunk)
+    msg = f"seed {seed} dtype {dtype} race_chunk {chunk}"
     assert torch.equal(got.token_ids, ref.token_ids), msg
     assert torch.equal(got.num_emitted, ref.num_emitted), msg
     torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=msg)
@@ -188,9 +190,10 @@ def test_triton_fused_walk_matches_reference(name):
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = make_inputs(6, k, 75, gen=gen, temps=temps, full_q=full_q, ragged=ragged, hazards=hazards)
-    ref = rejection_sample_reference(**args)
+    ref = rejection_sample_reference(**args, race_chunk=32)
     for _ in range(2):  # the counters are back at zero after a call
-        got = rejection_sample_triton(**args, fuse_race=fuse, block_v=16, num_splits=3, fused=True)
+        got = rejection_sample_triton(**args, fuse_race=fuse, block_v=16, num_splits=3, fused=True,
+                                      race_chunk=32)
         assert torch.equal(got.token_ids, ref.token_ids), f"seed {seed}"
         assert torch.equal(got.num_emitted, ref.num_emitted), f"seed {seed}"
         torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
@@ -238,10 +241,11 @@ def test_triton_race_pruning_matches_reference(kind):
     gen = torch.Generator().manual_seed(seed)
     dtype = [torch.float32, torch.bfloat16][seed % 2]
     args = _pruning_inputs(gen, kind, dtype)
-    ref = rejection_sample_reference(**args)
+    ref = rejection_sample_reference(**args, race_chunk=128)
     for fuse, prune, per_lane in [(False, True, False), (False, True, True), (True, True, False)]:
+        # 4 chunks of 128; the separate race runs 4 tiles of 32 over the winning one
         got = rejection_sample_triton(**args, fuse_race=fuse, prune=prune, bound_per_lane=per_lane,
-                                      block_v=32, num_splits=2)
+                                      block_v=32, num_splits=2, race_chunk=128)
         msg = f"seed {seed} dtype {dtype} fuse {fuse} prune {prune} per_lane {per_lane}"
         assert torch.equal(got.token_ids, ref.token_ids), msg
         assert torch.equal(got.num_emitted, ref.num_emitted), msg
@@ -347,7 +351,7 @@ def test_reference_follows_target_distribution(mode):
                 seed=torch.randint(-(2**62), 2**62, (n,), generator=gen, dtype=torch.int64),
                 position=torch.randint(0, 2**31, (n,), generator=gen, dtype=torch.int64),
                 draft_logits=q_logits.expand(n, k, v) if mode == "fullq" else None)
-    res = rejection_sample_reference(**args)
+    res = rejection_sample_reference(**args, race_chunk=4)  # one-hot: a two-level race over 3 chunks
     p = _processed_probs(row_logits, temp)
     sampled = temps > 0
     for j in range(k + 1):
@@ -357,7 +361,7 @@ def test_reference_follows_target_distribution(mode):
         pv = chi2_pvalue(tokens, p[j])
         assert pv > 1e-4, f"seed {seed} position {j} p-value {pv}"
     if mode == "mixed":
-        greedy = rejection_sample_reference(**{**args, "temperature": torch.zeros(n)})
+        greedy = rejection_sample_reference(**{**args, "temperature": torch.zeros(n)}, race_chunk=4)
         assert torch.equal(res.token_ids[~sampled], greedy.token_ids[~sampled])
 
 
