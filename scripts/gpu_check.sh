@@ -4,7 +4,7 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak (default: tests kernels capture decode peers profile nvtx).
+# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -41,6 +41,11 @@ for step in $steps; do
     tests2)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection.py tests/test_fuzz_kernels.py \
                 2>&1 | log | tail -30 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
+    rejab)    # same-run A/B when abtmp/old_rejection.py (an older kernels/rejection.py) is carried
+              python3 scripts/rejection_sweep.py --out "$OUT/rej_sweep.json" --budget 200 \
+                $( [ -f abtmp/old_rejection.py ] && echo --baseline abtmp/old_rejection.py ) 2>&1 | log | tail -80
+              timeout "${REJAB_TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
+                tests/test_rejection.py 2>&1 | log | tail -6 ;;
     kquick)   python3 -m graphrt bench kernels --quick --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
     decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;

@@ -11,8 +11,8 @@ rotating enough input sets to exceed L2. Every figure is graphrt.kernels.timing.
 (CUDA-graph replay, median us per call):
   - "call": the whole call, greedy / one-hot / full q (and the same for --baseline, a copy of an
     older kernels/rejection.py, so before/after come from one run);
-  - "stages": the call cut after 1, 2, 3 launches (row pass, + walk, + race): the differences are
-    each kernel's marginal cost in the graph, launch gaps included;
+  - "stages": the call cut after 1 launch (the row pass): the rest is the walk's (and in one-hot,
+    its race's) marginal cost in the graph, launch gap included;
   - "knobs": the whole call with one launch knob of rejection_sample_triton changed.
 Stops adding knob rows once --budget seconds have passed (compiles dominate), and rewrites --out
 after every row so a cut-off run still leaves its results.
@@ -62,23 +62,23 @@ def timed(fn, sets, **kw) -> float | str:
 
 # (label, modes, batch sizes, kwargs) in priority order: the first rows matter most.
 KNOBS = [
-    ("pdl=0", ("greedy", "onehot"), BS, dict(pdl=0)),
     ("pdl=1", ("greedy", "onehot"), BS, dict(pdl=1)),
     ("pdl=2", ("greedy", "onehot"), BS, dict(pdl=2)),
-    ("fuse_finish", ("greedy", "onehot"), (8, 64, 256), dict(fuse_finish=True)),
-    ("pdl_race=False", ("onehot",), (8, 64, 256), dict(pdl_race=False)),
-    ("prune=False", ("onehot",), (8, 64, 256), dict(prune=False)),
+    ("walk_warps=8", ("greedy", "onehot"), (8, 64, 256), dict(walk_warps=8)),
+    ("walk_warps=8,race_block_v=2048", ("onehot",), (8, 64, 256), dict(walk_warps=8, race_block_v=2048)),
+    ("walk_warps=2", ("greedy", "onehot"), (1, 64), dict(walk_warps=2)),
+    ("row_programs=512", ("greedy", "onehot"), (8, 64, 256), dict(target_programs=512)),
+    ("row_programs=4096", ("greedy", "onehot"), (8, 64, 256), dict(target_programs=4096)),
+    ("block_v=1024", ("greedy", "onehot"), (64, 256), dict(block_v=1024, race_block_v=1024)),
+    # race_chunk changes which token a seed draws (the reference must follow): timing only
+    ("race_chunk=4096", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=4096)),
+    ("race_chunk=16384", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=16384)),
+    ("prune=False", ("onehot",), (64, 256), dict(prune=False)),
     ("bound_per_lane", ("onehot",), (64, 256), dict(bound_per_lane=True)),
-    ("block_v=1024", ("greedy", "onehot"), (8, 64, 256), dict(block_v=1024, race_block_v=1024)),
-    ("block_v=2048", ("greedy",), (1,), dict(block_v=2048, race_block_v=1024)),
-    ("row_programs=2048", ("greedy",), (8, 64, 256), dict(target_programs=2048)),
-    ("block_v=4096,w8", ("greedy",), (64, 256), dict(block_v=4096, num_warps=8, race_block_v=1024)),
-    ("walk_warps=2", ("greedy",), (1,), dict(walk_warps=2)),
-    ("race_block_v=2048", ("onehot",), (64, 256), dict(race_block_v=2048)),
-    ("race_programs=2048", ("onehot",), (64, 256), dict(race_programs=2048)),
     ("fuse_race=False", ("onehot",), (1,), dict(fuse_race=False)),
     ("fuse_race=True", ("onehot",), (8,), dict(fuse_race=True)),
     ("fused", ("greedy", "onehot"), (1, 8), dict(fused=True)),
+    ("pdl_race=False", ("fullq",), (64,), dict(pdl_race=False)),
 ]
 
 
@@ -115,13 +115,13 @@ def main() -> None:
             res["call"].append(row)
             print(row, flush=True)
             dump()
-            if mode == "fullq":
+            if mode == "fullq" and b != 64:
                 del sets[b, mode]
     if not args.skip_stages:
         for b in BS:
             for mode in ("greedy", "onehot"):
                 row = {"B": b, "mode": mode}
-                for n in (1, 2, 3):
+                for n in (1,):
                     row[f"first_{n}"] = timed(rejection_sample_triton, sets[b, mode], _stop_after=n)
                 res["stages"].append(row)
                 print(row, flush=True)
