@@ -108,7 +108,11 @@ _RACE_PROGRAMS = 1024
 _PRUNE = True
 _BOUND_PER_LANE = False
 _FUSE_FINISH = False
-_WALK_RACE_WARPS = 4
+# One-hot (H100, K=3, V=128256, scripts/rejection_sweep.py): 1024-entry row tiles (B=256 greedy
+# 104.7 -> 99.4 us, one-hot 114.7 -> 110.2), and the walk's race over a chunk on 8 warps, with
+# 2048-entry tiles from B=64 (B=64 one-hot 40.3 -> 39.0 us).
+_WALK_RACE_WARPS = 8
+_WALK_RACE_BLOCK_V = 2048
 _PDL_EARLY_MAX_ROWS = 128  # PDL with an early trigger from 9 to 128 rows, a late one otherwise
 # Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
@@ -703,29 +707,31 @@ def _merge_lse(m_part, s_part, mask):
 
 
 @triton.jit
-def _race_two_level(row, plane, row_ptr, fstat_ptr, istat_ptr, seed, pos, inv_t, excl, V, SPLITS,
+def _race_two_level(pm, psx, rk, ri, rx, row_ptr, seed, pos, inv_t, excl, V,
                     FUSE_RACE: tl.constexpr, CHUNK: tl.constexpr, SPC: tl.constexpr,
                     NC_POW2: tl.constexpr, RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr,
                     PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
     """The reference's _two_level_race on one row: (winner, its x, its key; key -inf if none).
 
-    The chunks race on their log-mass, merged from the row pass's per-split (max, sum without the
-    excluded draft) with SPC splits per chunk; then the winning chunk's entries race on x + g:
-    already done per split in the row pass when FUSE_RACE, else here, CHUNK entries re-read."""
+    pm, psx: the row's per-split max and sum without the excluded draft ([NC_POW2 * SPC], -inf / 0
+    past the last split); the chunks race on the log-mass merged from their SPC splits. Then the
+    winning chunk's entries race on x + g: done per split in the row pass when FUSE_RACE (rk, ri,
+    rx: each split's best key, its index and x), else here, the chunk's CHUNK entries re-read."""
     cc = tl.arange(0, NC_POW2)
-    si = cc[:, None] * SPC + tl.arange(0, SPC)[None, :]
-    ms = si < SPLITS
-    o = row * SPLITS + si
-    lse_c = _merge_lse(tl.load(fstat_ptr + _P_MAX * plane + o, mask=ms, other=_NEG_INF, cache_modifier=".cg"),
-                       tl.load(fstat_ptr + _P_XSUM * plane + o, mask=ms, other=0.0, cache_modifier=".cg"), ms)
+    pm = tl.reshape(pm, (NC_POW2, SPC))
+    lse_c = _merge_lse(pm, tl.reshape(psx, (NC_POW2, SPC)), pm > _NEG_INF)
     ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
     kc = tl.max(ckey, axis=0)
     cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
     if FUSE_RACE:  # the row pass raced every split: take the best of the winning chunk's
-        sw = cw * SPC + tl.arange(0, SPC)
-        mw = sw < SPLITS
-        km, win, xw = _merge_race(fstat_ptr + _P_RACE * plane, istat_ptr + plane,
-                                  fstat_ptr + _P_RACE_X * plane, row * SPLITS + sw, mw)
+        mine = (cc == cw)[:, None]
+        keys = tl.where(mine, tl.reshape(rk, (NC_POW2, SPC)), _NEG_INF)
+        idxs = tl.reshape(ri, (NC_POW2, SPC))
+        km = tl.max(tl.max(keys, axis=1), axis=0)
+        win = tl.min(tl.min(tl.where(mine & (keys == km), idxs, _INT32_MAX), axis=1), axis=0)
+        xw = tl.max(tl.max(tl.where(mine & (idxs == win), tl.reshape(rx, (NC_POW2, SPC)), _NEG_INF),
+                           axis=1), axis=0)
+        win = win.to(tl.int64)
     else:
         rkey = tl_race_key(seed, pos)
         toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
@@ -783,8 +789,17 @@ def _walk_body(b, plane, logits_ptr,
     amax = tl.min(tl.where(raw_m == rmax[:, None], raw_i, _INT32_MAX), axis=1).to(tl.int64)
     amax = tl.where(row_ok, amax, 0)
     x_amax = _scaled(rmax, inv_t)  # x at the argmax (-inf on a dead row)
-    lse = _merge_lse(tl.load(fstat_ptr + _P_MAX * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg"),
-                     tl.load(fstat_ptr + _P_SUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
+    pm = tl.load(fstat_ptr + _P_MAX * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
+    lse = _merge_lse(pm, tl.load(fstat_ptr + _P_SUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
+    if not FULL_Q:  # the race's inputs for every row: none of these loads waits on the walk
+        psx = tl.load(fstat_ptr + _P_XSUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg")
+        rk = psx
+        ri = raw_i
+        rx = psx
+        if FUSE_RACE:
+            rk = tl.load(fstat_ptr + _P_RACE * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
+            ri = tl.load(istat_ptr + plane + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
+            rx = tl.load(fstat_ptr + _P_RACE_X * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
     dead = lse == _NEG_INF
 
     is_draft = jr < K
@@ -827,10 +842,13 @@ def _walk_body(b, plane, logits_ptr,
     x_t = x_amax_n
     if not FULL_Q:
         if ~greedy:
+            sel = at_n[:, None]
             win, x_win, kmax = _race_two_level(
-                b * R + n_acc, plane, logits_ptr + b * stride_lb + n_acc * stride_lj, fstat_ptr,
-                istat_ptr, seed, pos + n_acc, inv_t, excl, V, SPLITS, FUSE_RACE, CHUNK, SPC, NC_POW2,
-                RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+                tl.max(tl.where(sel, pm, _NEG_INF), axis=0), tl.sum(tl.where(sel, psx, 0.0), axis=0),
+                tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
+                tl.max(tl.where(sel, rx, _NEG_INF), axis=0), logits_ptr + b * stride_lb + n_acc * stride_lj,
+                seed, pos + n_acc, inv_t, excl, V, FUSE_RACE, CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE,
+                BOUND_PER_LANE, FAST)
             raced = kmax > _NEG_INF
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)
@@ -1135,8 +1153,10 @@ def rejection_sample_triton(
         fuse_race = rows <= _FUSE_RACE_MAX_ROWS
     fuse_race = fuse_race and not full_q  # the residual needs lse first
     vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
-    block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS else _ROW_BLOCK_V)
-    race_block_v = race_block_v or (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V)
+    block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS or not full_q else _ROW_BLOCK_V)
+    if race_block_v is None:  # small row tiles (tests' small V) shrink the race's with them
+        race_block_v = (block_v if block_v < _RACE_BLOCK_V
+                        else _WALK_RACE_BLOCK_V if not full_q and b >= 64 else _RACE_BLOCK_V)
     chunk = _race_chunk(race_chunk)
     if not full_q:  # tiles and the walk's race tiles both lie inside one chunk
         block_v, race_block_v = min(block_v, chunk), min(race_block_v, chunk)
@@ -1156,8 +1176,10 @@ def rejection_sample_triton(
     else:
         splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, num_splits,
                                                      target_programs or _TARGET_PROGRAMS)
-    race_args = dict(CHUNK=chunk, SPC=spc, NC_POW2=triton.next_power_of_2(triton.cdiv(splits, spc)),
-                     RACE_BLOCK_V=race_block_v, VEC=vec)
+    nc_pow2 = triton.next_power_of_2(triton.cdiv(splits, spc))
+    # One-hot: the walk views a row's splits as [chunks, SPC] (a power of two >= splits).
+    splits_pow2 = triton.next_power_of_2(splits) if full_q else nc_pow2 * spc
+    race_args = dict(CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2, RACE_BLOCK_V=race_block_v, VEC=vec)
     if out is None:
         out = (torch.empty((b, r), dtype=torch.int64, device=dev),
                torch.empty((b,), dtype=torch.int32, device=dev),
@@ -1192,7 +1214,7 @@ def rejection_sample_triton(
         r, v, splits, tiles_per_split,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, FUSED_WALK=fused, XSUM=not full_q,
         HAS_COUNTS=acceptance_counts is not None,
-        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits),
+        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2,
         num_warps=num_warps, enable_fp_fusion=False, PDL=pdl, **prune_args, **race_args, **common,
         **launch,
     )
@@ -1204,7 +1226,7 @@ def rejection_sample_triton(
             target_logits.stride(0), target_logits.stride(1), *ids_strides,
             r, v, splits,
             HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
-            R_POW2=triton.next_power_of_2(r), SPLITS_POW2=triton.next_power_of_2(splits), PDL=pdl,
+            R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, PDL=pdl,
             num_warps=walk_warps, enable_fp_fusion=False, **prune_args, **race_args, **common,
             **launch,
         )

@@ -42,10 +42,10 @@ for step in $steps; do
                 2>&1 | log | tail -30 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     rejab)    # same-run A/B when abtmp/old_rejection.py (an older kernels/rejection.py) is carried
-              python3 scripts/rejection_sweep.py --out "$OUT/rej_sweep.json" --budget 200 \
+              python3 scripts/rejection_sweep.py --out "$OUT/rej_sweep.json" --budget "${REJAB_SWEEP_S:-200}" \
                 $( [ -f abtmp/old_rejection.py ] && echo --baseline abtmp/old_rejection.py ) 2>&1 | log | tail -80
               timeout "${REJAB_TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
-                tests/test_rejection.py 2>&1 | log | tail -6 ;;
+                tests/test_rejection.py ${REJAB_TESTS:-} 2>&1 | log | tail -6 ;;
     kquick)   python3 -m graphrt bench kernels --quick --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
     decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;

@@ -62,23 +62,19 @@ def timed(fn, sets, **kw) -> float | str:
 
 # (label, modes, batch sizes, kwargs) in priority order: the first rows matter most.
 KNOBS = [
+    ("walk_warps=4", ("onehot",), (1, 8, 64, 256), dict(walk_warps=4)),
+    ("race_block_v=1024", ("onehot",), (64, 256), dict(race_block_v=1024)),
+    ("race_block_v=2048", ("onehot",), (8,), dict(race_block_v=2048)),
+    ("block_v=2048", ("greedy", "onehot"), (8, 64, 256), dict(block_v=2048)),
     ("pdl=1", ("greedy", "onehot"), BS, dict(pdl=1)),
     ("pdl=2", ("greedy", "onehot"), BS, dict(pdl=2)),
-    ("walk_warps=8", ("greedy", "onehot"), (8, 64, 256), dict(walk_warps=8)),
-    ("walk_warps=8,race_block_v=2048", ("onehot",), (8, 64, 256), dict(walk_warps=8, race_block_v=2048)),
-    ("walk_warps=2", ("greedy", "onehot"), (1, 64), dict(walk_warps=2)),
-    ("row_programs=512", ("greedy", "onehot"), (8, 64, 256), dict(target_programs=512)),
-    ("row_programs=4096", ("greedy", "onehot"), (8, 64, 256), dict(target_programs=4096)),
-    ("block_v=1024", ("greedy", "onehot"), (64, 256), dict(block_v=1024, race_block_v=1024)),
+    ("row_programs=512", ("greedy", "onehot"), (64, 256), dict(target_programs=512)),
+    ("prune=False", ("onehot",), (64, 256), dict(prune=False)),
+    ("fuse_race=False", ("onehot",), (1,), dict(fuse_race=False)),
+    ("fused", ("greedy", "onehot"), (1, 8), dict(fused=True)),
     # race_chunk changes which token a seed draws (the reference must follow): timing only
     ("race_chunk=4096", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=4096)),
     ("race_chunk=16384", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=16384)),
-    ("prune=False", ("onehot",), (64, 256), dict(prune=False)),
-    ("bound_per_lane", ("onehot",), (64, 256), dict(bound_per_lane=True)),
-    ("fuse_race=False", ("onehot",), (1,), dict(fuse_race=False)),
-    ("fuse_race=True", ("onehot",), (8,), dict(fuse_race=True)),
-    ("fused", ("greedy", "onehot"), (1, 8), dict(fused=True)),
-    ("pdl_race=False", ("fullq",), (64,), dict(pdl_race=False)),
 ]
 
 
