@@ -105,14 +105,18 @@ _ROW_WARPS = 4
 _RACE_BLOCK_V = 1024
 _RACE_WARPS = 4
 _RACE_PROGRAMS = 1024
-_PRUNE = True
 _BOUND_PER_LANE = False
 _FUSE_FINISH = False
 # One-hot (H100, K=3, V=128256, scripts/rejection_sweep.py): 1024-entry row tiles (B=256 greedy
-# 104.7 -> 99.4 us, one-hot 114.7 -> 110.2), and the walk's race over a chunk on 8 warps, with
-# 2048-entry tiles from B=64 (B=64 one-hot 40.3 -> 39.0 us).
-_WALK_RACE_WARPS = 8
-_WALK_RACE_BLOCK_V = 2048
+# 104.7 -> 99.4 us, one-hot 114.7 -> 110.2). The walk's race over a chunk: below B=128 each request's
+# program is alone with its latency, so the whole chunk is one unpruned tile on 16 warps (the prune
+# test is a block-wide reduction and branch per tile; B=8 14.9 -> 13.8, B=64 38.5 -> 36.6 us); from
+# B=128 the programs share SMs and pruned 2048-entry tiles on 8 warps do less work (B=256 109.9 vs
+# 112.6 us). The row pass's fused race (B*(K+1) <= 8) has one tile per split: pruning only costs
+# there (B=1 10.0 -> 9.5-9.7 us).
+_WALK_PRUNE_MIN_B = 128
+_WALK_RACE_WARPS = (16, 8)  # below / from _WALK_PRUNE_MIN_B
+_WALK_RACE_BLOCK_V = 2048  # from _WALK_PRUNE_MIN_B (below: the whole chunk)
 _PDL_EARLY_MAX_ROWS = 128  # PDL with an early trigger from 9 to 128 rows, a late one otherwise
 # Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
@@ -1134,8 +1138,9 @@ def rejection_sample_triton(
     The other keywords override the launch heuristics (tests use them to exercise every path and the
     split logic at small V; scripts/rejection_sweep.py times them): fuse_race, block_v / num_warps /
     target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
-    (both), prune / bound_per_lane (race pruning), pdl (programmatic dependent launch: 0/False
-    off, 1/True early trigger, 2 late trigger; pdl_race=False launches the race pass without it),
+    (both), prune / bound_per_lane (race pruning; None: the walk's race from B = 128 only), pdl
+    (programmatic dependent launch: 0/False off, 1/True early trigger, 2 late trigger;
+    pdl_race=False launches the race pass without it),
     walk_warps, race_chunk (the two-level race's chunk; changes which tokens a seed draws, so the
     reference must get the same),
     fuse_finish (the race's last program per request runs the finish, through a per-request
@@ -1154,10 +1159,11 @@ def rejection_sample_triton(
     fuse_race = fuse_race and not full_q  # the residual needs lse first
     vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
     block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS or not full_q else _ROW_BLOCK_V)
-    if race_block_v is None:  # small row tiles (tests' small V) shrink the race's with them
-        race_block_v = (block_v if block_v < _RACE_BLOCK_V
-                        else _WALK_RACE_BLOCK_V if not full_q and b >= 64 else _RACE_BLOCK_V)
     chunk = _race_chunk(race_chunk)
+    walk_prune = b >= _WALK_PRUNE_MIN_B if prune is None else prune
+    if race_block_v is None:  # small row tiles (tests' small V) shrink the race's with them
+        race_block_v = (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V if full_q
+                        else _WALK_RACE_BLOCK_V if walk_prune else chunk)
     if not full_q:  # tiles and the walk's race tiles both lie inside one chunk
         block_v, race_block_v = min(block_v, chunk), min(race_block_v, chunk)
     vec = min(vec, block_v, race_block_v)
@@ -1165,7 +1171,7 @@ def rejection_sample_triton(
         num_warps = _ROW_WARPS
     if race_warps is None:
         race_warps = _RACE_WARPS
-    prune = _PRUNE if prune is None else prune
+    prune = bool(prune)  # the fused race's splits are one tile each by default: nothing to prune
     bound_per_lane = _BOUND_PER_LANE if bound_per_lane is None else bound_per_lane
     fast = _on_gpu(dev)
     pdl = _pdl_mode(dev, pdl, rows)
@@ -1219,7 +1225,8 @@ def rejection_sample_triton(
         **launch,
     )
     if walk_warps is None:  # one-hot: the walk races a chunk for each sampled request
-        walk_warps = _WALK_RACE_WARPS if not (full_q or fuse_race) else (1 if r * splits <= 256 else 4)
+        walk_warps = (_WALK_RACE_WARPS[walk_prune] if not (full_q or fuse_race)
+                      else 1 if r * splits <= 256 else 4)
     if not fused and stages >= 2:
         _walk_kernel[(b,)](
             target_logits, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
@@ -1227,7 +1234,8 @@ def rejection_sample_triton(
             r, v, splits,
             HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
             R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, PDL=pdl,
-            num_warps=walk_warps, enable_fp_fusion=False, **prune_args, **race_args, **common,
+            num_warps=walk_warps, enable_fp_fusion=False, **dict(prune_args, PRUNE=walk_prune), **race_args,
+            **common,
             **launch,
         )
     if full_q and stages >= 3:

@@ -62,19 +62,18 @@ def timed(fn, sets, **kw) -> float | str:
 
 # (label, modes, batch sizes, kwargs) in priority order: the first rows matter most.
 KNOBS = [
-    ("walk_warps=4", ("onehot",), (1, 8, 64, 256), dict(walk_warps=4)),
-    ("race_block_v=1024", ("onehot",), (64, 256), dict(race_block_v=1024)),
-    ("race_block_v=2048", ("onehot",), (8,), dict(race_block_v=2048)),
-    ("block_v=2048", ("greedy", "onehot"), (8, 64, 256), dict(block_v=2048)),
-    ("pdl=1", ("greedy", "onehot"), BS, dict(pdl=1)),
-    ("pdl=2", ("greedy", "onehot"), BS, dict(pdl=2)),
-    ("row_programs=512", ("greedy", "onehot"), (64, 256), dict(target_programs=512)),
-    ("prune=False", ("onehot",), (64, 256), dict(prune=False)),
-    ("fuse_race=False", ("onehot",), (1,), dict(fuse_race=False)),
-    ("fused", ("greedy", "onehot"), (1, 8), dict(fused=True)),
-    # race_chunk changes which token a seed draws (the reference must follow): timing only
-    ("race_chunk=4096", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=4096)),
-    ("race_chunk=16384", ("greedy", "onehot"), (1, 8, 64, 256), dict(race_chunk=16384)),
+    ("prune=False", ("onehot",), BS, dict(prune=False)),
+    ("prune=False,race_block_v=4096", ("onehot",), (8, 64, 256), dict(prune=False, race_block_v=4096)),
+    ("prune=False,race_block_v=4096,w16", ("onehot",), (8, 64, 256),
+     dict(prune=False, race_block_v=4096, walk_warps=16)),
+    ("prune=False,race_block_v=8192,w16", ("onehot",), (8, 64, 256),
+     dict(prune=False, race_block_v=8192, walk_warps=16)),
+    ("prune=False,fuse_race=False,race_block_v=4096", ("onehot",), (1,),
+     dict(prune=False, fuse_race=False, race_block_v=4096)),
+    ("prune=False,fuse_race=False,race_block_v=8192,w16", ("onehot",), (1,),
+     dict(prune=False, fuse_race=False, race_block_v=8192, walk_warps=16)),
+    ("prune=False,walk_warps=4", ("onehot",), (1,), dict(prune=False, walk_warps=4)),
+    ("prune=False,walk_warps=1", ("onehot",), (1,), dict(prune=False, walk_warps=1)),
 ]
 
 
