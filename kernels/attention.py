@@ -399,6 +399,13 @@ def _paged_attn_partial_kernel(
             mask=n_ok[None, :] & d_ok[:, None],
             other=0.0,
         )  # [BLOCK_D, BLOCK_N]
+        # V is issued with K, not after the QK^T product: a split is often a single KV step, and
+        # there a V load behind the product's shared-memory barrier is one more DRAM round trip.
+        v = tl.load(
+            v_head + (blk * stride_vb + tok * stride_vs)[:, None] + offs_d[None, :],
+            mask=n_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
         if UPCAST_DOT:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
         else:
@@ -412,11 +419,6 @@ def _paged_attn_partial_kernel(
         alpha = tl.exp2(m_i - m_sub)
         p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_head + (blk * stride_vb + tok * stride_vs)[:, None] + offs_d[None, :],
-            mask=n_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
         p_lo = p.to(v.dtype)  # P rounded to the cache dtype for the second MMA, as flash attention does
         if UPCAST_DOT:
             pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -496,15 +498,16 @@ def _paged_attn_merge_kernel(
     s_ok = (offs_s < num_valid)[None, :] & h_ok[:, None]  # [BLOCK_H, SPLITS_P2]
     ws_row = (offs_s[None, :] * total_rows + row).to(tl.int64) * NUM_Q_HEADS + offs_h[:, None]
     lse = tl.load(ws_lse_ptr + ws_row, mask=s_ok, other=float("-inf"))  # [BLOCK_H, SPLITS_P2]
-    lse_max = tl.max(lse, 1)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    w = tl.exp2(lse - lse_max[:, None])  # 0 for unused splits
-    denom = tl.sum(w, 1)  # [BLOCK_H]
+    # Both loads before any use: the partials do not wait for the weights' arithmetic.
     part = tl.load(
         ws_out_ptr + ws_row[:, :, None] * HEAD_DIM + offs_d[None, None, :],
         mask=s_ok[:, :, None] & d_ok[None, None, :],
         other=0.0,
     )  # [BLOCK_H, SPLITS_P2, BLOCK_DM]
+    lse_max = tl.max(lse, 1)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.exp2(lse - lse_max[:, None])  # 0 for unused splits
+    denom = tl.sum(w, 1)  # [BLOCK_H]
     o = tl.sum(part * w[:, :, None], 1) / tl.where(denom > 0.0, denom, 1.0)[:, None]  # rows w/o key: 0
     tl.store(
         out_ptr + row.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
