@@ -399,13 +399,6 @@ def _paged_attn_partial_kernel(
             mask=n_ok[None, :] & d_ok[:, None],
             other=0.0,
         )  # [BLOCK_D, BLOCK_N]
-        # V is issued with K, not after the QK^T product: a split is often a single KV step, and
-        # there a V load behind the product's shared-memory barrier is one more DRAM round trip.
-        v = tl.load(
-            v_head + (blk * stride_vb + tok * stride_vs)[:, None] + offs_d[None, :],
-            mask=n_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
         if UPCAST_DOT:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
         else:
@@ -419,6 +412,13 @@ def _paged_attn_partial_kernel(
         alpha = tl.exp2(m_i - m_sub)
         p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        # Loaded here, not with K: issuing V before the QK^T product measured slower on an H100
+        # (B = 1, 4k, one KV step per split: 9.1 -> 10.0 us per call inside the decode step).
+        v = tl.load(
+            v_head + (blk * stride_vb + tok * stride_vs)[:, None] + offs_d[None, :],
+            mask=n_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
         p_lo = p.to(v.dtype)  # P rounded to the cache dtype for the second MMA, as flash attention does
         if UPCAST_DOT:
             pv = tl.dot(p_lo.to(tl.float32), v.to(tl.float32), input_precision="ieee")
