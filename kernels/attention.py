@@ -28,7 +28,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, prefetch_l2, wait_for_producer
 
 __all__ = [
     "store_kv",
@@ -302,6 +302,13 @@ def paged_attention_reference(
 
 
 @triton.jit
+def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tokens per split, from the live length: a multiple of BLOCK_N, >= BLOCK_N (the partial and
+    merge kernels must agree on it)."""
+    return tl.maximum(((seq_cap + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N)
+
+
+@triton.jit
 def _paged_attn_partial_kernel(
     q_ptr,  # [B * query_len, Hq, D]
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
@@ -339,14 +346,34 @@ def _paged_attn_partial_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches (no tf32), "tf32" otherwise (ignored)
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
+    PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
 ):
-    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
-        wait_for_producer()
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     q_tile = tl.program_id(2)
     b = pid_bh // NUM_KV_HEADS
     kvh = pid_bh % NUM_KV_HEADS
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_head = k_cache_ptr + kvh * stride_kh
+    v_head = v_cache_ptr + kvh * stride_vh
+    if USE_PDL:
+        if PF_LINES > 0:
+            # This split's first KV step into L2 while the producer (the K/V store) finishes: a
+            # one-step split's DRAM round trip leaves the critical path. The addresses come from
+            # seq_lens and the table read past L1 (.cg) and are used for nothing else, so a value
+            # the producer were still writing would only cost a useless prefetch; every real read
+            # happens after the wait.
+            pf_cap = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), 0),
+                                max_blocks * PAGE)
+            pf_n = split * _split_len(pf_cap, NUM_SPLITS, BLOCK_N) + tl.arange(0, BLOCK_N)
+            pf_ok = pf_n < pf_cap
+            pf_blk = tl.load(bt_row + pf_n // PAGE, mask=pf_ok, other=0, cache_modifier=".cg").to(tl.int64)
+            line = tl.arange(0, PF_LINES) * (128 // (k_cache_ptr.dtype.element_ty.primitive_bitwidth // 8))
+            pf_m = pf_ok[:, None] & (line < HEAD_DIM)[None, :]
+            pf_tok = (pf_n % PAGE)[:, None]
+            prefetch_l2(k_head + pf_blk[:, None] * stride_kb + pf_tok * stride_ks + line[None, :], pf_m)
+            prefetch_l2(v_head + pf_blk[:, None] * stride_vb + pf_tok * stride_vs + line[None, :], pf_m)
+        wait_for_producer()  # a programmatic dependent: every read that counts comes after this
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     # Never look past the table's width, whatever seq_lens says.
@@ -364,11 +391,7 @@ def _paged_attn_partial_kernel(
     # Causal skipping: this tile needs keys up to its last row's position only.
     tile_last = seq_len - query_len + tl.minimum(q_start + BLOCK_Q, query_len) - 1
     kv_end = tl.minimum(tile_last + 1, seq_cap)
-    # Tokens per split, from the live length: a multiple of BLOCK_N, >= BLOCK_N. The merge kernel
-    # repeats this formula (inlined in both: a jit helper call is slow under the interpreter).
-    split_len = tl.maximum(
-        ((seq_cap + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N
-    )
+    split_len = _split_len(seq_cap, NUM_SPLITS, BLOCK_N)
     kv_start = split * split_len
     kv_stop = tl.minimum(kv_start + split_len, kv_end)  # <= kv_start: nothing to do
 
@@ -383,9 +406,6 @@ def _paged_attn_partial_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    k_head = k_cache_ptr + kvh * stride_kh
-    v_head = v_cache_ptr + kvh * stride_vh
     for start in range(kv_start, kv_stop, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < kv_stop
@@ -482,10 +502,7 @@ def _paged_attn_merge_kernel(
     seq_cap = tl.minimum(tl.maximum(seq_len, 0), max_blocks * PAGE)
     pos = seq_len - query_len + t
     last_key = tl.minimum(pos, seq_cap - 1)
-    # Same formula as in _paged_attn_partial_kernel.
-    split_len = tl.maximum(
-        ((seq_cap + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N
-    )
+    split_len = _split_len(seq_cap, NUM_SPLITS, BLOCK_N)
     # Splits that hold at least one key of this row: exactly those the partial kernel wrote; the
     # others may hold stale values from an earlier call and are never loaded.
     num_valid = tl.where(last_key >= 0, last_key // split_len + 1, 0)
@@ -710,6 +727,8 @@ def paged_attention_triton(
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
         USE_PDL=pdl,
+        # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
+        PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
         num_warps=num_warps,
         **extra,
         **pdl_launch(pdl),

@@ -72,7 +72,7 @@ CASES = {
     "rotary-store-kv-pdl": ("rotary", "_rotary_store_kv_kernel", _ROTARY, dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True), dict(num_warps=1)),
     "attn-decode-split-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
-        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True), dict(num_warps=4)),
+        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True, PF_LINES=2), dict(num_warps=4)),
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
@@ -125,7 +125,8 @@ _SCRIPT = textwrap.dedent("""
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             continue
         ptx = k.asm["ptx"]
-        out[name] = {"sm_90": ".target sm_90" in ptx, "griddepcontrol": "griddepcontrol.wait" in ptx}
+        out[name] = {"sm_90": ".target sm_90" in ptx, "griddepcontrol": "griddepcontrol.wait" in ptx,
+                     "prefetch": "prefetch.global.L2" in ptx}
     print(json.dumps(out))
 """)
 
@@ -149,3 +150,5 @@ def test_kernel_compiles_for_sm90(compiled, name):
     assert res["sm_90"]
     constexprs = CASES[name][3]
     assert res["griddepcontrol"] == bool(constexprs.get("USE_PDL", constexprs.get("PDL", 0)))
+    # the L2 prefetch before the wait, where a case asks for it
+    assert res["prefetch"] == (constexprs.get("PF_LINES", 0) > 0 and constexprs.get("USE_PDL", False))
