@@ -302,6 +302,12 @@ def paged_attention_reference(
 
 
 @triton.jit
+def _seq_cap(seq_len, max_blocks, PAGE: tl.constexpr):
+    """Keys a request may have: never past the table's width, whatever seq_lens says."""
+    return tl.minimum(tl.maximum(seq_len, 0), max_blocks * PAGE)
+
+
+@triton.jit
 def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tokens per split, from the live length: a multiple of BLOCK_N, >= BLOCK_N (the partial and
     merge kernels must agree on it)."""
@@ -363,8 +369,7 @@ def _paged_attn_partial_kernel(
             # seq_lens and the table read past L1 (.cg) and are used for nothing else, so a value
             # the producer were still writing would only cost a useless prefetch; every real read
             # happens after the wait.
-            pf_cap = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), 0),
-                                max_blocks * PAGE)
+            pf_cap = _seq_cap(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), max_blocks, PAGE)
             pf_n = split * _split_len(pf_cap, NUM_SPLITS, BLOCK_N) + tl.arange(0, BLOCK_N)
             pf_ok = pf_n < pf_cap
             pf_blk = tl.load(bt_row + pf_n // PAGE, mask=pf_ok, other=0, cache_modifier=".cg").to(tl.int64)
@@ -376,8 +381,7 @@ def _paged_attn_partial_kernel(
         wait_for_producer()  # a programmatic dependent: every read that counts comes after this
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    # Never look past the table's width, whatever seq_lens says.
-    seq_cap = tl.minimum(tl.maximum(seq_len, 0), max_blocks * PAGE)
+    seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
 
     q_start = q_tile * BLOCK_Q
     offs_m = tl.arange(0, BLOCK_M)
@@ -499,7 +503,7 @@ def _paged_attn_merge_kernel(
     b = row // query_len
     t = row % query_len
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    seq_cap = tl.minimum(tl.maximum(seq_len, 0), max_blocks * PAGE)
+    seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
     pos = seq_len - query_len + t
     last_key = tl.minimum(pos, seq_cap - 1)
     split_len = _split_len(seq_cap, NUM_SPLITS, BLOCK_N)

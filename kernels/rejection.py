@@ -50,10 +50,11 @@ before:
      races every row's entries per split, draft excluded, so the walk reads no logits.
   2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
-     two-level race (_race_two_level: the chunks' keys from the split stats, then the winning
-     chunk's RACE_CHUNK entries raced here, pruned exactly by _race_tile: a tile is raced only if
-     some entry's upper bound raw * inv_t + (-log(1 - u)) beats the best key so far, so most tiles
-     cost the hash and one fast lg2 per entry instead of two exact logs). In full q it leaves the
+     two-level race (_pick_chunk: the chunks' keys from the split stats; then _chunk_winner over
+     the fused race's split winners, or _race_chunk_entries: the winning chunk's RACE_CHUNK entries
+     raced here, pruned exactly by _race_tile where asked: a tile is raced only if some entry's
+     upper bound raw * inv_t + (-log(1 - u)) beats the best key so far, so such tiles cost the
+     hash and one fast lg2 per entry instead of two exact logs). In full q it leaves the
      one row that needs a race in a small workspace.
   3. _race_kernel, grid (B, splits), full q only: the residual race (and the race over p, its
      fallback) over that one row per sampled request; greedy requests return at once.
@@ -127,7 +128,7 @@ _NUM_FPLANES = 10
 RACE_CHUNK = 8192
 
 
-def _race_chunk(chunk: int | None) -> int:
+def _check_race_chunk(chunk: int | None) -> int:
     chunk = RACE_CHUNK if chunk is None else chunk
     if chunk < 1 or chunk & (chunk - 1):
         raise ValueError(f"race_chunk must be a power of two, got {chunk}")
@@ -365,7 +366,7 @@ def rejection_sample_reference(
         parts.append(_reference_chunk(
             target_logits[s:e], draft_token_ids[s:e], temperature[s:e], seed[s:e], position[s:e],
             None if draft_logits is None else draft_logits[s:e], kb[s:e], counts,
-            _race_chunk(race_chunk)))
+            _check_race_chunk(race_chunk)))
     token_ids = torch.cat([p[0] for p in parts])
     num_emitted = torch.cat([p[1] for p in parts])
     logprobs = torch.cat([p[2] for p in parts])
@@ -711,51 +712,54 @@ def _merge_lse(m_part, s_part, mask):
 
 
 @triton.jit
-def _race_two_level(pm, psx, rk, ri, rx, row_ptr, seed, pos, inv_t, excl, V,
-                    FUSE_RACE: tl.constexpr, CHUNK: tl.constexpr, SPC: tl.constexpr,
-                    NC_POW2: tl.constexpr, RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr,
-                    PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
-    """The reference's _two_level_race on one row: (winner, its x, its key; key -inf if none).
-
-    pm, psx: the row's per-split max and sum without the excluded draft ([NC_POW2 * SPC], -inf / 0
-    past the last split); the chunks race on the log-mass merged from their SPC splits. Then the
-    winning chunk's entries race on x + g: done per split in the row pass when FUSE_RACE (rk, ri,
-    rx: each split's best key, its index and x), else here, the chunk's CHUNK entries re-read."""
+def _pick_chunk(pm, psx, seed, pos, NC_POW2: tl.constexpr, SPC: tl.constexpr):
+    """First level of the reference's _two_level_race on one row: the chunks race on their
+    log-mass, merged from the row pass's per-split max and sum without the excluded draft (pm, psx:
+    [NC_POW2 * SPC], -inf / 0 past the last split). -> (best chunk key, -inf if none; its chunk)"""
     cc = tl.arange(0, NC_POW2)
     pm = tl.reshape(pm, (NC_POW2, SPC))
     lse_c = _merge_lse(pm, tl.reshape(psx, (NC_POW2, SPC)), pm > _NEG_INF)
     ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
     kc = tl.max(ckey, axis=0)
-    cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
-    if FUSE_RACE:  # the row pass raced every split: take the best of the winning chunk's
-        mine = (cc == cw)[:, None]
-        keys = tl.where(mine, tl.reshape(rk, (NC_POW2, SPC)), _NEG_INF)
-        idxs = tl.reshape(ri, (NC_POW2, SPC))
-        km = tl.max(tl.max(keys, axis=1), axis=0)
-        win = tl.min(tl.min(tl.where(mine & (keys == km), idxs, _INT32_MAX), axis=1), axis=0)
-        xw = tl.max(tl.max(tl.where(mine & (idxs == win), tl.reshape(rx, (NC_POW2, SPC)), _NEG_INF),
-                           axis=1), axis=0)
-        win = win.to(tl.int64)
-    else:
-        rkey = tl_race_key(seed, pos)
-        toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
-        best = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
-        best_i = tl.full([RACE_BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
-        best_x = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
-        best_run = tl.max(tl.max(best, axis=1), axis=0)
-        raw = tl.load(row_ptr + toffs, mask=toffs < V, other=float("-inf")).to(tl.float32)
-        for t in range(CHUNK // RACE_BLOCK_V):  # the next tile's load in flight while one races
-            offs = toffs + t * RACE_BLOCK_V
-            nxt = offs + RACE_BLOCK_V
-            raw_next = tl.load(row_ptr + nxt, mask=(nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V),
-                               other=float("-inf")).to(tl.float32)
-            best, best_i, best_x, best_run = _race_tile(
-                raw, offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
-                PRUNE, BOUND_PER_LANE, FAST)
-            raw = raw_next
-        km, win, xw = _race_result(best, best_i, best_x)
-        win = win.to(tl.int64)
-    return win, xw, tl.where(kc > _NEG_INF, km, _NEG_INF)
+    return kc, tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
+
+
+@triton.jit
+def _chunk_winner(rk, ri, rx, cw, NC_POW2: tl.constexpr, SPC: tl.constexpr):
+    """Second level when the row pass raced every split (FUSE_RACE): the best of chunk cw's split
+    winners (rk, ri, rx: each split's best key, its index and x). -> (winner, its x, its key)"""
+    mine = (tl.arange(0, NC_POW2) == cw)[:, None]
+    keys = tl.where(mine, tl.reshape(rk, (NC_POW2, SPC)), _NEG_INF)
+    idxs = tl.reshape(ri, (NC_POW2, SPC))
+    km = tl.max(tl.max(keys, axis=1), axis=0)
+    win = tl.min(tl.min(tl.where(mine & (keys == km), idxs, _INT32_MAX), axis=1), axis=0)
+    xw = tl.max(tl.max(tl.where(mine & (idxs == win), tl.reshape(rx, (NC_POW2, SPC)), _NEG_INF), axis=1), axis=0)
+    return win.to(tl.int64), xw, km
+
+
+@triton.jit
+def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, V, CHUNK: tl.constexpr, RACE_BLOCK_V: tl.constexpr,
+                        VEC: tl.constexpr, PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr,
+                        FAST: tl.constexpr):
+    """Second level otherwise: race chunk cw's CHUNK entries of the row, excl left out.
+    -> (winner, its x, its key; key -inf if none)"""
+    toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
+    best = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+    best_i = tl.full([RACE_BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
+    best_x = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
+    best_run = tl.max(tl.max(best, axis=1), axis=0)
+    raw = tl.load(row_ptr + toffs, mask=toffs < V, other=float("-inf")).to(tl.float32)
+    for t in range(CHUNK // RACE_BLOCK_V):  # the next tile's load in flight while one races
+        offs = toffs + t * RACE_BLOCK_V
+        nxt = offs + RACE_BLOCK_V
+        raw_next = tl.load(row_ptr + nxt, mask=(nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V),
+                           other=float("-inf")).to(tl.float32)
+        best, best_i, best_x, best_run = _race_tile(
+            raw, offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
+            PRUNE, BOUND_PER_LANE, FAST)
+        raw = raw_next
+    km, win, xw = _race_result(best, best_i, best_x)
+    return win.to(tl.int64), xw, km
 
 
 @triton.jit
@@ -773,7 +777,7 @@ def _walk_body(b, plane, logits_ptr,
 
     Every load of the walk itself is addressed by b alone (the row pass stored the drafts'
     logits), so they all issue at once: no read waits on another. A sampled one-hot request then
-    runs its two-level race (_race_two_level)."""
+    runs its two-level race (_pick_chunk, then _chunk_winner or _race_chunk_entries)."""
     K = R - 1
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     kb = K
@@ -797,9 +801,6 @@ def _walk_body(b, plane, logits_ptr,
     lse = _merge_lse(pm, tl.load(fstat_ptr + _P_SUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
     if not FULL_Q:  # the race's inputs for every row: none of these loads waits on the walk
         psx = tl.load(fstat_ptr + _P_XSUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg")
-        rk = psx
-        ri = raw_i
-        rx = psx
         if FUSE_RACE:
             rk = tl.load(fstat_ptr + _P_RACE * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
             ri = tl.load(istat_ptr + plane + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
@@ -846,14 +847,19 @@ def _walk_body(b, plane, logits_ptr,
     x_t = x_amax_n
     if not FULL_Q:
         if ~greedy:
+            # Row n_acc's two-level race (the reference's _two_level_race).
             sel = at_n[:, None]
-            win, x_win, kmax = _race_two_level(
-                tl.max(tl.where(sel, pm, _NEG_INF), axis=0), tl.sum(tl.where(sel, psx, 0.0), axis=0),
-                tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
-                tl.max(tl.where(sel, rx, _NEG_INF), axis=0), logits_ptr + b * stride_lb + n_acc * stride_lj,
-                seed, pos + n_acc, inv_t, excl, V, FUSE_RACE, CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE,
-                BOUND_PER_LANE, FAST)
-            raced = kmax > _NEG_INF
+            kc, cw = _pick_chunk(tl.max(tl.where(sel, pm, _NEG_INF), axis=0),
+                                 tl.sum(tl.where(sel, psx, 0.0), axis=0), seed, pos + n_acc, NC_POW2, SPC)
+            if FUSE_RACE:
+                win, x_win, kmax = _chunk_winner(
+                    tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
+                    tl.max(tl.where(sel, rx, _NEG_INF), axis=0), cw, NC_POW2, SPC)
+            else:
+                win, x_win, kmax = _race_chunk_entries(
+                    logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
+                    excl, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+            raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)
     lp_n = tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)
@@ -1159,7 +1165,7 @@ def rejection_sample_triton(
     fuse_race = fuse_race and not full_q  # the residual needs lse first
     vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
     block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS or not full_q else _ROW_BLOCK_V)
-    chunk = _race_chunk(race_chunk)
+    chunk = _check_race_chunk(race_chunk)
     walk_prune = b >= _WALK_PRUNE_MIN_B if prune is None else prune
     if race_block_v is None:  # small row tiles (tests' small V) shrink the race's with them
         race_block_v = (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V if full_q
