@@ -4,7 +4,8 @@
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab (default: tests kernels capture decode peers profile nvtx).
+# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
+# ashare afloor (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -116,6 +117,14 @@ for step in $steps; do
     vllmpeer) # needs .vllm_src carried (scripts/vllm_rejection_peer.py says how to extract it)
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -30 ;;
+    ashare)   # the attention share of a plain decode step (ablation), L2 prefetch on / off, then PDL off
+              for v in 1 0; do GRAPHRT_PDL_PREFETCH=$v python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
+                --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_pf$v.json" 2>&1 \
+                | grep -v '^graphrt' | sed "s/^/PREFETCH=$v /" | log; done
+              GRAPHRT_PDL=0 python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
+                --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_nopdl.json" 2>&1 \
+                | grep -v '^graphrt' | sed "s/^/PDL=0 /" | log ;;
+    afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
