@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor timeline (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -124,6 +124,12 @@ for step in $steps; do
               GRAPHRT_PDL=0 python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
                 --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_nopdl.json" 2>&1 \
                 | grep -v '^graphrt' | sed "s/^/PDL=0 /" | log ;;
+    timeline) # critical-path share of each kernel of plain decode at a 4k context (PDL on), per preset
+              for pr in ${TL_PRESETS:-llama-8b-shape llama-1b-shape}; do
+                python3 -m graphrt profile --nsys --nsys-dir "/tmp/tl_$pr" --no-draft --preset $pr --prompt-len 4064 \
+                  --max-new-tokens 32 --batch-sizes 1 --top 0 > /dev/null 2>&1
+                python3 scripts/step_timeline.py "/tmp/tl_$pr/graphrt.sqlite" --json "$OUT/timeline_$pr.json" 2>&1 \
+                  | head -${TL_ROWS:-16} | sed "s/^/[$pr] /" | log; done ;;
     afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
