@@ -354,6 +354,9 @@ def _paged_attn_partial_kernel(
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
     PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
+    next_ptr=None,  # the next kernel's weight (any dtype), brought into L2 after the wait
+    next_lines=0,  # its size in 128-byte lines
+    NEXT_LINES: tl.constexpr = 0,  # lines per program (power of two); 0: no such prefetch
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -380,6 +383,13 @@ def _paged_attn_partial_kernel(
             prefetch_l2(k_head + pf_blk[:, None] * stride_kb + pf_tok * stride_ks + line[None, :], pf_m)
             prefetch_l2(v_head + pf_blk[:, None] * stride_vb + pf_tok * stride_vs + line[None, :], pf_m)
         wait_for_producer()  # a programmatic dependent: every read that counts comes after this
+    if NEXT_LINES > 0:
+        # The next kernel's weight into L2 while this latency-bound launch leaves DRAM mostly idle
+        # (its KV is largely in L2 already): that GEMV then streams from L2, not DRAM. Each program
+        # takes a contiguous slice; lines past the end, or past what the programs cover, are skipped.
+        pid = (pid_bh * NUM_SPLITS + split) * tl.num_programs(2) + q_tile
+        nl = pid.to(tl.int64) * NEXT_LINES + tl.arange(0, NEXT_LINES)
+        prefetch_l2(next_ptr + nl * (128 // (next_ptr.dtype.element_ty.primitive_bitwidth // 8)), nl < next_lines)
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
@@ -495,23 +505,12 @@ def _paged_attn_merge_kernel(
     BLOCK_H: tl.constexpr,  # query heads per program
     BLOCK_DM: tl.constexpr,  # head_dim slice per program
     USE_PDL: tl.constexpr = False,
-    next_ptr=None,  # the next kernel's weight (any dtype), brought into L2 after the wait
-    next_lines=0,  # its size in 128-byte lines
-    NEXT_LINES: tl.constexpr = 0,  # lines per program (power of two); 0: no such prefetch
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
         wait_for_producer()
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
     d_tile = tl.program_id(2)
-    if NEXT_LINES > 0:
-        # The next kernel's weight into L2 while this latency-bound launch leaves DRAM idle (the
-        # partials it reads were just written, so they sit in L2): that GEMV then streams from L2.
-        # Each program takes a contiguous slice; lines past the end, or past what the grid covers,
-        # are skipped.
-        pid = (row * tl.num_programs(1) + h_tile) * tl.num_programs(2) + d_tile
-        nl = pid.to(tl.int64) * NEXT_LINES + tl.arange(0, NEXT_LINES)
-        prefetch_l2(next_ptr + nl * (128 // (next_ptr.dtype.element_ty.primitive_bitwidth // 8)), nl < next_lines)
     b = row // query_len
     t = row % query_len
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -622,7 +621,7 @@ _MAX_NEXT_LINES = 4096
 
 
 def prefetch_next_lines(t: torch.Tensor | None, programs: int) -> tuple[int, int]:
-    """(lines of t, lines per program) for the merge kernel's L2 prefetch of the next kernel's
+    """(lines of t, lines per program) for the partial kernel's L2 prefetch of the next kernel's
     weight; (0, 0) when there is nothing to prefetch or GRAPHRT_PREFETCH_NEXT=0 (read per call, so a
     benchmark can compare both in one process). At most _MAX_NEXT_LINES per program: a grid too
     small to cover t prefetches its head only."""
@@ -661,8 +660,7 @@ def paged_attention_triton(
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
     l2_prefetch: a contiguous tensor the next kernel streams (the o projection's weight): the
-      merge kernel's programs prefetch it into L2 after their wait (see prefetch_next_lines); an
-      unsplit launch has no merge and prefetches nothing.
+      partial kernel's programs prefetch it into L2 after their wait (see prefetch_next_lines).
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -725,7 +723,9 @@ def paged_attention_triton(
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
-    _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
+    grid = (bsz * hkv, num_splits, num_q_tiles)
+    next_lines, per_prog = prefetch_next_lines(l2_prefetch, grid[0] * grid[1] * grid[2])
+    _paged_attn_partial_kernel[grid](
         query,
         k_cache,
         v_cache,
@@ -766,6 +766,9 @@ def paged_attention_triton(
         USE_PDL=pdl,
         # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
         PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
+        next_ptr=l2_prefetch if per_prog else k_cache,
+        next_lines=next_lines,
+        NEXT_LINES=per_prog,
         num_warps=num_warps,
         **extra,
         **pdl_launch(pdl),
@@ -777,7 +780,6 @@ def paged_attention_triton(
         merge_d = min(block_d, max(16, 4096 // splits_p2))
         merge_h = max(1, min(triton.next_power_of_2(hq), 4096 // (splits_p2 * merge_d)))
         merge_grid = (total_rows, triton.cdiv(hq, merge_h), triton.cdiv(d, merge_d))
-        next_lines, per_prog = prefetch_next_lines(l2_prefetch, merge_grid[0] * merge_grid[1] * merge_grid[2])
         _paged_attn_merge_kernel[merge_grid](
             out,
             ws_out,
@@ -797,9 +799,6 @@ def paged_attention_triton(
             BLOCK_H=merge_h,
             BLOCK_DM=merge_d,
             USE_PDL=pdl,
-            next_ptr=l2_prefetch if per_prog else ws_out,
-            next_lines=next_lines,
-            NEXT_LINES=per_prog,
             num_warps=4,
             **pdl_launch(pdl),
         )

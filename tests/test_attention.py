@@ -256,7 +256,7 @@ def test_triton_split_count_does_not_change_result():
 
 
 def test_l2_prefetch_of_next_weight_changes_nothing():
-    """The merge kernel's L2 prefetch of the next kernel's weight (the interpreter runs its index
+    """The partial kernel's L2 prefetch of the next kernel's weight (the interpreter runs its index
     arithmetic; the prefetch itself is a no-op there) leaves the output and the weight as they were."""
     seed = _seed()
     q, kc, vc, bt, sl, _ = make_case(seed, [37, 9], query_len=1, hq=4, hkv=2, head_dim=16, page=4,

@@ -76,10 +76,8 @@ CASES = {
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
     # the next kernel's weight into L2 after the wait (no PDL here: the prefetch does not need it)
-    "attn-merge-prefetch-next": ("attention", "_paged_attn_merge_kernel", dict(
-        ws_out_ptr="*fp32", ws_lse_ptr="*fp32", seq_lens_ptr="*i32"), dict(
-        NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
-        USE_PDL=False, NEXT_LINES=4096), dict(num_warps=4)),
+    "attn-verify-prefetch-next": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
+        _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False, NEXT_LINES=512), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
                                                                       seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
