@@ -24,7 +24,6 @@ defends against it says so.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -354,9 +353,6 @@ def _paged_attn_partial_kernel(
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
     PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
-    next_ptr=None,  # the next kernel's weight (any dtype), brought into L2 after the wait
-    next_lines=0,  # its size in 128-byte lines
-    NEXT_LINES: tl.constexpr = 0,  # lines per program (power of two); 0: no such prefetch
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -383,13 +379,6 @@ def _paged_attn_partial_kernel(
             prefetch_l2(k_head + pf_blk[:, None] * stride_kb + pf_tok * stride_ks + line[None, :], pf_m)
             prefetch_l2(v_head + pf_blk[:, None] * stride_vb + pf_tok * stride_vs + line[None, :], pf_m)
         wait_for_producer()  # a programmatic dependent: every read that counts comes after this
-    if NEXT_LINES > 0:
-        # The next kernel's weight into L2 while this latency-bound launch leaves DRAM mostly idle
-        # (its KV is largely in L2 already): that GEMV then streams from L2, not DRAM. Each program
-        # takes a contiguous slice; lines past the end, or past what the programs cover, are skipped.
-        pid = (pid_bh * NUM_SPLITS + split) * tl.num_programs(2) + q_tile
-        nl = pid.to(tl.int64) * NEXT_LINES + tl.arange(0, NEXT_LINES)
-        prefetch_l2(next_ptr + nl * (128 // (next_ptr.dtype.element_ty.primitive_bitwidth // 8)), nl < next_lines)
 
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
@@ -616,23 +605,6 @@ def attention_workspace(
     return ws_out, ws_lse
 
 
-# Most 128-byte lines one partial program prefetches for the next kernel (32 per thread at 4 warps).
-_MAX_NEXT_LINES = 4096
-
-
-def prefetch_next_lines(t: torch.Tensor | None, programs: int) -> tuple[int, int]:
-    """(lines of t, lines per program) for the partial kernel's L2 prefetch of the next kernel's
-    weight; (0, 0) when there is nothing to prefetch or GRAPHRT_PREFETCH_NEXT=0 (read per call, so a
-    benchmark can compare both in one process). At most _MAX_NEXT_LINES per program: a grid too
-    small to cover t prefetches its head only."""
-    if t is None or os.environ.get("GRAPHRT_PREFETCH_NEXT", "1") == "0":
-        return 0, 0
-    if not t.is_contiguous():
-        raise ValueError("l2_prefetch must be contiguous")
-    lines = triton.cdiv(t.numel() * t.element_size(), 128)
-    return lines, min(_MAX_NEXT_LINES, triton.next_power_of_2(triton.cdiv(lines, programs)))
-
-
 def paged_attention_triton(
     query,
     k_cache,
@@ -649,7 +621,6 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
@@ -659,8 +630,6 @@ def paged_attention_triton(
     num_splits: override the heuristic (tests, tuning). workspace: preallocated
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
-    l2_prefetch: a contiguous tensor the next kernel streams (the o projection's weight): the
-      partial kernel's programs prefetch it into L2 after their wait (see prefetch_next_lines).
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -723,9 +692,7 @@ def paged_attention_triton(
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
-    grid = (bsz * hkv, num_splits, num_q_tiles)
-    next_lines, per_prog = prefetch_next_lines(l2_prefetch, grid[0] * grid[1] * grid[2])
-    _paged_attn_partial_kernel[grid](
+    _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
         query,
         k_cache,
         v_cache,
@@ -766,9 +733,6 @@ def paged_attention_triton(
         USE_PDL=pdl,
         # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
         PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
-        next_ptr=l2_prefetch if per_prog else k_cache,
-        next_lines=next_lines,
-        NEXT_LINES=per_prog,
         num_warps=num_warps,
         **extra,
         **pdl_launch(pdl),
@@ -817,20 +781,19 @@ def paged_attention(
     out=None,
     max_seq_len: int | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-    l2_prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of B * query_len query rows over the paged KV cache. CUDA -> Triton.
 
     Returns [B * query_len, Hq, D] in query's dtype (fp32 accumulation). See the module docstring
     for the layout and which positions each row attends to. max_seq_len (static, default the
     table's capacity) sizes the Triton grid; workspace (attention_workspace(...), optional) is the
-    Triton split buffer, for callers that keep static buffers per captured graph; l2_prefetch (the
-    next kernel's weight) is brought into L2 by the Triton kernel. The reference ignores all three.
+    Triton split buffer, for callers that keep static buffers per captured graph. The reference
+    ignores both.
     """
     if query.is_cuda:
         return paged_attention_triton(
             query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-            max_seq_len=max_seq_len, workspace=workspace, l2_prefetch=l2_prefetch,
+            max_seq_len=max_seq_len, workspace=workspace,
         )  # fmt: skip
     return paged_attention_reference(
         query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,

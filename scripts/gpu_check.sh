@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor timeline nextab (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor timeline (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -130,13 +130,6 @@ for step in $steps; do
                   --max-new-tokens 32 --batch-sizes 1 --top 0 > /dev/null 2>&1
                 python3 scripts/step_timeline.py "/tmp/tl_$pr/graphrt.sqlite" --json "$OUT/timeline_$pr.json" 2>&1 \
                   | head -${TL_ROWS:-16} | sed "s/^/[$pr] /" | log; done ;;
-    nextab)   # session 7: the attention kernel prefetches the o projection's weight into L2 after its wait, off / on
-              for v in 0 1; do GRAPHRT_PREFETCH_NEXT=$v python3 scripts/attention_share.py --out "$OUT/ashare_next$v.json" \
-                2>&1 | grep -v '^graphrt' | sed "s/^/NEXT=$v /" | log; done
-              for v in 0 1 0 1; do GRAPHRT_PREFETCH_NEXT=$v python3 -m graphrt bench --no-draft --batch-sizes 1,8,64 \
-                --max-new-tokens 128 --json "$OUT/nextab$v.json" 2>&1 | grep -E '^(plain|mode)' | sed "s/^/NEXT=$v /" | log; done
-              for v in 0 1; do GRAPHRT_PREFETCH_NEXT=$v python3 -m graphrt bench --no-draft --batch-sizes 1 --prompt-len 4064 \
-                --max-new-tokens 64 2>&1 | grep -E '^(plain|mode)' | sed "s/^/NEXT=$v 4k /" | log; done ;;
     afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;

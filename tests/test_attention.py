@@ -22,7 +22,6 @@ from graphrt.kernels.attention import (
     paged_attention,
     paged_attention_reference,
     paged_attention_triton,
-    prefetch_next_lines,
     store_kv,
     store_kv_reference,
     store_kv_triton,
@@ -255,34 +254,6 @@ def test_triton_split_count_does_not_change_result():
         assert_close(tri, ref, torch.float32, seed, f"{kw}")
 
 
-def test_l2_prefetch_of_next_weight_changes_nothing():
-    """The partial kernel's L2 prefetch of the next kernel's weight (the interpreter runs its index
-    arithmetic; the prefetch itself is a no-op there) leaves the output and the weight as they were."""
-    seed = _seed()
-    q, kc, vc, bt, sl, _ = make_case(seed, [37, 9], query_len=1, hq=4, hkv=2, head_dim=16, page=4,
-                                     dtype=torch.float32)
-    w = torch.randn(24, 40)
-    w0 = w.clone()
-    plain = paged_attention_triton(q, kc, vc, bt, sl, query_len=1, scale=0.25, num_splits=3, block_n=16)
-    pre = paged_attention_triton(q, kc, vc, bt, sl, query_len=1, scale=0.25, num_splits=3, block_n=16,
-                                 l2_prefetch=w)
-    assert torch.equal(plain, pre), seed
-    assert torch.equal(w, w0)
-
-
-def test_prefetch_next_lines(monkeypatch):
-    w = torch.empty(4096, 4096, dtype=torch.bfloat16)  # 32 MiB: 262144 lines
-    assert prefetch_next_lines(None, 512) == (0, 0)
-    assert prefetch_next_lines(w, 512) == (262144, 512)
-    assert prefetch_next_lines(w, 24) == (262144, 4096)  # capped: a small grid covers the head only
-    assert prefetch_next_lines(w[:, :1000].contiguous(), 600) == (64000, 128)  # rounded up to a power of two
-    assert prefetch_next_lines(torch.empty(3, dtype=torch.float32), 8) == (1, 1)
-    with pytest.raises(ValueError, match="contiguous"):
-        prefetch_next_lines(w[:, :1000], 8)
-    monkeypatch.setenv("GRAPHRT_PREFETCH_NEXT", "0")
-    assert prefetch_next_lines(w, 512) == (0, 0)
-
-
 def test_choose_num_splits():
     assert choose_num_splits(1024, 32768, 132) == 1  # big batch: the grid already fills the GPU
     assert choose_num_splits(8, 4096, 132) == 64  # B=1, Hkv=8: capped by >= 64 tokens a split
@@ -443,19 +414,6 @@ def test_gpu_matches_reference(head_dim, seq, bsz, query_len):
     ref = _reference_chunked(q, kc, vc, bt, sl, query_len, scale, chunk=max(1, 8 * 4096 // seq))
     tri = paged_attention(q, kc, vc, bt, sl, query_len=query_len, scale=scale)
     assert_close(tri, ref, torch.bfloat16, seed, f"B={bsz} seq={seq} ql={query_len} D={head_dim}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("query_len", [1, 4])
-def test_gpu_l2_prefetch_of_next_weight_is_bitwise_neutral(query_len):
-    seed = _seed()
-    q, kc, vc, bt, sl = _gpu_case(1, 4096, query_len, 128, seed=seed)
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    w0 = w.clone()
-    plain = paged_attention(q, kc, vc, bt, sl, query_len=query_len, scale=0.1)
-    pre = paged_attention(q, kc, vc, bt, sl, query_len=query_len, scale=0.1, l2_prefetch=w)
-    assert torch.equal(plain, pre), seed
-    assert torch.equal(w, w0)
 
 
 @pytest.mark.gpu

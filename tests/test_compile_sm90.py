@@ -75,9 +75,6 @@ CASES = {
         _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True, PF_LINES=2), dict(num_warps=4)),
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
-    # the next kernel's weight into L2 after the wait (no PDL here: the prefetch does not need it)
-    "attn-verify-prefetch-next": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
-        _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False, NEXT_LINES=512), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
                                                                       seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
@@ -153,6 +150,5 @@ def test_kernel_compiles_for_sm90(compiled, name):
     assert res["sm_90"]
     constexprs = CASES[name][3]
     assert res["griddepcontrol"] == bool(constexprs.get("USE_PDL", constexprs.get("PDL", 0)))
-    # the L2 prefetches (the KV step before the wait, the next kernel's weight after it), where a case asks
-    assert res["prefetch"] == ((constexprs.get("PF_LINES", 0) > 0 and constexprs.get("USE_PDL", False))
-                               or constexprs.get("NEXT_LINES", 0) > 0)
+    # the L2 prefetch before the wait, where a case asks for it
+    assert res["prefetch"] == (constexprs.get("PF_LINES", 0) > 0 and constexprs.get("USE_PDL", False))

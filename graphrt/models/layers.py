@@ -123,7 +123,7 @@ class AttentionBlock:
         )
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len, l2_prefetch=self.o_weight,
+            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
         return linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight)
 
