@@ -22,7 +22,8 @@ from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 _L2_BYTES = 50 << 20
 
 
-def _num_sets(bytes_per_set: int) -> int:
+def num_input_sets(bytes_per_set: int) -> int:
+    """How many input sets of bytes_per_set a timing rotates through: enough to exceed L2 three times."""
     return max(2, min(16, -(-3 * _L2_BYTES // max(1, bytes_per_set))))
 
 
@@ -64,7 +65,7 @@ def _argmax_rows(bw_gbs, Bs, Vs):
         for b in Bs:
             nbytes = b * v * 2
             sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),)
-                    for _ in range(_num_sets(nbytes))]
+                    for _ in range(num_input_sets(nbytes))]
             ours = time_in_graph(lambda x: argmax_triton(x), sets)
             ref = time_in_graph(lambda x: torch.argmax(x, dim=-1), sets)
             floor = nbytes / (bw_gbs * 1e3)
@@ -78,7 +79,7 @@ def rejection_sets(b, k, v, mode, dtype=torch.bfloat16):
     logits: (target [b, k+1, v], drafts [b, k] (every other request's drafts the target's argmax,
     the rest random), temperature (0 for greedy, else 1), seed, position, draft logits (full q) or
     None). Also used by scripts/vllm_rejection_peer.py, so both samplers see the same inputs."""
-    n = _num_sets(b * (k + 1) * v * torch.finfo(dtype).bits // 8 * 2)
+    n = num_input_sets(b * (k + 1) * v * torch.finfo(dtype).bits // 8 * 2)
     temp = 0.0 if mode == "greedy" else 1.0
     sets = []
     for _ in range(n):

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.argmax import argmax_triton
+from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.pdl import pdl_launch, wait_for_producer
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 
@@ -66,8 +67,7 @@ def main():
         return kw
 
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        n_sets = max(2, min(16, 150_000_000 // (b * v * 2)))
-        sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(n_sets)]
+        sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(num_input_sets(b * v * 2))]
         floor = b * v * 2 / (bw * 1e3)
         outs = (torch.empty(b, dtype=torch.bfloat16, device="cuda"), torch.empty(b, dtype=torch.int64, device="cuda"))
         ours = time_in_graph(functools.partial(argmax_triton, out=outs), sets)

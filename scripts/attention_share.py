@@ -34,14 +34,6 @@ def _skip_attention(q, *args, **kwargs):
     return q  # [N, Hq, D]: what the o projection reads; no kernel launched
 
 
-def _target_decode_us(rt, batch, prompt_len, new_tokens, repeats) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        r = run_decode(rt, batch, prompt_len=prompt_len, max_new_tokens=new_tokens)
-        out.append(r["phases"]["TARGET_DECODE"]["mean_us"])
-    return out
-
-
 def measure(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, bw_gbs: float) -> dict:
     target, _, _ = default_checkpoints(None, None, torch.bfloat16, no_draft=True, preset=preset)
     rt = Runtime.from_pretrained(target, None, max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 8,
@@ -55,7 +47,8 @@ def measure(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: i
                 layers.paged_attention = _skip_attention if patched else real
                 rt.capture(inspect_kernels=False)
                 run_decode(rt, batch, prompt_len=prompt_len, max_new_tokens=4)  # warm-up
-                sink.extend(_target_decode_us(rt, batch, prompt_len, new_tokens, 1))
+                r = run_decode(rt, batch, prompt_len=prompt_len, max_new_tokens=new_tokens)
+                sink.append(r["phases"]["TARGET_DECODE"]["mean_us"])
     finally:
         layers.paged_attention = real
     # Each decode step reads the K and V of every live position: prompt + tokens so far (+1 new).

@@ -20,7 +20,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from graphrt.kernels.bench import _num_sets
+from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.gemv import _split_for, gemv_triton, linear, select_config
 from graphrt.kernels.timing import time_in_graph
 
@@ -104,7 +104,7 @@ def main() -> int:
     for name, n, k in shapes:
         big = n * k > 200_000_000 and not args.all_tiles
         wbytes = n * k * 2
-        sets_w = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(_num_sets(wbytes))]
+        sets_w = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(num_input_sets(wbytes))]
         for m in ms:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n

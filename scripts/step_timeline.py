@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from graphrt.profiling.nsys_sqlite import _Db, read_kernels, read_launches, read_ranges  # noqa: E402
+from graphrt.profiling.attribution import short_kernel_name
+from graphrt.profiling.nsys_sqlite import _Db, read_kernels, read_launches, read_ranges
 
 
 def shares(sqlite: str, phase: str) -> tuple[int, dict[str, dict[str, float]]]:
@@ -43,7 +41,7 @@ def shares(sqlite: str, phase: str) -> tuple[int, dict[str, dict[str, float]]]:
         replays += 1
         prev_end = min(k.start_ns for k in mine)
         for k in mine:
-            a = acc[k.name.split("(")[0]]
+            a = acc[short_kernel_name(k.name)]
             a["count"] += 1
             a["duration_ns"] += k.end_ns - k.start_ns
             a["share_ns"] += k.end_ns - prev_end

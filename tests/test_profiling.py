@@ -785,3 +785,33 @@ def test_gpu_nsys_agrees_with_in_process(tmp_path):
     out = io.StringIO()
     report.emit(nsys, argparse.Namespace(top=3), out=out)
     assert "TARGET_VERIFY" in out.getvalue()
+
+
+def test_step_timeline_shares_sum_to_each_replay():
+    """scripts/step_timeline.py on the real export: each kernel is charged end - previous end within
+    its replay, so the shares of a phase add up to its replays' spans (first start to last end)."""
+    import importlib.util
+
+    from graphrt.profiling.nsys_sqlite import _Db, read_kernels, read_launches, read_ranges
+
+    if not FIXTURE.exists():
+        pytest.skip(f"{FIXTURE} not made yet: run scripts/make_nsys_fixture.py on the GPU machine")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "step_timeline.py"
+    spec = importlib.util.spec_from_file_location("step_timeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    db = _Db(FIXTURE)
+    strings = db.strings()
+    launches = [x for x in read_launches(db, strings) if "GraphLaunch" in x.name]
+    kernels = read_kernels(db, strings)
+    for phase in ("TARGET_VERIFY", "DRAFT_DECODE"):
+        n, acc = mod.shares(str(FIXTURE), phase)
+        spans = []
+        for r in (r for r in read_ranges(db) if r.name == phase):
+            corr = {x.correlation_id for x in launches if x.tid == r.tid and r.start_ns <= x.start_ns <= r.end_ns}
+            mine = [k for k in kernels if k.correlation_id in corr]
+            if mine:
+                spans.append(max(k.end_ns for k in mine) - min(k.start_ns for k in mine))
+        assert n == len(spans) > 0
+        assert sum(a["share_ns"] for a in acc.values()) == sum(spans)
+        assert sum(a["count"] for a in acc.values()) > n
