@@ -74,3 +74,45 @@ def write_dot(graph: torch.cuda.CUDAGraph, path: str) -> None:
     driver = _driver()
     flags = driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE
     _check(driver.cuGraphDebugDotPrint(raw_graph(graph), path.encode(), flags))
+
+
+def _early_edge(data) -> bool:
+    """An edge that lets its dependent start before the node it depends on has finished (PDL)."""
+    driver = _driver()
+    return (int(data.type) != int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)
+            or int(data.from_port) != 0)
+
+
+def launch_chain(graph: torch.cuda.CUDAGraph) -> list[tuple[str, bool]]:
+    """The graph's nodes in dependency order as (name, early): name is the kernel function's name
+    ('' for nodes that are not kernels); early says that an incoming edge is programmatic, so the
+    node may start while the node before it still runs. A node without one starts only after
+    everything before it has finished and its writes are visible."""
+    driver = _driver()
+    nodes = graph_nodes(graph)
+    deps = {}
+    for node in nodes:
+        # cuda-python 13: (deps, edge data, count); the count comes last in every version with edge data
+        count = _check(driver.cuGraphNodeGetDependencies(node, 0))[-1]
+        parents, edges = (_check(driver.cuGraphNodeGetDependencies(node, count))[:2] if count else ([], []))
+        deps[int(node)] = ([int(p) for p in parents], any(_early_edge(e) for e in edges if e is not None))
+    order, done = [], set()
+    pending = list(nodes)
+    while pending:  # Kahn's order; stream capture gives a chain, so this is one pass per node
+        rest = []
+        for node in pending:
+            if all(p in done for p in deps[int(node)][0]):
+                order.append(node)
+                done.add(int(node))
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise RuntimeError("graph has a cycle")
+        pending = rest
+    out = []
+    for node in order:
+        kind = _check(driver.cuGraphNodeGetType(node))
+        name = _kernel_name(node) if kind == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL else ""
+        out.append((name, deps[int(node)][1]))
+    return out
+

@@ -24,6 +24,7 @@ defends against it says so.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -314,6 +315,20 @@ def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.maximum(((seq_cap + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N)
 
 
+
+@triton.jit
+def _prefetch_kv_step(k_head, v_head, blk, start, seq_cap, stride_kb, stride_ks, stride_vb, stride_vs,
+                      ELEM_BITS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PF_LINES: tl.constexpr):
+    """L2 prefetch of the K and V rows of the KV step at `start` (blk: their block ids, [BLOCK_N])."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    line = tl.arange(0, PF_LINES) * (128 // (ELEM_BITS // 8))
+    m = (offs_n < seq_cap)[:, None] & (line < HEAD_DIM)[None, :]
+    tok = (offs_n % PAGE)[:, None]
+    prefetch_l2(k_head + blk[:, None] * stride_kb + tok * stride_ks + line[None, :], m)
+    prefetch_l2(v_head + blk[:, None] * stride_vb + tok * stride_vs + line[None, :], m)
+
+
 @triton.jit
 def _paged_attn_partial_kernel(
     q_ptr,  # [B * query_len, Hq, D]
@@ -353,6 +368,7 @@ def _paged_attn_partial_kernel(
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
     PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
+    EARLY: tl.constexpr = False,  # seq_lens and the table are settled (kernels/pdl.py): read them first
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -362,25 +378,36 @@ def _paged_attn_partial_kernel(
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kvh * stride_kh
     v_head = v_cache_ptr + kvh * stride_vh
-    if USE_PDL:
-        if PF_LINES > 0:
-            # This split's first KV step into L2 while the producer (the K/V store) finishes: a
-            # one-step split's DRAM round trip leaves the critical path. The addresses come from
-            # seq_lens and the table read past L1 (.cg) and are used for nothing else, so a value
-            # the producer were still writing would only cost a useless prefetch; every real read
-            # happens after the wait.
-            pf_cap = _seq_cap(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), max_blocks, PAGE)
-            pf_n = split * _split_len(pf_cap, NUM_SPLITS, BLOCK_N) + tl.arange(0, BLOCK_N)
-            pf_ok = pf_n < pf_cap
-            pf_blk = tl.load(bt_row + pf_n // PAGE, mask=pf_ok, other=0, cache_modifier=".cg").to(tl.int64)
-            line = tl.arange(0, PF_LINES) * (128 // (k_cache_ptr.dtype.element_ty.primitive_bitwidth // 8))
-            pf_m = pf_ok[:, None] & (line < HEAD_DIM)[None, :]
-            pf_tok = (pf_n % PAGE)[:, None]
-            prefetch_l2(k_head + pf_blk[:, None] * stride_kb + pf_tok * stride_ks + line[None, :], pf_m)
-            prefetch_l2(v_head + pf_blk[:, None] * stride_vb + pf_tok * stride_vs + line[None, :], pf_m)
-        wait_for_producer()  # a programmatic dependent: every read that counts comes after this
-
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if EARLY:
+        # Settled: read once, before the wait. The table entries of the first step land in L1 as
+        # well, so the loop's reads of them after the wait are L1 hits, not L2 round trips.
+        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+        if USE_PDL:
+            if PF_LINES > 0:
+                pf_n = split * _split_len(_seq_cap(seq_len, max_blocks, PAGE), NUM_SPLITS, BLOCK_N)
+                pf_blk = tl.load(bt_row + (pf_n + tl.arange(0, BLOCK_N)) // PAGE,
+                                 mask=pf_n + tl.arange(0, BLOCK_N) < _seq_cap(seq_len, max_blocks, PAGE), other=0)
+                _prefetch_kv_step(k_head, v_head, pf_blk.to(tl.int64), pf_n, _seq_cap(seq_len, max_blocks, PAGE),
+                                  stride_kb, stride_ks, stride_vb, stride_vs,
+                                  k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM, PAGE, BLOCK_N, PF_LINES)
+            wait_for_producer()
+    else:
+        if USE_PDL:
+            if PF_LINES > 0:
+                # This split's first KV step into L2 while the producer (the K/V store) finishes: a
+                # one-step split's DRAM round trip leaves the critical path. The addresses come from
+                # seq_lens and the table read past L1 (.cg) and are used for nothing else, so a value
+                # the producer were still writing would only cost a useless prefetch; every real read
+                # happens after the wait.
+                pf_cap = _seq_cap(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), max_blocks, PAGE)
+                pf_n = split * _split_len(pf_cap, NUM_SPLITS, BLOCK_N)
+                pf_blk = tl.load(bt_row + (pf_n + tl.arange(0, BLOCK_N)) // PAGE,
+                                 mask=pf_n + tl.arange(0, BLOCK_N) < pf_cap, other=0, cache_modifier=".cg")
+                _prefetch_kv_step(k_head, v_head, pf_blk.to(tl.int64), pf_n, pf_cap,
+                                  stride_kb, stride_ks, stride_vb, stride_vs,
+                                  k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM, PAGE, BLOCK_N, PF_LINES)
+            wait_for_producer()  # a programmatic dependent: every read that counts comes after this
+        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
 
     q_start = q_tile * BLOCK_Q
@@ -494,8 +521,9 @@ def _paged_attn_merge_kernel(
     BLOCK_H: tl.constexpr,  # query heads per program
     BLOCK_DM: tl.constexpr,  # head_dim slice per program
     USE_PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False,  # settled seq_lens (kernels/pdl.py): read before the wait
 ):
-    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+    if USE_PDL and not EARLY:  # a programmatic dependent: nothing before this line touches memory
         wait_for_producer()
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
@@ -503,6 +531,8 @@ def _paged_attn_merge_kernel(
     b = row // query_len
     t = row % query_len
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if USE_PDL and EARLY:  # the partials come from the producer
+        wait_for_producer()
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
     pos = seq_len - query_len + t
     last_key = tl.minimum(pos, seq_cap - 1)
@@ -621,6 +651,7 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    early: bool | None = None,
 ) -> torch.Tensor:
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
@@ -630,6 +661,9 @@ def paged_attention_triton(
     num_splits: override the heuristic (tests, tuning). workspace: preallocated
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
+    early: read seq_lens and block_tables before the PDL wait (default: on unless
+      GRAPHRT_ATTN_EARLY=0, read per call). The caller vouches for the rule in kernels/pdl.py: no
+      kernel that may still run when this one starts writes either of them.
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -692,6 +726,8 @@ def paged_attention_triton(
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
+    if early is None:
+        early = os.environ.get("GRAPHRT_ATTN_EARLY", "1") != "0"
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
         query,
         k_cache,
@@ -731,6 +767,7 @@ def paged_attention_triton(
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
         USE_PDL=pdl,
+        EARLY=early,
         # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
         PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
         num_warps=num_warps,
@@ -763,6 +800,7 @@ def paged_attention_triton(
             BLOCK_H=merge_h,
             BLOCK_DM=merge_d,
             USE_PDL=pdl,
+            EARLY=early,
             num_warps=4,
             **pdl_launch(pdl),
         )

@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor timeline (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor timeline early earlyab (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -131,6 +131,15 @@ for step in $steps; do
                 python3 scripts/step_timeline.py "/tmp/tl_$pr/graphrt.sqlite" --json "$OUT/timeline_$pr.json" 2>&1 \
                   | head -${TL_ROWS:-16} | sed "s/^/[$pr] /" | log; done ;;
     afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
+    early)    # session 8: the attention's early metadata reads (kernels/pdl.py, "Settled memory"): GPU tests
+              python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py tests/test_pdl.py \
+                "tests/test_capture.py::test_attention_starts_only_after_the_metadata_fence" 2>&1 | log | tail -8 ;;
+    earlyab)  # the early reads on / off, alternating: isolated attention, then the in-step share (ashare)
+              for v in 1 0 1 0; do GRAPHRT_ATTN_EARLY=$v python3 -m graphrt.kernels.attention_bench 2>&1 | tail -12 \
+                | sed "s/^/EARLY=$v /" | log; done
+              for v in 1 0; do GRAPHRT_ATTN_EARLY=$v python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
+                --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_early$v.json" 2>&1 \
+                | grep -v '^graphrt' | sed "s/^/EARLY=$v /" | log; done ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac

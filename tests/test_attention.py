@@ -455,3 +455,30 @@ def test_gpu_graph_replay_follows_seq_lens():
         assert torch.equal(out, eager), f"replay != eager for seq_lens {new}, seed={seed}"
         ref = paged_attention_reference(q, kc, vc, bt, sl, query_len=4, scale=128**-0.5)
         assert_close(out, ref, torch.bfloat16, seed, f"replay {new}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Early reads: settled metadata read before the PDL wait (kernels/pdl.py, "Settled memory")
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query_len,num_splits,block_n,lens", [
+    (1, 1, 16, [61, 17, 1]),  # one split: several steps, the first one peeled
+    (1, 7, 16, [61, 17, 1]),  # empty splits, one-step splits
+    (4, 3, 16, [70, 33, 4, 5]),  # the new rows span a step boundary in some splits
+    (2, 64, 16, [20, 2]),  # more splits than steps
+])
+def test_early_reads_match_plain_path(query_len, num_splits, block_n, lens):
+    """early=True reads seq_lens (and the first step's table entries, for the prefetch) before the
+    wait and seq_lens never again: the same bits as the plain path. What makes the early read safe
+    is the graph's structure, checked in tests/test_capture.py."""
+    seed = _seed()
+    q, kc, vc, bt, sl, _ = make_case(
+        seed, lens, query_len=query_len, hq=4, hkv=2, head_dim=16, page=4, dtype=torch.float32
+    )
+    kw = dict(query_len=query_len, scale=0.3, num_splits=num_splits, block_n=block_n)
+    plain = paged_attention_triton(q, kc, vc, bt, sl, early=False, **kw)
+    early = paged_attention_triton(q, kc, vc, bt, sl, early=True, **kw)
+    assert torch.equal(plain, early), f"seed={seed}"
+    ref = paged_attention_reference(q, kc, vc, bt, sl, query_len=query_len, scale=0.3)
+    assert_close(early, ref, torch.float32, seed, "early")

@@ -97,3 +97,47 @@ def test_slots_reused_under_graphs_match_eager():
     for w in waves:  # 5 requests through 4 slots, three times: slots and blocks are reused
         assert [g.token_ids for g in rt_g.generate(w, params)] == [g.token_ids for g in rt_e.generate(w, params)]
     assert rt_g.allocator.num_free == rt_e.allocator.num_free == rt_g.allocator.num_blocks - 1
+
+
+def _is_gemm(name: str) -> bool:
+    return name.startswith("nvjet") or any(t in name.lower() for t in ("gemm", "xmma", "cutlass"))
+
+
+def _is_forward_input(name: str) -> bool:
+    """The embedding gather (index_select) and the EAGLE head's torch.cat of its inputs."""
+    return "indexSelect" in name or "CatArrayBatchedCopy" in name
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", None])
+def test_attention_starts_only_after_the_metadata_fence(kind):
+    """kernels/pdl.py, "Settled memory": the attention reads seq_lens and block_tables before its
+    PDL wait, so every kernel that may still run when it starts (from the last node without a
+    programmatic incoming edge on) must be one that writes neither: graphrt's own Triton kernels,
+    cuBLAS GEMMs (which launch as programmatic dependents too and write only their product), the
+    embedding gather that opens each forward and the EAGLE head's concatenation of embedding and
+    hidden state after it. Any other torch kernel there (the cycle computes the metadata with torch
+    gather, index and elementwise kernels) fails this."""
+    import importlib
+
+    import triton
+    from graphrt.capture.inspect import launch_chain
+
+    ours = set()
+    for mod in ("activation", "argmax", "attention", "gemv", "norm", "qkv_rotary", "rejection", "rotary"):
+        m = importlib.import_module(f"graphrt.kernels.{mod}")
+        ours |= {f.__name__ for f in vars(m).values() if isinstance(f, triton.runtime.JITFunction)}
+    rt = _runtime(kind, K=3, dtype=torch.bfloat16)
+    rt.capture()
+    checked = 0
+    for (phase, batch), rec in rt.cycle.graphs.graphs.items():
+        chain = launch_chain(rec.graph)
+        assert any(early for _, early in chain), (phase, batch, "no PDL edge: the check would be vacuous")
+        for i, (name, _) in enumerate(chain):
+            if name != "_paged_attn_partial_kernel":
+                continue
+            fence = max(j for j in range(i + 1) if not chain[j][1])  # may still run: chain[fence:i]
+            running = [n for n, _ in chain[fence:i]]
+            others = [n for n in running if n not in ours and not _is_gemm(n) and not _is_forward_input(n)]
+            assert not others, (phase, batch, running)
+            checked += 1
+    assert checked > 0
