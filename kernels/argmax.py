@@ -154,17 +154,18 @@ def _argmax_combine_kernel(
 
 
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
-    """(block_v, chunks per row, num_warps, fused) by batch size: the fastest of a sweep over
-    block_v {1024, 2048, 4096} x chunks {4..128} x warps {4, 8} x fused, with PDL, on an H200
-    (V = 128256 bf16, scripts/pdl_probe.py, 2026-11-22). Small batches want many programs per row
-    and the two-launch merge; from B = 32 the in-launch merge wins; B >= 128 keeps ~1024 programs."""
+    """(block_v, chunks per row, num_warps, fused) by batch size, V = 128256 bf16, with PDL. From
+    sweeps over block_v x chunks x warps x fused (scripts/argmax_floor.py, the same-call re-timing
+    in BENCHMARKS.md, session 8), kept where the H100 and the H200 agree. Small batches want many
+    programs per row; up to B = 64 the two-launch merge (a PDL dependent) beats the in-launch one;
+    B >= 128 keeps ~1024 programs and merges in launch."""
     if batch <= 4:
-        return 1024, 128, 4, False  # B=1: 2.43 us
+        return 1024, 128, 4, False  # B=1: H200 2.06 us, H100 2.49
     if batch <= 16:
-        return 4096, 32, 4, False  # B=8: 3.03 us
+        return 1024, 32, 8, False  # B=8: H100 3.31 -> 3.08 us, H200 2.98 -> 2.86 (was 4096, 32, 4)
     if batch <= 64:
-        return 1024, 8, 8, True  # B=64: 7.61 us
-    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us
+        return 1024, 16, 8, False  # B=64: H100 8.94 -> 8.71 us, H200 7.36 -> 7.17 (was 1024, 8, 8, fused)
+    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us (H200, session 2)
 
 
 def _validate(logits: torch.Tensor) -> None:
