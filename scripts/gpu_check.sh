@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor timeline early earlyab (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor aknobs timeline early earlyab (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -130,6 +130,7 @@ for step in $steps; do
                   --max-new-tokens 32 --batch-sizes 1 --top 0 > /dev/null 2>&1
                 python3 scripts/step_timeline.py "/tmp/tl_$pr/graphrt.sqlite" --json "$OUT/timeline_$pr.json" 2>&1 \
                   | head -${TL_ROWS:-16} | sed "s/^/[$pr] /" | log; done ;;
+    aknobs)   python3 scripts/argmax_knobs.py --batch-sizes ${AKNOBS_B:-1,8,64} 2>&1 | log ;;
     afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
     early)    # session 8: the attention's early metadata reads (kernels/pdl.py, "Settled memory"): GPU tests
               python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py tests/test_pdl.py \

@@ -1,0 +1,56 @@
+"""Argmax launch knobs at given batch sizes: a sweep, then the default and the best three re-timed,
+interleaved, three times each (a single sweep's winner is biased by its own noise).
+
+    python scripts/argmax_knobs.py [--batch-sizes 1,8,64] [--vocab 128256]
+
+Same harness as the kernel table (CUDA-graph replay, input sets rotated past L2, bf16). Configs are
+(block_v, chunks per row, num_warps, fused); kernels/argmax._launch_config holds the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+
+import torch
+from graphrt.kernels.argmax import _launch_config, argmax_triton
+from graphrt.kernels.bench import num_input_sets
+from graphrt.kernels.timing import time_in_graph
+
+
+def _time_config(cfg, *, outs, sets) -> float:
+    block_v, per_row, warps, fused = cfg
+    fn = functools.partial(argmax_triton, out=outs, block_v=block_v, num_splits=per_row, num_warps=warps,
+                           fused=fused)
+    return time_in_graph(fn, sets)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", default="1,8,64")
+    ap.add_argument("--vocab", type=int, default=128256)
+    args = ap.parse_args()
+    v = args.vocab
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(num_input_sets(b * v * 2))]
+        outs = (torch.empty(b, dtype=torch.bfloat16, device="cuda"), torch.empty(b, dtype=torch.int64, device="cuda"))
+
+        timed = functools.partial(_time_config, outs=outs, sets=sets)
+        grid = [c for c in itertools.product((1024, 2048, 4096, 8192), (8, 16, 32, 64, 128), (4, 8), (False, True))
+                if c[0] * c[1] <= 4 * v]
+        swept = sorted((timed(c), c) for c in grid)
+        default = _launch_config(b)
+        print(f"B={b} default {default}; sweep best {[(round(t, 2), c) for t, c in swept[:4]]}")
+        cands = [default] + [c for _, c in swept[:4] if c != default][:3]
+        times = {c: [] for c in cands}
+        for _ in range(3):
+            for c in cands:
+                times[c].append(timed(c))
+        for c in cands:
+            print(f"B={b} {c}: " + " ".join(f"{t:.2f}" for t in times[c]) + f"  mean {sum(times[c]) / 3:.2f}")
+        del sets, timed
+
+
+if __name__ == "__main__":
+    main()
