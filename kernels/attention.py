@@ -317,13 +317,22 @@ def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_kv_step(k_head, v_head, blk, start, seq_cap, stride_kb, stride_ks, stride_vb, stride_vs,
-                      ELEM_BITS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PF_LINES: tl.constexpr):
-    """L2 prefetch of the K and V rows of the KV step at `start` (blk: their block ids, [BLOCK_N])."""
-    offs_n = start + tl.arange(0, BLOCK_N)
+def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, stride_kb, stride_ks, stride_vb,
+                         stride_vs, ELEM_BITS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PF_LINES: tl.constexpr,
+                         PAST_L1: tl.constexpr):
+    """L2 prefetch of the K and V rows of this split's first KV step, before the PDL wait. The
+    table entries are read past L1 (PAST_L1, .cg) when they may not be settled, so nothing stale
+    stays in L1 for the reads after the wait; otherwise into L1, where those reads then hit."""
+    seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
+    offs_n = split * _split_len(seq_cap, NUM_SPLITS, BLOCK_N) + tl.arange(0, BLOCK_N)
+    ok = offs_n < seq_cap
+    if PAST_L1:
+        blk = tl.load(bt_row + offs_n // PAGE, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
+    else:
+        blk = tl.load(bt_row + offs_n // PAGE, mask=ok, other=0).to(tl.int64)
     line = tl.arange(0, PF_LINES) * (128 // (ELEM_BITS // 8))
-    m = (offs_n < seq_cap)[:, None] & (line < HEAD_DIM)[None, :]
+    m = ok[:, None] & (line < HEAD_DIM)[None, :]
     tok = (offs_n % PAGE)[:, None]
     prefetch_l2(k_head + blk[:, None] * stride_kb + tok * stride_ks + line[None, :], m)
     prefetch_l2(v_head + blk[:, None] * stride_vb + tok * stride_vs + line[None, :], m)
@@ -379,34 +388,21 @@ def _paged_attn_partial_kernel(
     k_head = k_cache_ptr + kvh * stride_kh
     v_head = v_cache_ptr + kvh * stride_vh
     if EARLY:
-        # Settled: read once, before the wait. The table entries of the first step land in L1 as
-        # well, so the loop's reads of them after the wait are L1 hits, not L2 round trips.
+        # Settled (kernels/pdl.py): read once, before the wait.
         seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-        if USE_PDL:
-            if PF_LINES > 0:
-                pf_n = split * _split_len(_seq_cap(seq_len, max_blocks, PAGE), NUM_SPLITS, BLOCK_N)
-                pf_blk = tl.load(bt_row + (pf_n + tl.arange(0, BLOCK_N)) // PAGE,
-                                 mask=pf_n + tl.arange(0, BLOCK_N) < _seq_cap(seq_len, max_blocks, PAGE), other=0)
-                _prefetch_kv_step(k_head, v_head, pf_blk.to(tl.int64), pf_n, _seq_cap(seq_len, max_blocks, PAGE),
-                                  stride_kb, stride_ks, stride_vb, stride_vs,
-                                  k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM, PAGE, BLOCK_N, PF_LINES)
-            wait_for_producer()
-    else:
-        if USE_PDL:
-            if PF_LINES > 0:
-                # This split's first KV step into L2 while the producer (the K/V store) finishes: a
-                # one-step split's DRAM round trip leaves the critical path. The addresses come from
-                # seq_lens and the table read past L1 (.cg) and are used for nothing else, so a value
-                # the producer were still writing would only cost a useless prefetch; every real read
-                # happens after the wait.
-                pf_cap = _seq_cap(tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32), max_blocks, PAGE)
-                pf_n = split * _split_len(pf_cap, NUM_SPLITS, BLOCK_N)
-                pf_blk = tl.load(bt_row + (pf_n + tl.arange(0, BLOCK_N)) // PAGE,
-                                 mask=pf_n + tl.arange(0, BLOCK_N) < pf_cap, other=0, cache_modifier=".cg")
-                _prefetch_kv_step(k_head, v_head, pf_blk.to(tl.int64), pf_n, pf_cap,
-                                  stride_kb, stride_ks, stride_vb, stride_vs,
-                                  k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM, PAGE, BLOCK_N, PF_LINES)
-            wait_for_producer()  # a programmatic dependent: every read that counts comes after this
+    if USE_PDL:
+        if PF_LINES > 0:
+            # This split's first KV step into L2 while the producer (the K/V store) finishes: a
+            # one-step split's DRAM round trip leaves the critical path. Without EARLY the addresses
+            # come from seq_lens and the table read past L1 and are used for nothing else, so a
+            # value the producer were still writing would only cost a useless prefetch.
+            if not EARLY:
+                seq_len = tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32)
+            _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, stride_kb, stride_ks,
+                                 stride_vb, stride_vs, k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM,
+                                 PAGE, BLOCK_N, NUM_SPLITS, PF_LINES, PAST_L1=not EARLY)
+        wait_for_producer()  # a programmatic dependent: what is not settled is read after this
+    if not EARLY:
         seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
 
