@@ -98,7 +98,7 @@ def launch_chain(graph: torch.cuda.CUDAGraph) -> list[tuple[str, bool]]:
         deps[int(node)] = ([int(p) for p in parents], any(_early_edge(e) for e in edges if e is not None))
     order, done = [], set()
     pending = list(nodes)
-    while pending:  # Kahn's order; stream capture gives a chain, so this is one pass per node
+    while pending:  # Kahn's order (stream capture gives a chain, in node-list order: one pass)
         rest = []
         for node in pending:
             if all(p in done for p in deps[int(node)][0]):
@@ -115,4 +115,3 @@ def launch_chain(graph: torch.cuda.CUDAGraph) -> list[tuple[str, bool]]:
         name = _kernel_name(node) if kind == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL else ""
         out.append((name, deps[int(node)][1]))
     return out
-

@@ -315,7 +315,6 @@ def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     return tl.maximum(((seq_cap + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N)
 
 
-
 @triton.jit
 def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, stride_kb, stride_ks, stride_vb,
                          stride_vs, ELEM_BITS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,

@@ -35,9 +35,9 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 # Dependents are released before the wait (GRAPHRT_PDL_RELEASE=before, the default), so the next
 # kernel may be scheduled, and prefetch its weights, while this one still waits for its producer:
 # H100, plain decode B = 1, same call, 918.8 / 918.4 -> 926.6 / 925.0 tok/s (BENCHMARKS.md, session 5).
-# Safe: a dependent uses nothing the chain writes before its own wait (the attention kernel's
-# early reads only address L2 prefetches: prefetch_l2), and each wait is for a completed producer,
-# which itself completed only after its own producer. `after` releases them once the wait returns
+# Safe: before its own wait a dependent reads only settled memory (see "Settled memory" above) and
+# otherwise only forms L2 prefetch addresses (prefetch_l2), and each wait is for a completed
+# producer, which itself completed only after its own producer. `after` releases them once the wait returns
 # (sessions 2-4). Read at import: a constexpr of every kernel.
 _RELEASE_FIRST = tl.constexpr(os.environ.get("GRAPHRT_PDL_RELEASE", "before") != "after")
 

@@ -3,10 +3,10 @@ in the harness graphrt's argmax is timed in (CUDA-graph replay, inputs rotated p
 
     python scripts/argmax_floor.py [--batch-sizes 8,64,256] [--out f.json]
 
-Rows, per B: graphrt's argmax (default launch, and a sweep of its knobs including tiles larger
-than the defaults), torch.amax over the vocab (one reduction kernel), and `_read_max`, a kernel
-that does the least any reader must (load every byte, keep a running max, store one fp32 per
-program, no index, no merge), swept over tile x programs per row x warps. The best `_read_max`
+Rows, per B: graphrt's argmax (default launch, and a sweep of its knobs: argmax_knobs.knob_grid),
+torch.amax over the vocab (one reduction kernel), and `_read_max`, a kernel that does the least
+any reader must (load every byte, keep a running max, store one fp32 per program, no index, no
+merge), swept over tile x programs per row x warps. The best `_read_max`
 time is the practical floor for a single launch reading those bytes here; the byte floor (bytes
 over the probe's bandwidth) ignores the launch, the ramp-up and the tail.
 """
@@ -22,6 +22,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from argmax_knobs import knob_grid, time_config  # scripts/ is sys.path[0] when run as a script
 from graphrt.kernels.argmax import argmax_triton
 from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.pdl import pdl_launch, wait_for_producer
@@ -73,14 +74,12 @@ def main():
         ours = time_in_graph(functools.partial(argmax_triton, out=outs), sets)
         amax = time_in_graph(lambda x: torch.amax(x, dim=-1), sets)
         best_arg = (ours, "default")
-        for block_v, per_row, warps in itertools.product((1024, 2048, 4096, 8192), (2, 4, 8, 16, 32), (4, 8, 16)):
-            if b * per_row > 8192 or block_v * per_row > 4 * v:
-                continue
-            fn = functools.partial(argmax_triton, out=outs, block_v=block_v, num_splits=per_row, num_warps=warps)
-            t = time_in_graph(fn, sets)
-            row(B=b, kind="argmax_knobs", block_v=block_v, per_row=per_row, warps=warps, us=t)
+        for cfg in knob_grid(v):
+            t = time_config(cfg, outs=outs, sets=sets)
+            block_v, per_row, warps, fused = cfg
+            row(B=b, kind="argmax_knobs", block_v=block_v, per_row=per_row, warps=warps, fused=fused, us=t)
             if t < best_arg[0]:
-                best_arg = (t, f"block_v {block_v}, {per_row} per row, {warps} warps")
+                best_arg = (t, f"block_v {block_v}, {per_row} per row, {warps} warps, fused {fused}")
         part = torch.empty(b * 256, dtype=torch.float32, device="cuda")
         best_read = (float("inf"), "")
         for block, per_row, warps in itertools.product((1024, 2048, 4096, 8192, 16384), (1, 2, 4, 8, 16, 32, 64),

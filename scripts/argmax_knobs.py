@@ -19,7 +19,14 @@ from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.timing import time_in_graph
 
 
-def _time_config(cfg, *, outs, sets) -> float:
+def knob_grid(vocab: int) -> list[tuple[int, int, int, bool]]:
+    """(block_v, chunks per row, num_warps, fused) configs worth timing at this vocab."""
+    return [c for c in itertools.product((1024, 2048, 4096, 8192), (8, 16, 32, 64, 128), (4, 8), (False, True))
+            if c[0] * c[1] <= 4 * vocab]
+
+
+def time_config(cfg, *, outs, sets) -> float:
+    """Graph-replay time (us) of argmax_triton with the launch knobs cfg."""
     block_v, per_row, warps, fused = cfg
     fn = functools.partial(argmax_triton, out=outs, block_v=block_v, num_splits=per_row, num_warps=warps,
                            fused=fused)
@@ -36,10 +43,8 @@ def main():
         sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(num_input_sets(b * v * 2))]
         outs = (torch.empty(b, dtype=torch.bfloat16, device="cuda"), torch.empty(b, dtype=torch.int64, device="cuda"))
 
-        timed = functools.partial(_time_config, outs=outs, sets=sets)
-        grid = [c for c in itertools.product((1024, 2048, 4096, 8192), (8, 16, 32, 64, 128), (4, 8), (False, True))
-                if c[0] * c[1] <= 4 * v]
-        swept = sorted((timed(c), c) for c in grid)
+        timed = functools.partial(time_config, outs=outs, sets=sets)
+        swept = sorted((timed(c), c) for c in knob_grid(v))
         default = _launch_config(b)
         print(f"B={b} default {default}; sweep best {[(round(t, 2), c) for t, c in swept[:4]]}")
         cands = [default] + [c for _, c in swept[:4] if c != default][:3]

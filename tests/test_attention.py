@@ -463,9 +463,9 @@ def test_gpu_graph_replay_follows_seq_lens():
 
 
 @pytest.mark.parametrize("query_len,num_splits,block_n,lens", [
-    (1, 1, 16, [61, 17, 1]),  # one split: several steps, the first one peeled
+    (1, 1, 16, [61, 17, 1]),  # one split: several steps each
     (1, 7, 16, [61, 17, 1]),  # empty splits, one-step splits
-    (4, 3, 16, [70, 33, 4, 5]),  # the new rows span a step boundary in some splits
+    (4, 3, 16, [70, 33, 4, 5]),  # query rows that span a step boundary in some splits
     (2, 64, 16, [20, 2]),  # more splits than steps
 ])
 def test_early_reads_match_plain_path(query_len, num_splits, block_n, lens):

@@ -118,13 +118,15 @@ def test_attention_starts_only_after_the_metadata_fence(kind):
     hidden state after it. Any other torch kernel there (the cycle computes the metadata with torch
     gather, index and elementwise kernels) fails this."""
     import importlib
+    import pkgutil
 
+    import graphrt.kernels
     import triton
     from graphrt.capture.inspect import launch_chain
 
     ours = set()
-    for mod in ("activation", "argmax", "attention", "gemv", "norm", "qkv_rotary", "rejection", "rotary"):
-        m = importlib.import_module(f"graphrt.kernels.{mod}")
+    for mod in pkgutil.iter_modules(graphrt.kernels.__path__):
+        m = importlib.import_module(f"graphrt.kernels.{mod.name}")
         ours |= {f.__name__ for f in vars(m).values() if isinstance(f, triton.runtime.JITFunction)}
     rt = _runtime(kind, K=3, dtype=torch.bfloat16)
     rt.capture()
