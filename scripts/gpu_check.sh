@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor aknobs timeline early earlyab (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor aknobs timeline early earlyab avar (default: tests kernels capture decode peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -141,6 +141,10 @@ for step in $steps; do
               for v in 1 0; do GRAPHRT_ATTN_EARLY=$v python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
                 --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_early$v.json" 2>&1 \
                 | grep -v '^graphrt' | sed "s/^/EARLY=$v /" | log; done ;;
+    avar)     # session 9: paged_attention_triton keyword variants, alternated in one process (attention_share --variants)
+              python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} --presets ${ASHARE_PRESETS:-llama-8b-shape} \
+                --variants "${ASHARE_VARIANTS:-default;nomerge:merge=0;w2:num_warps=2;w8:num_warps=8;s32:num_splits=32;n32:block_n=32}" \
+                --out "$OUT/ashare_var.json" 2>&1 | grep -v '^graphrt' | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -482,3 +482,33 @@ def test_early_reads_match_plain_path(query_len, num_splits, block_n, lens):
     assert torch.equal(plain, early), f"seed={seed}"
     ref = paged_attention_reference(q, kc, vc, bt, sl, query_len=query_len, scale=0.3)
     assert_close(early, ref, torch.float32, seed, "early")
+
+
+def test_attention_share_variants_parse_and_restore(monkeypatch):
+    """scripts/attention_share.py --variants: kernel keywords, environment switches and the merge
+    probe are applied for one capture and undone after it (the next variant starts clean)."""
+    import importlib.util
+    from pathlib import Path
+
+    import graphrt.kernels.attention as attention
+
+    import graphrt.models.layers as layers
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "attention_share.py"
+    spec = importlib.util.spec_from_file_location("attention_share", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.parse_variants(" default; w8:num_warps=8 ;nm:merge=0,num_splits=32;off:env.GRAPHRT_ATTN_EARLY=0;")
+    assert got == [("default", {}), ("w8", {"num_warps": 8}), ("nm", {"merge": 0, "num_splits": 32}),
+                   ("off", {"env.GRAPHRT_ATTN_EARLY": "0"})]
+    with pytest.raises(ValueError):
+        mod.parse_variants("bad:num_warps=eight")
+    monkeypatch.setattr(layers, "paged_attention", layers.paged_attention)
+    monkeypatch.delenv("GRAPHRT_ATTN_EARLY", raising=False)
+    merge = attention._paged_attn_merge_kernel
+    with mod._variant({"merge": 0, "num_splits": 32, "env.GRAPHRT_ATTN_EARLY": "0"}):
+        assert layers.paged_attention.keywords == {"num_splits": 32}
+        assert os.environ["GRAPHRT_ATTN_EARLY"] == "0"
+        assert attention._paged_attn_merge_kernel is not merge
+        assert attention._paged_attn_merge_kernel[(1,)](1, 2, x=3) is None  # launches nothing
+    assert "GRAPHRT_ATTN_EARLY" not in os.environ and attention._paged_attn_merge_kernel is merge
