@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import time
+from unittest import mock
 
 import graphrt.kernels.attention as attention
 import torch
@@ -63,34 +64,23 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
 
 
 @contextlib.contextmanager
-def _env(values: dict):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def _variant(kw: dict):
-    """layers.paged_attention bound to paged_attention_triton with kw, for the next capture."""
+    """For the captures inside: layers.paged_attention bound to paged_attention_triton with kw's
+    keywords (the dispatcher itself when there are none), kw's env.NAME variables set, the merge
+    launch skipped on merge=0. All undone on exit."""
     kw = dict(kw)
     env = {k[4:]: kw.pop(k) for k in list(kw) if k.startswith("env.")}
     skip_merge = kw.pop("merge", 1) == 0
-    real_merge = attention._paged_attn_merge_kernel
-    layers.paged_attention = functools.partial(attention.paged_attention_triton, **kw)
+    real_attn, real_merge = layers.paged_attention, attention._paged_attn_merge_kernel
+    if kw:
+        layers.paged_attention = functools.partial(attention.paged_attention_triton, **kw)
     if skip_merge:
         attention._paged_attn_merge_kernel = _NoLaunch()
     try:
-        with _env(env):
+        with mock.patch.dict(os.environ, env):
             yield
     finally:
-        attention._paged_attn_merge_kernel = real_merge
+        layers.paged_attention, attention._paged_attn_merge_kernel = real_attn, real_merge
 
 
 def measure(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, bw_gbs: float,
@@ -100,7 +90,7 @@ def measure(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: i
                                  buckets=(batch,))
     cfg = rt.target_ckpt.config
     real = layers.paged_attention
-    variants = variants or [("default", None)]
+    variants = variants or [("default", {})]
     normal = {name: [] for name, _ in variants}
     ablated = []
 
@@ -113,11 +103,11 @@ def measure(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: i
     try:
         for _ in range(rounds):
             for name, kw in variants:
-                layers.paged_attention = real
-                with _variant(kw) if kw is not None else contextlib.nullcontext():
+                with _variant(kw):
                     normal[name].append(step_us())
             layers.paged_attention = _skip_attention
             ablated.append(step_us())
+            layers.paged_attention = real
     finally:
         layers.paged_attention = real
     # Each decode step reads the K and V of every live position: prompt + tokens so far (+1 new).

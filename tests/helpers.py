@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -37,3 +38,12 @@ def draft_dir(kind: str, target_preset: str = "tiny", seed: int = 1) -> Path:
 
 def load(path):
     return load_checkpoint(path, dtype=torch.float32, device="cpu")
+
+
+def load_script(name: str):
+    """scripts/<name>.py imported as a module (scripts/ is no package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -487,17 +487,12 @@ def test_early_reads_match_plain_path(query_len, num_splits, block_n, lens):
 def test_attention_share_variants_parse_and_restore(monkeypatch):
     """scripts/attention_share.py --variants: kernel keywords, environment switches and the merge
     probe are applied for one capture and undone after it (the next variant starts clean)."""
-    import importlib.util
-    from pathlib import Path
-
     import graphrt.kernels.attention as attention
 
     import graphrt.models.layers as layers
+    from tests.helpers import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "attention_share.py"
-    spec = importlib.util.spec_from_file_location("attention_share", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("attention_share")
     got = mod.parse_variants(" default; w8:num_warps=8 ;nm:merge=0,num_splits=32;off:env.GRAPHRT_ATTN_EARLY=0;")
     assert got == [("default", {}), ("w8", {"num_warps": 8}), ("nm", {"merge": 0, "num_splits": 32}),
                    ("off", {"env.GRAPHRT_ATTN_EARLY": "0"})]

@@ -790,16 +790,13 @@ def test_gpu_nsys_agrees_with_in_process(tmp_path):
 def test_step_timeline_shares_sum_to_each_replay():
     """scripts/step_timeline.py on the real export: each kernel is charged end - previous end within
     its replay, so the shares of a phase add up to its replays' spans (first start to last end)."""
-    import importlib.util
-
     from graphrt.profiling.nsys_sqlite import _Db, read_kernels, read_launches, read_ranges
+
+    from tests.helpers import load_script
 
     if not FIXTURE.exists():
         pytest.skip(f"{FIXTURE} not made yet: run scripts/make_nsys_fixture.py on the GPU machine")
-    path = Path(__file__).resolve().parents[1] / "scripts" / "step_timeline.py"
-    spec = importlib.util.spec_from_file_location("step_timeline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("step_timeline")
     db = _Db(FIXTURE)
     strings = db.strings()
     launches = [x for x in read_launches(db, strings) if "GraphLaunch" in x.name]
