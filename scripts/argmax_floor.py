@@ -24,9 +24,8 @@ import time
 import torch
 import triton
 import triton.language as tl
-from argmax_knobs import knob_grid, time_config  # scripts/ is sys.path[0] when run as a script
+from argmax_knobs import argmax_inputs, knob_grid, time_config  # scripts/ is sys.path[0] when run as a script
 from graphrt.kernels.argmax import argmax_triton
-from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.pdl import pdl_launch, wait_for_producer
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 
@@ -70,11 +69,10 @@ def main():
         return kw
 
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(num_input_sets(b * v * 2))]
+        sets, outs = argmax_inputs(b, v)
         floor = b * v * 2 / (bw * 1e3)
-        outs = (torch.empty(b, dtype=torch.bfloat16, device="cuda"), torch.empty(b, dtype=torch.int64, device="cuda"))
-        ours = time_in_graph(functools.partial(argmax_triton, out=outs), sets)
-        hot = time_in_graph(functools.partial(argmax_triton, out=outs), sets[:1])
+        default = functools.partial(argmax_triton, out=outs)
+        ours, hot = time_in_graph(default, sets), time_in_graph(default, sets[:1])
         amax = time_in_graph(lambda x: torch.amax(x, dim=-1), sets)
         best_arg = (ours, "default")
         for cfg in knob_grid(v):

@@ -25,6 +25,15 @@ def knob_grid(vocab: int) -> list[tuple[int, int, int, bool]]:
             if c[0] * c[1] <= 4 * vocab]
 
 
+def argmax_inputs(batch: int, vocab: int) -> tuple[list[tuple[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+    """(bf16 logits input sets rotated past L2, preallocated (values, indices) outputs) for timing."""
+    sets = [(torch.randn(batch, vocab, device="cuda", dtype=torch.bfloat16),)
+            for _ in range(num_input_sets(batch * vocab * 2))]
+    outs = (torch.empty(batch, dtype=torch.bfloat16, device="cuda"),
+            torch.empty(batch, dtype=torch.int64, device="cuda"))
+    return sets, outs
+
+
 def time_config(cfg, *, outs, sets) -> float:
     """Graph-replay time (us) of argmax_triton with the launch knobs cfg."""
     block_v, per_row, warps, fused = cfg
@@ -40,9 +49,7 @@ def main():
     args = ap.parse_args()
     v = args.vocab
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        sets = [(torch.randn(b, v, device="cuda", dtype=torch.bfloat16),) for _ in range(num_input_sets(b * v * 2))]
-        outs = (torch.empty(b, dtype=torch.bfloat16, device="cuda"), torch.empty(b, dtype=torch.int64, device="cuda"))
-
+        sets, outs = argmax_inputs(b, v)
         timed = functools.partial(time_config, outs=outs, sets=sets)
         swept = sorted((timed(c), c) for c in knob_grid(v))
         default = _launch_config(b)
