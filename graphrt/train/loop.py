@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from graphrt.train.data import Sequence, batches, pad
 from graphrt.train.teacher import features
@@ -54,26 +55,23 @@ def prepare(teacher, seqs: list[Sequence], aux_ids, draft_ids: torch.Tensor, lm_
     return out
 
 
-def _shift(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
-    """Row i of the result is row i + by of x along dim 1 (filled past the end)."""
-    pad_shape = list(x.shape)
-    pad_shape[1] = by
-    return torch.cat([x[:, by:], x.new_full(pad_shape, fill)], dim=1)
-
-
 def batch_loss(head, b: Batch, steps: int, draft_lm_head: torch.Tensor, decay: float = 0.8):
     """Weighted TTT loss and per-step top-1 agreement with the target on the usable rows."""
     target_logits = (b.final @ draft_lm_head.to(b.final.dtype).T).float()  # [B, T, Vd]
+    target_p = torch.softmax(target_logits, dim=-1)
+    target_top = target_logits.argmax(-1)
+    del target_logits
+    T, Vd = b.ids.shape[1], draft_lm_head.shape[0]
     total, accs = 0.0, []
     for k, logits in head.unroll(b.aux, b.ids, steps):
-        tl = _shift(target_logits, k + 1)
-        m = _shift(b.usable, k + 1, fill=False)
+        rows = T - k - 1  # row i learns position i + k + 1: slices, not shifted copies
+        m = b.usable[:, k + 1:]
         n = m.sum().clamp(min=1)
-        logp = torch.log_softmax(logits, dim=-1)
-        ce = -(torch.softmax(tl, dim=-1) * logp).sum(-1)
+        ce = F.cross_entropy(logits[:, :rows].reshape(-1, Vd), target_p[:, k + 1:].reshape(-1, Vd),
+                             reduction="none").view_as(m)
         total = total + decay**k * (ce * m).sum() / n
         with torch.no_grad():
-            accs.append(((logits.argmax(-1) == tl.argmax(-1)) & m).sum().item() / n.item())
+            accs.append(((logits[:, :rows].argmax(-1) == target_top[:, k + 1:]) & m).sum().item() / n.item())
     return total, accs
 
 
@@ -113,7 +111,8 @@ def train(head, data: list[Batch], draft_lm_head: torch.Tensor, *, steps: int, e
             if log.steps % log_every == 0:
                 log.loss.append(run_loss / n_run)
                 log.step_acc.append([a / n_run for a in run_acc])
-                say(f"step {log.steps}/{total_steps} epoch {epoch + 1}/{planned} loss {run_loss / n_run:.4f} "
+                of = f"/{total_steps}" if total_steps < 10**12 else ""
+                say(f"step {log.steps}{of} epoch {epoch + 1}/{planned} loss {run_loss / n_run:.4f} "
                     f"acc {' '.join(f'{a / n_run:.3f}' for a in run_acc)} "
                     f"({time.perf_counter() - t0:.0f} s)")
                 run_loss, run_acc, n_run = 0.0, [0.0] * steps, 0
