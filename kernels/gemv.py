@@ -15,6 +15,10 @@ Two code paths in one kernel, both deterministic:
     M = 1 that measured faster on every projection swept.
   - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
     Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
+  - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M): each program is the M = 1 program of one row of x,
+    rows of one weight tile adjacent in the grid, so the M programs reading a tile run together and
+    all but the first find it in L2. One launch serves a verify step (M = K + 1 at batch 1) with the
+    M = 1 path's bandwidth, its epilogue and prologue fusions and, row for row, its bits.
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the
@@ -41,8 +45,8 @@ from graphrt.kernels.counters import COUNTER_SLOTS, counters
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "m1_fma_config",
-           "MAX_M"]
+__all__ = ["linear", "linear_silu_mul", "linear_reference", "gemv_triton", "select_config", "row_fma_config",
+           "MAX_M", "ROWS_MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -56,6 +60,9 @@ MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
+# Rows served by the per-row FMA path (one M = 1 program per row and tile). Beyond it, each weight
+# tile would be read from L2 by too many programs.
+ROWS_MAX_M = int(os.environ.get("GRAPHRT_GEMV_ROWS", "4"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,9 +207,9 @@ def _gemv_kernel(
     y_ptr,  # [M, N] x's dtype, last dim contiguous (row stride stride_ym)
     ws_ptr,  # [SPLIT_K, M, N] fp32 partials (SPLIT only)
     ctr_ptr,  # [>= cdiv(N, BLOCK_N)] int32 zeros (FUSED only): splits of each tile done
-    res_ptr,  # [1, K] residual added to x before the norm (NORM_RES only)
+    res_ptr,  # [M, K] contiguous residual added to x before the norm (NORM_RES only)
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
-    sum_ptr,  # [1, K] out: x + residual (NORM_RES only)
+    sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
     M, N, K,
     stride_xm, stride_ym,
@@ -219,13 +226,22 @@ def _gemv_kernel(
     RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
     USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
-    GATED: tl.constexpr = False,  # FMA, M = 1, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
-    NORM: tl.constexpr = False,  # FMA, M = 1, unsplit: x is the input of an RMSNorm (g_ptr, eps)
+    GATED: tl.constexpr = False,  # FMA, one row per program, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
+    NORM: tl.constexpr = False,  # FMA, one row per program, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
+    PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
+    if PER_ROW:
+        # Rows of one tile are adjacent programs, so they run together and share its L2 lines.
+        row = pid_n % M
+        pid_n = pid_n // M
+        x_ptr += row * stride_xm
+        y_ptr += row * stride_ym
+        res_ptr += row * K
+        sum_ptr += row * K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Rows past N re-read row N - 1 instead of masking every load; they are never stored.
     rows = tl.minimum(offs_n, N - 1)
@@ -454,11 +470,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
       conversions, so it is bound by L1 and ALU, not DRAM.)
     """
-    if m == 1:
-        cfg = dict(_FMA_DEFAULT)
-        cfg.update(_M1_OVERRIDES.get((n, k), {}))
-        cfg.update(_current_device_overrides().get((n, k), {}))
-        cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
+    if m == 1 or m <= min(ROWS_MAX_M, MAX_M):
+        cfg = _m1_config(n, k)
+        if m > 1:
+            cfg["per_row"] = True
         return cfg
     if m > MAX_M:
         return None
@@ -467,6 +482,14 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     if m == 2:
         return dict(_FMA_DEFAULT, reduce_each=False, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
     return dict(_DOT_DEFAULT)
+
+
+def _m1_config(n: int, k: int) -> dict:
+    cfg = dict(_FMA_DEFAULT)
+    cfg.update(_M1_OVERRIDES.get((n, k), {}))
+    cfg.update(_current_device_overrides().get((n, k), {}))
+    cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
+    return cfg
 
 
 def _path_default(use_dot: bool) -> dict:
@@ -496,6 +519,7 @@ def gemv_triton(
     pdl: bool | None = None,
     gated: bool = False,
     norm: PendingNorm | None = None,
+    per_row: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -509,31 +533,39 @@ def gemv_triton(
     the split-K sum in the same launch; fused=False forces the second kernel. pdl: launch as a
     programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
     weight tile before waiting for the producer of x.
+    per_row: the FMA path with one M = 1 program per row (2 <= M <= ROWS_MAX_M, unsplit); each row
+    of y is then bit for bit what gemv_triton(x[i:i+1], w) gives. Default: the configuration's,
+    unless use_dot or split_k is given.
     gated: w is a fused [2I, K] gate_up matrix and the result is silu(x.gate^T) * (x.up^T), [M, I],
-    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (FMA path, M = 1, no
-    split, no bias, no out): the gate_up output never goes to memory and the activation needs no
-    launch of its own.
+    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (FMA path, one row per
+    program: M = 1 or per_row; no split, no bias, no out): the gate_up output never goes to memory
+    and the activation needs no launch of its own.
     norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
-    (FMA path, M = 1, no split, no out); norm.stream holds x + residual afterwards.
+    (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
     n = w.shape[0]
-    if gated and (m != 1 or bias is not None or out is not None or n % 2):
-        raise ValueError("gated=True takes M = 1, an even N (gate rows then up rows), no bias, no out; "
-                         f"got x {tuple(x.shape)}, w {tuple(w.shape)}")
-    if norm is not None and (norm.x is not x or m != 1 or out is not None or not norm.fusable()):
-        raise ValueError("norm= takes the PendingNorm of x itself: one contiguous row, norm weight in x's dtype, "
-                         f"no out; got x {tuple(x.shape)}")
-    if use_dot is False and m > _FMA_MAX_M:
-        raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
     cfg = select_config(m, n, k) if m <= MAX_M else None
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
     if use_dot is not None and use_dot != cfg["use_dot"]:
         cfg = _path_default(use_dot)
-    use_dot = cfg["use_dot"]
+    if per_row is None:  # explicit path knobs (the sweep, the tests) ask for the classic paths
+        per_row = cfg.get("per_row", False) and use_dot is None and split_k is None
+    if per_row and (m < 2 or m > ROWS_MAX_M or use_dot):
+        raise ValueError(f"per_row=True takes 2 <= M <= {ROWS_MAX_M} on the FMA path, got M = {m}")
+    one_row = m == 1 or per_row  # every program computes one row of y
+    if gated and (not one_row or bias is not None or out is not None or n % 2):
+        raise ValueError("gated=True takes M = 1 (or per_row), an even N (gate rows then up rows), no bias, no out; "
+                         f"got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if norm is not None and (norm.x is not x or not one_row or out is not None or not norm.fusable()):
+        raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, one per program, norm weight in "
+                         f"x's dtype, no out; got x {tuple(x.shape)}")
+    if use_dot is False and m > _FMA_MAX_M and not per_row:
+        raise ValueError(f"the FMA path (use_dot=False) takes M <= {_FMA_MAX_M}, got {m}")
+    use_dot = cfg["use_dot"] if not per_row else False
     reduce_each = cfg["reduce_each"] if reduce_each is None else reduce_each
     block_n = cfg["block_n"] if block_n is None else block_n
     block_k = cfg["block_k"] if block_k is None else block_k
@@ -546,12 +578,14 @@ def gemv_triton(
         raise ValueError(f"the DOT path needs block_n, block_k >= 16, got {block_n}, {block_k}")
     tiles = triton.cdiv(n, block_n)
     steps = triton.cdiv(k, block_k)
+    if per_row:
+        split_k = 1
     if split_k is None:
         split_k = cfg.get("split_k") or _split_for(tiles, steps, cfg.get("programs_per_sm", 0), _num_sms(x.device))
     split_k = max(1, min(split_k, steps))
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split
-    block_m = max(16, triton.next_power_of_2(m)) if use_dot else m
+    block_m = max(16, triton.next_power_of_2(m)) if use_dot else 1 if per_row else m
     if gated:
         if use_dot or split_k > 1:
             raise ValueError("gated=True needs the unsplit FMA path")
@@ -574,14 +608,14 @@ def gemv_triton(
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
-    _gemv_kernel[(tiles, split_k)](
+    _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None,
         SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
-        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k),
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k), PER_ROW=per_row,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
@@ -604,11 +638,12 @@ def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> b
     )
 
 
-def m1_fma_config(n: int, k: int) -> dict | None:
-    """select_config(1, n, k) when it is the unsplit FMA path, else None: the configurations an
-    M = 1 epilogue fusion can reuse so that its sums are the unfused GEMV's."""
-    cfg = select_config(1, n, k)
-    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0):
+def row_fma_config(m: int, n: int, k: int) -> dict | None:
+    """select_config(m, n, k) when it runs one row per program on the unsplit FMA path (M = 1, or
+    per row), else None: the configurations an epilogue or prologue fusion can reuse so that its
+    sums are the unfused GEMV's."""
+    cfg = select_config(m, n, k)
+    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0) or (m > 1 and not cfg.get("per_row")):
         return None
     return cfg
 
@@ -636,13 +671,13 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     """x [M, K] (or a PendingNorm of one), w_gate_up [2I, K] (gate rows, then up rows) ->
     silu(x.gate^T) * (x.up^T), [M, I].
 
-    Where the dispatcher puts the product on the unsplit M = 1 FMA path, one launch with the
+    Where the dispatcher runs the product one row per program on the unsplit FMA path, one launch with the
     activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
     its prologue; elsewhere [the norm,] linear, then silu_and_mul, which give the same bits.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
-    if (epilogues_enabled("mlp") and xt.shape[0] == 1 and w_gate_up.shape[0] % 2 == 0
-            and _triton_ok(xt, w_gate_up, None) and m1_fma_config(*w_gate_up.shape) is not None):
+    if (epilogues_enabled("mlp") and w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None)
+            and row_fma_config(xt.shape[0], *w_gate_up.shape) is not None):
         if norm_fusable(x):
             return gemv_triton(xt, w_gate_up, gated=True, norm=x)
         return gemv_triton(materialized(x), w_gate_up, gated=True)

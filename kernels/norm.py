@@ -242,10 +242,10 @@ def add_rms_norm(
 class PendingNorm:
     """rms_norm(x [+ residual], weight) handed to the projection that reads it, not yet computed.
 
-    At batch 1 a norm launch is a fixed cost of every layer, and a one-row GEMV on the FMA path
-    already streams all of x: it applies the norm in its prologue instead (norm_stats and
-    normed_tile above: the norm kernel's load, sum and rounding chain, so the GEMV sees the bits
-    the norm kernel would have stored). Any other consumer calls materialize(). Either way
+    At batch 1 a norm launch is a fixed cost of every layer, and a GEMV that runs one row per
+    program on the FMA path already streams all of its row: it applies the norm in its prologue
+    instead (norm_stats and normed_tile above: the norm kernel's load, sum and rounding chain, so
+    the GEMV sees the bits the norm kernel would have stored). Any other consumer calls materialize(). Either way
     `stream` is afterwards x + residual (x itself without a residual): what the next norm adds to.
     """
 
@@ -261,11 +261,11 @@ class PendingNorm:
         return h
 
     def fusable(self) -> bool:
-        """One contiguous row whose norm output keeps x's dtype (the GEMV's input dtype). Whether
-        the GEMV itself runs on Triton is its dispatcher's call."""
+        """Contiguous rows whose norm output keeps x's dtype (the GEMV's input dtype). Whether the
+        GEMV itself runs on Triton, one row per program, is its dispatcher's call."""
         x, r, w = self.x, self.residual, self.weight
         return (
-            x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous()
+            x.dim() == 2 and x.is_contiguous()
             and w.dtype == x.dtype and w.shape == (x.shape[1],) and w.is_contiguous() and w.device == x.device
             and (r is None or (r.shape == x.shape and r.dtype == x.dtype and r.is_contiguous()))
         )

@@ -1,18 +1,20 @@
-"""The attention prologue of a one-token decode step in one launch: the fused qkv GEMV with rotary
-embedding of q and k and the store of k and v into the paged cache in its epilogue.
+"""The attention prologue of a decode or verify step of batch 1 in one launch: the fused qkv GEMV
+with rotary embedding of q and k and the store of k and v into the paged cache in its epilogue.
 
     qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
 
-bit for bit on the GPU under the dispatcher's M = 1 GEMV configuration: the same weight tiles summed
-in the same order (kernels/gemv.py's FMA path), the qkv outputs rounded to the model dtype before
+bit for bit on the GPU under the dispatcher's one-row-per-program GEMV configuration (M = 1, or per
+row up to gemv.ROWS_MAX_M tokens): the same weight tiles summed in the same order (kernels/gemv.py's
+FMA path), the qkv outputs rounded to the model dtype before
 the rotation as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. At batch 1 the
 separate rotary launch (and the qkv round trip through memory) is a fixed cost of every layer;
 with it gone the layer is the GEMV's weight read plus one epilogue.
 
-Each program owns BLOCK_N rotary pairs: pair i is head i // (D/2), dims (i % (D/2), + D/2), so the
-two halves a rotation mixes are summed by the same program; v heads are paired the same way and
-stored as they come. No per-head q/k norm (Qwen3): the norm needs a whole head, which no program
-holds; those models keep the two-launch path (qkv_rotary_store decides).
+Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
+pair i is head i // (D/2), dims (i % (D/2), + D/2), so the two halves a rotation mixes are summed by
+the same program; v heads are paired the same way and stored as they come. No per-head q/k norm
+(Qwen3): the norm needs a whole head, which no program holds; those models keep the two-launch path
+(qkv_rotary_store decides).
 
 `qkv_rotary_store_reference` (linear + rotary_store_kv, also the fallback) sits beside the kernel.
 """
@@ -29,9 +31,9 @@ from graphrt.kernels.gemv import (
     _fma_zeros,
     epilogues_enabled,
     linear,
-    m1_fma_config,
     materialized,
     norm_fusable,
+    row_fma_config,
 )
 from graphrt.kernels.norm import PendingNorm, norm_stats
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -58,20 +60,21 @@ def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_c
 
 @triton.jit
 def _qkv_rotary_kernel(
-    x_ptr,  # [1, K] model dtype, contiguous
+    x_ptr,  # [M, K] model dtype, contiguous
     w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
     bias_ptr,  # [(Hq + 2 Hkv) * D] (HAS_BIAS only)
-    pos_ptr,  # [1] int64
+    pos_ptr,  # [M] int64
     cos_ptr,  # [max_positions, D] fp32, contiguous
     sin_ptr,  # [max_positions, D] fp32, contiguous
-    q_out_ptr,  # [1, Hq, D] contiguous
+    q_out_ptr,  # [M, Hq, D] contiguous
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
-    slot_ptr,  # [1] int64, negative = skip the store
-    res_ptr,  # [1, K] residual added to x before the norm (NORM_RES only)
+    slot_ptr,  # [M] int64, negative = skip the store
+    res_ptr,  # [M, K] residual added to x before the norm (NORM_RES only)
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
-    sum_ptr,  # [1, K] out: x + residual (NORM_RES only)
+    sum_ptr,  # [M, K] out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
+    M,  # tokens: program (tile, token) = divmod(pid, M)
     K,
     max_positions,
     num_slots,
@@ -96,7 +99,16 @@ def _qkv_rotary_kernel(
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
-    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # The tokens of one weight tile are adjacent programs: they run together and share its L2 lines.
+    token = tl.program_id(0) % M
+    tile = tl.program_id(0) // M
+    x_ptr += token * K
+    res_ptr += token * K
+    sum_ptr += token * K
+    pos_ptr += token
+    slot_ptr += token
+    q_out_ptr += token * (NUM_Q_HEADS * HEAD_DIM)
+    pair = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = pair < NUM_PAIRS
     pair = tl.minimum(pair, NUM_PAIRS - 1)  # past the end: re-read the last pair, never stored
     head = pair // HALF
@@ -127,7 +139,7 @@ def _qkv_rotary_kernel(
             g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0)
         wait_for_producer()
     if NORM:
-        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tl.program_id(0) == 0, NORM_RES, BLOCK_H)
+        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H)
     if USE_PDL:
         if NORM:
             a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, 0, offs_k, kmask, rstd, REDUCE_EACH,
@@ -187,23 +199,26 @@ def _qkv_rotary_kernel(
 
 
 def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
-    """Whether the one-launch path applies: CUDA, one token, no q/k norm, bf16/fp16 throughout,
-    contiguous operands, an M = 1 FMA configuration, the switch on (kernels/gemv.epilogues_enabled)."""
+    """Whether the one-launch path applies: CUDA, no q/k norm, bf16/fp16 throughout, contiguous
+    operands, a one-row-per-program FMA configuration for this many tokens, the switch on
+    (kernels/gemv.epilogues_enabled)."""
     return (
-        epilogues_enabled("qkv") and x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and not has_qk_norm
+        epilogues_enabled("qkv") and x.is_cuda and x.dim() == 2 and not has_qk_norm
         and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
         and (bias is None or bias.dtype == x.dtype)
-        and x.stride(1) == 1 and w_qkv.is_contiguous() and m1_fma_config(*w_qkv.shape) is not None
+        and x.stride(1) == 1 and w_qkv.is_contiguous() and row_fma_config(x.shape[0], *w_qkv.shape) is not None
     )
 
 
 def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
-    """Same contract as qkv_rotary_store_reference, for N = 1 token. One launch; no host sync.
+    """Same contract as qkv_rotary_store_reference, for N tokens where the GEMV runs one row per
+    program (gemv.row_fma_config: N = 1, or 2 <= N <= gemv.ROWS_MAX_M). One launch; no host sync.
     norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/norm.norm_stats);
     the result is then the reference's on norm.materialize(), bit for bit, and norm.stream is set."""
-    if x.dim() != 2 or x.shape[0] != 1:
-        raise ValueError(f"x must be [1, H] (one token), got {tuple(x.shape)}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be [N, H], got {tuple(x.shape)}")
+    m = x.shape[0]
     d = k_cache.shape[-1]
     n_out = (num_q_heads + 2 * num_kv_heads) * d
     if w_qkv.dim() != 2 or w_qkv.shape != (n_out, x.shape[1]) or w_qkv.dtype != x.dtype:
@@ -211,11 +226,12 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     if bias is not None and (bias.shape != (n_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
     if norm is not None and (norm.x is not x or not norm.fusable()):
-        raise ValueError("norm= takes the PendingNorm of x itself: one contiguous row, norm weight in x's dtype")
-    cfg = m1_fma_config(n_out, x.shape[1])
+        raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, norm weight in x's dtype")
+    cfg = row_fma_config(m, n_out, x.shape[1])
     if cfg is None or not x.is_contiguous() or not w_qkv.is_contiguous():
-        raise ValueError("qkv_rotary_store_triton needs contiguous x and w_qkv on the M = 1 FMA GEMV path")
-    q_out = torch.empty((1, num_q_heads, d), dtype=x.dtype, device=x.device)
+        raise ValueError(f"qkv_rotary_store_triton needs contiguous x and w_qkv and a one-row-per-program FMA "
+                         f"GEMV configuration for {m} tokens")
+    q_out = torch.empty((m, num_q_heads, d), dtype=x.dtype, device=x.device)
     # The rotary kernel's checks; q_out's first Hkv heads stand in for k and v (same dtype, layout).
     kv = q_out[:, :num_kv_heads]
     _check_args(q_out, kv, kv, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
@@ -223,9 +239,9 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     block_n = cfg["block_n"]
     pdl = pdl_enabled(x.device)
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
-    _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n),)](
+    _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
         x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
-        res, g, stream, eps, x.shape[1], cos.shape[0], num_blocks * page,
+        res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,

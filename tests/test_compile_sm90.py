@@ -53,6 +53,11 @@ CASES = {
     "qkv-rotary-m1-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),
+    # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
+    "gemv-fma-rows-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True, NORM=True, NORM_RES=True,
+        BLOCK_H=2048, PER_ROW=True), dict(num_warps=4, num_stages=1)),
     "gemv-fma-m2-split": ("gemv", "_gemv_kernel", _GEMV, dict(
         BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
         FUSED=True, RED_M=2, DOT_PRECISION="tf32", USE_PDL=False), dict(num_warps=4, num_stages=1)),

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
-from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul
+from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul, select_config
 
 
 def _seed() -> int:
@@ -132,6 +132,22 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("gated", [False, True])
+def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
+    """per_row: one M = 1 program per row of x, so each output row is the M = 1 launch's bits."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b = _case(m, 2 * 19 if gated else 37, 130, torch.float32, gen, bias=not gated, x_pad=3)
+    kw = dict(block_n=4, block_k=32, reduce_each=True, gated=gated)
+    got = gemv_triton(x, w, b, per_row=True, **kw)
+    rows = torch.cat([gemv_triton(x[i : i + 1], w, b, **kw) for i in range(m)])
+    assert torch.equal(got, rows), f"seed={seed} m={m} gated={gated}"
+    assert select_config(m, 4096, 4096)["per_row"] and not select_config(1, 4096, 4096).get("per_row")
+    with pytest.raises(ValueError, match="per_row=True takes"):
+        gemv_triton(torch.cat([x] * 3), w, b, per_row=True, **kw)
+
+
 def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
@@ -143,7 +159,7 @@ def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
 @pytest.mark.parametrize(
     "args,kwargs",
     [
-        ((torch.zeros(2, 4), torch.zeros(6, 4)), dict(gated=True)),  # M = 2
+        ((torch.zeros(2, 4), torch.zeros(6, 4)), dict(gated=True, per_row=False)),  # M = 2 in one program
         ((torch.zeros(1, 4), torch.zeros(5, 4)), dict(gated=True)),  # odd N
         ((torch.zeros(1, 4), torch.zeros(6, 4), torch.zeros(6)), dict(gated=True)),  # bias
         ((torch.zeros(1, 4), torch.zeros(6, 4)), dict(gated=True, use_dot=True)),
@@ -225,6 +241,9 @@ def test_gpu_paths_and_splits(cuda, path, fused):
     gen = torch.Generator().manual_seed(seed)
     for m in (1, 3, 4):
         x, w, b = _case(m, 2048 + 40, 2048 + 72, torch.bfloat16, gen, bias=True, device=cuda, x_pad=8)
+        if path != "dot" and m > 1:  # per row: each row the M = 1 launch's bits
+            rows = torch.cat([gemv_triton(x[i : i + 1], w, b) for i in range(m)])
+            assert torch.equal(gemv_triton(x, w, b, per_row=True), rows), f"seed={seed} m={m} per_row"
         for split in (1, 3, 8):
             y = gemv_triton(x, w, b, use_dot=path == "dot", reduce_each=path == "fma_reduce_each",
                             split_k=split, fused=fused)
@@ -315,13 +334,13 @@ def test_env_switch_sends_everything_to_cublas():
 
 
 def test_env_switch_all_sends_every_decode_product_to_triton():
-    """GRAPHRT_GEMV=all: shapes the dispatcher leaves to cuBLAS (N > K at M >= 2) get a Triton
-    configuration; prefill-sized M still goes to cuBLAS."""
+    """GRAPHRT_GEMV=all: shapes the dispatcher leaves to cuBLAS (N > K at M past the per-row path)
+    get a Triton configuration; prefill-sized M still goes to cuBLAS."""
     import subprocess
     import sys
 
     code = ("from graphrt.kernels import gemv; "
-            "print(gemv.select_config(4, 3072, 2048) is not None, gemv.select_config(2, 16384, 2048) is not None, "
+            "print(gemv.select_config(8, 3072, 2048) is not None, gemv.select_config(5, 16384, 2048) is not None, "
             "gemv.select_config(17, 3072, 2048) is None)")
     for value, want in (("all", "True True True"), ("1", "False False True")):
         env = dict(os.environ, GRAPHRT_GEMV=value)

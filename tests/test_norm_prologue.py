@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 from graphrt.kernels.activation import silu_and_mul
-from graphrt.kernels.gemv import epilogues_enabled, gemv_triton, linear_silu_mul, m1_fma_config, norm_fusable
+from graphrt.kernels.gemv import epilogues_enabled, gemv_triton, linear_silu_mul, norm_fusable, row_fma_config
 from graphrt.kernels.norm import PendingNorm, add_rms_norm_reference, add_rms_norm_triton, rms_norm_triton
 from graphrt.kernels.qkv_rotary import qkv_rotary_store, qkv_rotary_store_triton
 
@@ -27,9 +27,9 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _inputs(k, dtype, gen, device="cpu", *, residual: bool):
-    x = torch.randn(1, k, generator=gen).to(dtype).to(device)
-    res = (3 * torch.randn(1, k, generator=gen)).to(dtype).to(device) if residual else None
+def _inputs(k, dtype, gen, device="cpu", *, residual: bool, rows: int = 1):
+    x = torch.randn(rows, k, generator=gen).to(dtype).to(device)
+    res = (3 * torch.randn(rows, k, generator=gen)).to(dtype).to(device) if residual else None
     g = (1 + 0.5 * torch.randn(k, generator=gen)).to(dtype).to(device)
     return x, res, g
 
@@ -49,19 +49,20 @@ CASES = [(24, 64, 2, 64, True), (13, 100, 4, 32, False), (8, 257, 2, 64, True)]
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_norm_prologue_is_norm_then_gemv(case, gated, residual, dtype):
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemv_norm_prologue_is_norm_then_gemv(case, gated, residual, dtype, rows):
     n, k, bn, bk, red = case
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    x, res, g = _inputs(k, dtype, gen, residual=residual)
+    x, res, g = _inputs(k, dtype, gen, residual=residual, rows=rows)
     w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(dtype)
     snap = [t.clone() for t in (x, g, w) + ((res,) if residual else ())]
-    kw = dict(use_dot=False, block_n=bn, block_k=bk, reduce_each=red, gated=gated)
+    kw = dict(block_n=bn, block_k=bk, reduce_each=red, gated=gated, per_row=rows > 1)
     pending = PendingNorm(x, res, g, 1e-5)
     got = gemv_triton(x, w, norm=pending, **kw)
     h, stream = _norm_kernel(x, res, g, 1e-5)
     want = gemv_triton(h, w, **kw)
-    msg = f"seed={seed} case={case} gated={gated} residual={residual} {dtype}"
+    msg = f"seed={seed} case={case} gated={gated} residual={residual} {dtype} rows={rows}"
     assert got.shape == want.shape and got.dtype == dtype, msg
     assert torch.equal(got, want), msg
     assert torch.equal(pending.stream, stream), msg  # x + residual, rounded once
@@ -79,23 +80,24 @@ def test_gemv_norm_prologue_is_norm_then_gemv(case, gated, residual, dtype):
 
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_qkv_norm_prologue_is_norm_then_qkv(residual, dtype):
+@pytest.mark.parametrize("rows", [1, 2])
+def test_qkv_norm_prologue_is_norm_then_qkv(residual, dtype, rows):
     hidden, hq, hkv, d = 96, 4, 2, 16
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    x, res, g = _inputs(hidden, dtype, gen, residual=residual)
+    x, res, g = _inputs(hidden, dtype, gen, residual=residual, rows=rows)
     w = (torch.randn((hq + 2 * hkv) * d, hidden, generator=gen) / hidden**0.5).to(dtype)
     rot = Rotary(d, 10000.0, None, 64, "cpu")
     kc = torch.randn(3, 4, hkv, d, generator=gen).to(dtype)
     vc = torch.randn(3, 4, hkv, d, generator=gen).to(dtype)
     kc2, vc2 = kc.clone(), vc.clone()
-    pos, slots = torch.tensor([5]), torch.tensor([3])
+    pos, slots = torch.arange(5, 5 + rows), torch.arange(3, 3 + rows)
     kw = dict(num_q_heads=hq, num_kv_heads=hkv)
     pending = PendingNorm(x, res, g, 1e-6)
     q = qkv_rotary_store_triton(x, w, None, pos, rot.cos, rot.sin, kc, vc, slots, **kw, norm=pending)
     h, stream = _norm_kernel(x, res, g, 1e-6)
     q2 = qkv_rotary_store_triton(h, w, None, pos, rot.cos, rot.sin, kc2, vc2, slots, **kw)
-    msg = f"seed={seed} residual={residual} {dtype}"
+    msg = f"seed={seed} residual={residual} {dtype} rows={rows}"
     for got, want in ((q, q2), (kc, kc2), (vc, vc2)):
         assert torch.equal(got, want), msg
     assert torch.equal(pending.stream, stream), msg
@@ -109,8 +111,8 @@ def test_bad_norm_arguments_name_the_problem():
     with pytest.raises(ValueError, match="PendingNorm of x"):  # norm weight in another dtype
         gemv_triton(x, w, norm=PendingNorm(x, None, torch.ones(64, dtype=torch.float16), 1e-6))
     x2 = torch.randn(2, 64)
-    with pytest.raises(ValueError, match="PendingNorm of x"):  # two rows
-        gemv_triton(x2, w, norm=PendingNorm(x2, None, torch.ones(64), 1e-6))
+    with pytest.raises(ValueError, match="PendingNorm of x"):  # two rows in one program
+        gemv_triton(x2, w, per_row=False, use_dot=False, norm=PendingNorm(x2, None, torch.ones(64), 1e-6))
     with pytest.raises(ValueError, match="unsplit FMA"):
         gemv_triton(x, w, split_k=2, block_k=32, use_dot=False, norm=PendingNorm(x, None, torch.ones(64), 1e-6))
 
@@ -139,17 +141,19 @@ def test_switch_takes_a_list_of_kinds(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden,inter,hq,hkv,d", [(2048, 8192, 32, 8, 64), (4096, 14336, 32, 8, 128)])
 @pytest.mark.parametrize("residual", [False, True])
-def test_gpu_norm_prologue_is_bitwise(cuda, hidden, inter, hq, hkv, d, residual):
-    """The dispatcher's M = 1 configurations at the llama-1b and llama-8b shapes: the fused launch
-    equals norm kernel + the same GEMV bit for bit (same row layout, same sum of squares)."""
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gpu_norm_prologue_is_bitwise(cuda, hidden, inter, hq, hkv, d, residual, rows):
+    """The dispatcher's one-row-per-program configurations at the llama-1b and llama-8b shapes (one
+    token, and the four of a verify step): the fused launch equals norm kernel + the same GEMV bit
+    for bit (same row layout, same sum of squares)."""
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    x, res, g = _inputs(hidden, torch.bfloat16, gen, cuda, residual=residual)
-    msg = f"seed={seed} hidden={hidden} residual={residual}"
+    x, res, g = _inputs(hidden, torch.bfloat16, gen, cuda, residual=residual, rows=rows)
+    msg = f"seed={seed} hidden={hidden} residual={residual} rows={rows}"
     h, stream = _norm_kernel(x, res, g, 1e-5)
     # gate_up + SiLU·mul, through the dispatcher
     w = (torch.randn(2 * inter, hidden, generator=gen) / hidden**0.5).to(torch.bfloat16).to(cuda)
-    assert m1_fma_config(*w.shape) is not None
+    assert row_fma_config(rows, *w.shape) is not None
     pending = PendingNorm(x, res, g, 1e-5)
     assert norm_fusable(pending), msg
     got = linear_silu_mul(pending, w)
@@ -160,7 +164,7 @@ def test_gpu_norm_prologue_is_bitwise(cuda, hidden, inter, hq, hkv, d, residual)
     rot = Rotary(d, 500000.0, None, 128, cuda)
     kc = torch.zeros(4, 16, hkv, d, dtype=torch.bfloat16, device=cuda)
     vc, kc2, vc2 = kc.clone(), kc.clone(), kc.clone()
-    pos, slots = torch.tensor([37], device=cuda), torch.tensor([9], device=cuda)
+    pos, slots = torch.arange(37, 37 + rows, device=cuda), torch.arange(9, 9 + rows, device=cuda)
     kw = dict(num_q_heads=hq, num_kv_heads=hkv)
     pending = PendingNorm(x, res, g, 1e-5)
     q = qkv_rotary_store(pending, wq, None, pos, rot.cos, rot.sin, kc, vc, slots, **kw)

@@ -1,5 +1,5 @@
-"""kernels/qkv_rotary.py: the one-token qkv GEMV with rotary + KV store in its epilogue, against the
-two-launch path it replaces (gemv.linear then rotary_store_kv).
+"""kernels/qkv_rotary.py: the qkv GEMV (one token, or a few tokens one per program) with rotary + KV
+store in its epilogue, against the two-launch path it replaces (gemv.linear then rotary_store_kv).
 
 On CPU the kernel runs under the interpreter in fp32 and fp16 (its in-register cast to bf16
 truncates, so bf16 is checked on the GPU only); the `gpu` test asks for equal bits at the llama-1b
@@ -26,16 +26,16 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _case(hidden, hq, hkv, d, dtype, gen, *, bias, device="cpu", pos=5, slot=3, page=4, blocks=3):
+def _case(hidden, hq, hkv, d, dtype, gen, *, bias, device="cpu", pos=5, slot=3, page=4, blocks=3, tokens=1):
     n_out = (hq + 2 * hkv) * d
-    x = torch.randn(1, hidden, generator=gen).to(dtype).to(device)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(device)
     w = (torch.randn(n_out, hidden, generator=gen) / hidden**0.5).to(dtype).to(device)
     b = torch.randn(n_out, generator=gen).to(dtype).to(device) if bias else None
     rot = Rotary(d, 10000.0, None, 64, device)
     kc = torch.randn(blocks, page, hkv, d, generator=gen).to(dtype).to(device)
     vc = torch.randn(blocks, page, hkv, d, generator=gen).to(dtype).to(device)
-    positions = torch.tensor([pos], dtype=torch.int64, device=device)
-    slots = torch.tensor([slot], dtype=torch.int64, device=device)
+    positions = torch.arange(pos, pos + tokens, dtype=torch.int64, device=device)
+    slots = torch.arange(slot, slot + tokens, dtype=torch.int64, device=device)
     return x, w, b, positions, rot.cos, rot.sin, kc, vc, slots
 
 
@@ -57,23 +57,25 @@ CPU_CASES = [(64, 4, 2, 16, False), (100, 2, 2, 8, True), (48, 6, 1, 12, False)]
 
 @pytest.mark.parametrize("case", CPU_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_fused_matches_two_launch_path(case, dtype):
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_fused_matches_two_launch_path(case, dtype, tokens):
     hidden, hq, hkv, d, bias = case
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    args = _case(hidden, hq, hkv, d, dtype, gen, bias=bias)
+    args = _case(hidden, hq, hkv, d, dtype, gen, bias=bias, tokens=tokens)
     q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
-    assert q_fused.shape == (1, hq, d) and q_fused.dtype == dtype
+    assert q_fused.shape == (tokens, hq, d) and q_fused.dtype == dtype
     # Same sums, same rotation; the interpreter's summation may differ by an ulp from torch's.
     tol = dict(rtol=4e-3, atol=4e-3) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
-    msg = f"seed={seed} case={case} {dtype}"
+    msg = f"seed={seed} case={case} {dtype} tokens={tokens}"
     torch.testing.assert_close(q_fused, q_ref, **tol, msg=lambda m: f"{msg}: q {m}")
     torch.testing.assert_close(kc, kc2, **tol, msg=lambda m: f"{msg}: k cache {m}")
     torch.testing.assert_close(vc, vc2, **tol, msg=lambda m: f"{msg}: v cache {m}")
-    # Only slot 3 (block 0, offset 3) changed.
-    _, _, _, _, _, _, kc0, vc0, _ = _case(hidden, hq, hkv, d, dtype, torch.Generator().manual_seed(seed), bias=bias)
-    changed = (kc != kc0).flatten(2).any(-1)
-    assert changed[0, 3] and changed.sum() == 1, msg
+    # Only slots 3 .. 3 + tokens - 1 changed.
+    _, _, _, _, _, _, kc0, vc0, _ = _case(hidden, hq, hkv, d, dtype, torch.Generator().manual_seed(seed), bias=bias,
+                                          tokens=tokens)
+    changed = (kc != kc0).flatten(2).any(-1).flatten()
+    assert changed[3 : 3 + tokens].all() and changed.sum() == tokens, msg
 
 
 def test_negative_slot_stores_nothing_and_position_wraps():
@@ -89,9 +91,9 @@ def test_negative_slot_stores_nothing_and_position_wraps():
 def test_bad_inputs_and_cpu_dispatch():
     gen = torch.Generator().manual_seed(0)
     x, w, b, positions, cos, sin, kc, vc, slots = _case(64, 4, 2, 16, torch.float32, gen, bias=False)
-    with pytest.raises(ValueError, match="one token"):
-        qkv_rotary_store_triton(x.expand(2, -1), w, b, positions, cos, sin, kc, vc, slots,
-                                num_q_heads=4, num_kv_heads=2)
+    with pytest.raises(ValueError, match="one-row-per-program FMA GEMV configuration for 17 tokens"):
+        qkv_rotary_store_triton(x.expand(17, -1).contiguous(), w, b, positions.expand(17), cos, sin, kc, vc,
+                                slots.expand(17), num_q_heads=4, num_kv_heads=2)
     with pytest.raises(ValueError, match="w_qkv must be"):
         qkv_rotary_store_triton(x, w[:-1], b, positions, cos, sin, kc, vc, slots, num_q_heads=4, num_kv_heads=2)
     # CPU tensors never take the kernel: the dispatcher is the two-launch path, bit for bit.
@@ -105,12 +107,14 @@ def test_bad_inputs_and_cpu_dispatch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden,hq,hkv,d", [(2048, 32, 8, 64), (4096, 32, 8, 128), (896, 14, 2, 64)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias):
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias, tokens):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    args = _case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=bias, device=cuda, pos=37, slot=9, page=16)
+    args = _case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=bias, device=cuda, pos=37, slot=9, page=16,
+                 tokens=tokens)
     assert fusable(args[0], args[1], args[6], has_qk_norm=False)
     q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
-    msg = f"seed={seed} hidden={hidden} heads={hq}/{hkv} d={d} bias={bias}"
+    msg = f"seed={seed} hidden={hidden} heads={hq}/{hkv} d={d} bias={bias} tokens={tokens}"
     assert torch.equal(q_fused, q_ref), msg
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2), msg
