@@ -15,10 +15,13 @@ Two code paths in one kernel, both deterministic:
     M = 1 that measured faster on every projection swept.
   - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
     Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
-  - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M): each program is the M = 1 program of one row of x,
-    rows of one weight tile adjacent in the grid, so the M programs reading a tile run together and
-    all but the first find it in L2. One launch serves a verify step (M = K + 1 at batch 1) with the
-    M = 1 path's bandwidth, its epilogue and prologue fusions and, row for row, its bits.
+  - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, weights of at most ROWS_MAX_BYTES): each program is
+    the M = 1 program of one row of x, the rows of one weight tile adjacent in the grid, so the M
+    programs reading a tile run together and all but the first find it in L2. One launch serves a
+    verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
+    for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
+    traffic lost (H200, M = 4: llama-1b-shape TARGET_VERIFY 1047 -> 2193 us, llama-8b-shape 4585
+    -> 11109 us), so only small ones, bound by launch latency, take it.
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the
@@ -60,9 +63,10 @@ MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
-# Rows served by the per-row FMA path (one M = 1 program per row and tile). Beyond it, each weight
-# tile would be read from L2 by too many programs.
+# Rows and weight bytes served by the per-row FMA path (one M = 1 program per row and tile): every
+# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates.
 ROWS_MAX_M = int(os.environ.get("GRAPHRT_GEMV_ROWS", "4"))
+ROWS_MAX_BYTES = 4 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,7 +474,7 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
       conversions, so it is bound by L1 and ALU, not DRAM.)
     """
-    if m == 1 or m <= min(ROWS_MAX_M, MAX_M):
+    if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         cfg = _m1_config(n, k)
         if m > 1:
             cfg["per_row"] = True

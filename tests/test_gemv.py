@@ -143,7 +143,8 @@ def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
     got = gemv_triton(x, w, b, per_row=True, **kw)
     rows = torch.cat([gemv_triton(x[i : i + 1], w, b, **kw) for i in range(m)])
     assert torch.equal(got, rows), f"seed={seed} m={m} gated={gated}"
-    assert select_config(m, 4096, 4096)["per_row"] and not select_config(1, 4096, 4096).get("per_row")
+    assert select_config(m, 576, 1536)["per_row"] and not select_config(1, 576, 1536).get("per_row")
+    assert not (select_config(m, 2048, 2048) or {}).get("per_row")  # 8 MiB: too large
     with pytest.raises(ValueError, match="per_row=True takes"):
         gemv_triton(torch.cat([x] * 3), w, b, per_row=True, **kw)
 

@@ -139,13 +139,13 @@ def test_switch_takes_a_list_of_kinds(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hidden,inter,hq,hkv,d", [(2048, 8192, 32, 8, 64), (4096, 14336, 32, 8, 128)])
+@pytest.mark.parametrize("hidden,inter,hq,hkv,d,rows", [(2048, 8192, 32, 8, 64, 1), (4096, 14336, 32, 8, 128, 1),
+                                                       (576, 1536, 9, 3, 64, 4)])
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("rows", [1, 4])
 def test_gpu_norm_prologue_is_bitwise(cuda, hidden, inter, hq, hkv, d, residual, rows):
     """The dispatcher's one-row-per-program configurations at the llama-1b and llama-8b shapes (one
-    token, and the four of a verify step): the fused launch equals norm kernel + the same GEMV bit
-    for bit (same row layout, same sum of squares)."""
+    token) and SmolLM2's (the four tokens of a verify step): the fused launch equals norm kernel +
+    the same GEMV bit for bit (same row layout, same sum of squares)."""
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     x, res, g = _inputs(hidden, torch.bfloat16, gen, cuda, residual=residual, rows=rows)
