@@ -117,6 +117,22 @@ class Cycle:
             max_seq_len=self.max_blocks * bs,
         )
 
+    def _step_metas(self, slots, first) -> tuple[torch.Tensor, list[AttentionMetadata]]:
+        """The K-1 one-token steps of DRAFT_DECODE at positions first + i (first: [B] int64): their
+        positions [K-1, B] and attention metadata, computed in one pass and handed out as row views,
+        so the unrolled steps launch no metadata kernels of their own."""
+        bs, steps = self.block_size, self.K - 1
+        tables = self.s.block_tables[slots]  # [B, max_blocks]
+        positions = first[None, :] + self.rows[:steps, None]  # [K-1, B]
+        blk = (positions // bs).clamp(max=self.max_blocks - 1)
+        slot_mapping = (tables.gather(1, blk.T).T.to(torch.int64) * bs + positions % bs).contiguous()
+        seq_lens = (positions + 1).to(torch.int32)
+        return positions, [
+            AttentionMetadata(block_tables=tables, seq_lens=seq_lens[i], slot_mapping=slot_mapping[i], query_len=1,
+                              max_seq_len=self.max_blocks * bs)
+            for i in range(steps)
+        ]
+
     def _advance(self, slots, n, B):
         s = self.s
         ne = s.num_emitted[:B].to(torch.int64)
@@ -171,12 +187,11 @@ class Cycle:
         """slots: the batch rows' slots, default batch_slots[:B] (what the captured graph reads)."""
         s = self.s
         slots = s.batch_slots[:B] if slots is None else slots
-        n = s.num_tokens[slots]
+        positions, metas = self._step_metas(slots, s.num_tokens[slots] + self.offset)
         for i in range(1, self.K):
-            positions = (n + (i - 1 + self.offset))[:, None]  # [B, 1]
             hidden_in = s.draft_state[:B] if s.draft_state is not None else None
-            state = self.draft.draft_forward(s.draft_tokens[slots, i - 1], positions[:, 0],
-                                             self._meta(slots, positions), self.draft_kv, hidden_in)
+            state = self.draft.draft_forward(s.draft_tokens[slots, i - 1], positions[i - 1], metas[i - 1],
+                                             self.draft_kv, hidden_in)
             self._propose(slots, state, column=i, B=B)
 
     def _propose(self, slots, state, *, column: int, B: int, stored: bool = False) -> None:
