@@ -688,13 +688,18 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(linear(materialized(x), w_gate_up))
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K], w [N, K], bias [N] or None -> [M, N] in x's dtype.
+def linear(x, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (or a PendingNorm of one), w [N, K], bias [N] or None -> [M, N] in x's dtype.
 
     CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
-    configuration -> gemv_triton; anything else (CPU, fp32, prefill-sized M, strided weights, shapes
-    where cuBLAS measured as fast) -> F.linear, unchanged.
+    configuration -> gemv_triton, with a PendingNorm's norm in its prologue where the product runs
+    one row per program; anything else (CPU, fp32, prefill-sized M, strided weights, shapes where
+    cuBLAS measured as fast) -> [the norm,] F.linear, unchanged.
     """
+    if isinstance(x, PendingNorm):
+        if norm_fusable(x) and _triton_ok(x.x, w, bias) and row_fma_config(x.x.shape[0], *w.shape) is not None:
+            return gemv_triton(x.x, w, bias, norm=x)
+        x = x.materialize()
     if _triton_ok(x, w, bias):
         return gemv_triton(x, w, bias)
     return F.linear(x, w, bias)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
+from graphrt.kernels.norm import PendingNorm
 from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
 
 
@@ -64,8 +65,10 @@ class Eagle3Layer(DecoderLayer):
         normed = rms_norm(hidden, self.hidden_norm, self.eps)
         x = torch.cat([rms_norm(embeds, self.input_norm, self.eps), normed], dim=-1)
         residual = normed if self.norm_before_residual else hidden
-        h = residual + self.attn(x, positions, meta, k_cache, v_cache)
-        return h + self.mlp(rms_norm(h, self.post_norm, self.eps))
+        # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
+        h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache), residual, self.post_norm, self.eps)
+        out = self.mlp(h)
+        return h.stream + out
 
 
 class Eagle3Head(_EagleBase):
@@ -88,7 +91,8 @@ class Eagle3Head(_EagleBase):
         return self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
 
     def draft_logits(self, state):
-        return linear(rms_norm(state, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        # the final norm in the draft LM head GEMV's prologue where it can
+        return linear(PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def draft_to_target_ids(self, ids):
         return ids + self.d2t[ids]
