@@ -180,7 +180,7 @@ class Cycle:
             state = torch.index_select(state, 0, last, out=s.draft_state[:B])
         else:
             state = state[last]
-        self._propose(slots, state, column=0, B=B, stored=True)
+        self._propose(slots, state, column=0)
 
     # ---- DRAFT_DECODE -------------------------------------------------------------------------
     def draft_decode(self, B: int, slots=None) -> None:
@@ -188,19 +188,22 @@ class Cycle:
         s = self.s
         slots = s.batch_slots[:B] if slots is None else slots
         positions, metas = self._step_metas(slots, s.num_tokens[slots] + self.offset)
+        # Each step feeds the next its token and (EAGLE) state straight from the tensors it made;
+        # only DRAFT_EXTEND's hand-over goes through the static buffers.
+        tokens = s.draft_tokens[slots, 0]
+        hidden_in = s.draft_state[:B] if s.draft_state is not None else None
         for i in range(1, self.K):
-            hidden_in = s.draft_state[:B] if s.draft_state is not None else None
-            state = self.draft.draft_forward(s.draft_tokens[slots, i - 1], positions[i - 1], metas[i - 1],
-                                             self.draft_kv, hidden_in)
-            self._propose(slots, state, column=i, B=B)
+            state = self.draft.draft_forward(tokens, positions[i - 1], metas[i - 1], self.draft_kv, hidden_in)
+            tokens = self._propose(slots, state, column=i)
+            hidden_in = state if s.draft_state is not None else None
 
-    def _propose(self, slots, state, *, column: int, B: int, stored: bool = False) -> None:
-        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. The rows
-        go to draft_state (what the next DRAFT_DECODE step reads) unless already `stored` there."""
-        if self.s.draft_state is not None and not stored:
-            self.s.draft_state[:B] = state
+    def _propose(self, slots, state, *, column: int) -> torch.Tensor:
+        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. Writes it
+        to draft_tokens[:, column] and returns it (target ids, [B] int64)."""
         _, ids = argmax(self.draft.draft_logits(state))
-        self.s.draft_tokens[slots, column] = self.draft.draft_to_target_ids(ids)
+        ids = self.draft.draft_to_target_ids(ids)
+        self.s.draft_tokens[slots, column] = ids
+        return ids
 
     # ---- TARGET_DECODE ------------------------------------------------------------------------
     def target_decode(self, B: int) -> None:
@@ -274,6 +277,8 @@ class Cycle:
             positions = torch.arange(P + 1, device=prompt.device)[None, :]
         state = self.draft.draft_forward(tokens, positions[0], self._meta(slots, positions), self.draft_kv,
                                          hidden_in)
-        self._propose(slots, state[-1:], column=0, B=1)
+        if s.draft_state is not None:
+            s.draft_state[:1] = state[-1:]  # batch row 0: what draft_decode(1, slots) reads
+        self._propose(slots, state[-1:], column=0)
         self.draft_decode(1, slots)
         return first, out.logprobs[:, 0]

@@ -82,7 +82,8 @@ class Eagle3Head(_EagleBase):
         super().__init__(cfg, weights, target, max_positions, device)
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
-        self.d2t = weights["d2t"].to(torch.int64)
+        # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
+        self.draft_to_target = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
         self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
@@ -95,4 +96,4 @@ class Eagle3Head(_EagleBase):
         return linear(PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def draft_to_target_ids(self, ids):
-        return ids + self.d2t[ids]
+        return self.draft_to_target[ids]
