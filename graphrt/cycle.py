@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
+from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
 from graphrt.packed import packed
@@ -38,7 +39,7 @@ class DecodeState:
     """
 
     def __init__(self, *, max_batch_size, num_draft_tokens, max_blocks, target_hidden_size, draft_state_size,
-                 hidden_dtype=torch.float32, device):
+                 hidden_dtype=torch.float32, device, simulate_acceptance: bool = False):
         S, B, K = max_batch_size, max_batch_size, max(num_draft_tokens, 1)
         i64 = dict(dtype=torch.int64, device=device)
         self.scratch_slot = S
@@ -64,6 +65,9 @@ class DecodeState:
         self.target_hidden = None if target_hidden_size is None else torch.zeros(
             B * (K + 1), target_hidden_size, **hid)
         self.draft_state = None if draft_state_size is None else torch.zeros(B, draft_state_size, **hid)
+        # simulated acceptance (kernels/simulated_acceptance.py): its per-draft acceptance rate,
+        # a buffer so that a new rate needs no new graphs
+        self.simulated_rate = torch.zeros(1, dtype=torch.float32, device=device) if simulate_acceptance else None
 
     @staticmethod
     def input_specs(max_batch_size):
@@ -152,11 +156,16 @@ class Cycle:
         hidden, aux = self.target.forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
                                           self.target_kv)
         logits = self.target.logits(hidden).view(B, K + 1, -1)
+        simulated = s.simulated_rate is not None
+        seed = s.seed[slots]
         rejection_sample(  # writes the cycle's results straight into the static buffers
-            logits, drafts, s.temperature[slots], s.seed[slots], n,
-            num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=s.acceptance_counts,
+            logits, drafts, s.temperature[slots], seed, n,
+            num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=None if simulated else s.acceptance_counts,
             out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]),
         )
+        if simulated:  # benchmarking: the same cycle, with the accepted counts drawn at a set rate
+            simulate_acceptance(logits, drafts, s.batch_num_drafts[:B], seed, n, s.simulated_rate,
+                                out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B], s.acceptance_counts))
         if s.target_hidden is not None:
             s.target_hidden[: B * (K + 1)] = aux if self.draft.target_hidden == "aux" else hidden
         self._advance(slots, n, B)

@@ -56,7 +56,7 @@ class Runtime:
                  device=None, max_batch_size: int = 64, max_seq_len: int = 2048, block_size: int = 16,
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, simulate_acceptance_length: float | None = None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if use_cuda_graphs and device.type != "cuda":
             raise ValueError("use_cuda_graphs=True needs a CUDA device")
@@ -116,9 +116,15 @@ class Runtime:
                 aux = self.draft.target_hidden == "aux"
                 target_hidden = tcfg.hidden_size * (len(self.target.aux_layer_ids) if aux else 1)
                 draft_state = dc.hidden_size
+        if simulate_acceptance_length is not None and self.draft is None:
+            raise ValueError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
         self.state = DecodeState(max_batch_size=max_batch_size, num_draft_tokens=self.K,
                                  max_blocks=self.max_blocks, target_hidden_size=target_hidden,
-                                 draft_state_size=draft_state, hidden_dtype=dtype, device=device)
+                                 draft_state_size=draft_state, hidden_dtype=dtype, device=device,
+                                 simulate_acceptance=simulate_acceptance_length is not None)
+        self.simulated_acceptance_length = None
+        if simulate_acceptance_length is not None:
+            self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
                            state=self.state, num_draft_tokens=max(self.K, 1))
 
@@ -373,6 +379,19 @@ class Runtime:
         while not all(self.finished(r) for r in rids):
             self.step()
         return [self.pop_generation(r) for r in rids]
+
+    def set_simulated_acceptance(self, mean_length: float) -> None:
+        """Benchmarking: from now on each verify step accepts a drawn number of drafts whose mean
+        emitted length is `mean_length` (1 <= L <= K + 1), whatever the draft proposes; the target
+        forward and rejection kernel still run (kernels/simulated_acceptance.py). Needs a runtime
+        made with simulate_acceptance_length; changing L needs no new graphs. Output tokens are then
+        not the target's distribution: for cost measurements only."""
+        from graphrt.kernels.simulated_acceptance import acceptance_rate_for
+
+        if self.state.simulated_rate is None:
+            raise ValueError("this runtime was made without simulate_acceptance_length")
+        self.state.simulated_rate.fill_(acceptance_rate_for(float(mean_length), self.K))
+        self.simulated_acceptance_length = float(mean_length)
 
     @property
     def acceptance_counts(self) -> list[int]:

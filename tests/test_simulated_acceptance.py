@@ -1,0 +1,113 @@
+"""kernels/simulated_acceptance.py: reference vs Triton (interpreter), the mean it is set to, its caps."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from graphrt.kernels.simulated_acceptance import (
+    acceptance_rate_for,
+    simulate_acceptance_reference,
+    simulate_acceptance_triton,
+    simulate_uniforms,
+)
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _case(B, K, V, gen, *, nan_rows=0, dtype=torch.float32):
+    logits = torch.randn(B, K + 1, V, generator=gen).to(dtype)
+    logits[:nan_rows] = float("nan")
+    drafts = torch.randint(0, V, (B, K), generator=gen)
+    num_drafts = torch.randint(0, K + 1, (B,), generator=gen)
+    seed = torch.randint(-(2**62), 2**62, (B,), generator=gen)
+    position = torch.randint(0, 10**6, (B,), generator=gen)
+    return logits, drafts, num_drafts, seed, position
+
+
+def _out(B, K):
+    return (torch.zeros(B, K + 1, dtype=torch.int64), torch.zeros(B, dtype=torch.int32),
+            torch.zeros(B, K + 1), torch.zeros(K, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("B,K,V,L", [(1, 1, 37, 1.5), (5, 3, 1000, 2.5), (9, 5, 777, 6.0), (4, 3, 64, 1.0)])
+def test_triton_equals_reference(B, K, V, L):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = _case(B, K, V, gen, nan_rows=1)
+    alpha = torch.tensor([acceptance_rate_for(L, K)])
+    snap = [a.clone() for a in args]
+    ref = simulate_acceptance_reference(*args, alpha, out=_out(B, K))
+    tri = simulate_acceptance_triton(*args, alpha, out=_out(B, K), block_v=128)
+    msg = f"seed={seed} B={B} K={K} V={V} L={L}"
+    for r, t in zip(ref, tri):
+        assert torch.equal(r.nan_to_num(-7.0), t.nan_to_num(-7.0)), msg
+    for before, after in zip(snap, args):
+        assert torch.equal(before.nan_to_num(0.0), after.nan_to_num(0.0)), f"an input was modified; {msg}"
+    emitted, num, _, counts = ref
+    a = num.long() - 1
+    assert bool(((a >= 0) & (a <= args[2])).all()), msg  # never more than the request's drafts + 1
+    rows = torch.arange(B)
+    assert bool(((emitted[rows, a] >= 0) & (emitted[rows, a] < V)).all()), msg  # NaN rows included
+    for b in range(B):
+        assert emitted[b, : a[b]].tolist() == args[1][b, : a[b]].tolist(), msg
+        assert (emitted[b, a[b] + 1 :] == -1).all(), msg
+    assert counts.tolist() == [int((a > j).sum()) for j in range(K)], msg
+
+
+@pytest.mark.parametrize("K,L", [(3, 1.0), (3, 2.0), (3, 3.0), (3, 4.0), (5, 3.5)])
+def test_mean_length_is_what_was_set(K, L):
+    n = 100_000
+    gen = torch.Generator().manual_seed(_seed())
+    seed = torch.randint(-(2**62), 2**62, (n,), generator=gen)
+    position = torch.randint(0, 10**6, (n,), generator=gen)
+    alpha = acceptance_rate_for(L, K)
+    u = simulate_uniforms(seed, position, K)
+    a = (u < alpha).to(torch.int64).cumprod(dim=1).sum(dim=1)
+    assert float((a + 1).float().mean()) == pytest.approx(L, rel=0.01)
+    assert int(a.max()) <= K
+
+
+def test_rate_bounds_and_bad_length():
+    assert acceptance_rate_for(1.0, 3) == 0.0 and acceptance_rate_for(4.0, 3) == 1.0
+    a = acceptance_rate_for(2.5, 3)
+    assert 1 + a + a * a + a**3 == pytest.approx(2.5, abs=1e-9)
+    for bad in (0.5, 4.5):
+        with pytest.raises(ValueError, match=r"\[1, K \+ 1\]"):
+            acceptance_rate_for(bad, 3)
+
+
+def test_runtime_decodes_at_the_set_acceptance(tmp_path):
+    from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.float32, seed=5)
+    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
+    rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu", max_batch_size=16,
+                                 max_seq_len=128, simulate_acceptance_length=2.5)
+    prompts = torch.randint(3, 500, (16, 5), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
+    for L in (2.5, 1.0, 4.0):
+        rt.set_simulated_acceptance(L)
+        before = rt.acceptance_counts
+        gens = rt.generate(prompts, params)
+        counts = [a - b for a, b in zip(rt.acceptance_counts, before)]
+        assert all(len(g.token_ids) == 64 for g in gens), L
+        assert all(0 <= t < 512 for g in gens for t in g.token_ids), L
+        decoded, cycles = sum(len(g.token_ids) - 1 for g in gens), sum(g.num_cycles for g in gens)
+        if L == 1.0:
+            assert decoded == cycles and counts == [0, 0, 0]
+        elif L == 4.0:  # all accepted; only the last cycle of a request may be cut by its budget
+            assert cycles == 16 * -(-63 // 4) and counts[0] == cycles
+        else:
+            assert decoded / cycles == pytest.approx(2.5, rel=0.06)
+            # every accepted draft counted once; a request's last cycle may accept past its budget
+            assert decoded - cycles <= sum(counts) <= decoded - cycles + 16 * 3
+    with pytest.raises(ValueError, match=r"\[1, K \+ 1\]"):
+        rt.set_simulated_acceptance(4.5)
+    plain = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu")
+    with pytest.raises(ValueError, match="without simulate_acceptance_length"):
+        plain.set_simulated_acceptance(2.0)
