@@ -24,11 +24,15 @@ def tiny_dir(preset: str = "tiny", seed: int = 0) -> Path:
 
 @functools.cache
 def draft_dir(kind: str, target_preset: str = "tiny", seed: int = 1) -> Path:
-    """kind: 'lm' (an independent 1-layer LM), 'self' (the target's first layer), 'eagle', 'eagle3'."""
+    """kind: 'lm' (an independent 1-layer LM), 'self' (the target's first layer), 'eagle-self' (an
+    EAGLE-1/2 head that computes the target's first layer, so it is accepted), 'eagle', 'eagle3'
+    (random heads)."""
     target = tiny_dir(target_preset)
     path = _ROOT / f"draft-{kind}-{target_preset}-{seed}"
     if kind == "self":
         self_draft(target, path, 1, kind="lm")
+    elif kind == "eagle-self":
+        self_draft(target, path, 1, kind="eagle")
     elif kind == "lm":
         write_random_checkpoint(path, target_preset, dtype=torch.float32, seed=seed, num_layers=1)
     else:

@@ -71,6 +71,16 @@ def test_saved_head_is_the_published_layout(trained):
     assert d.kind == "eagle3" and d.config.draft_vocab_size == ids.numel()
 
 
+@pytest.mark.parametrize("K", [1, 5])
+def test_greedy_spec_with_an_accepting_head_equals_plain(trained, K):
+    draft = load_checkpoint(trained["head_dir"], dtype=torch.float32)
+    spec = Runtime(trained["ck"], draft, num_draft_tokens=K, max_batch_size=4, max_seq_len=80, device="cpu",
+                   buckets=(1, 2, 4))
+    gens = spec.generate(trained["prompts"], SamplingParams(max_new_tokens=NEW))
+    assert [g.token_ids for g in gens] == [s.tokens[s.prompt_len:] for s in trained["held"]]
+    assert sum(g.num_accepted_tokens for g in gens) > 0
+
+
 def test_estimate_equals_graphrt_acceptance(trained):
     ck, held = trained["ck"], trained["held"]
     draft = load_checkpoint(trained["head_dir"], dtype=torch.float32)

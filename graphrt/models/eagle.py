@@ -14,15 +14,16 @@ from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
 
 
 class _EagleBase:
-    """What both EAGLE generations share: one layer, one position behind, the target's hidden
-    states as input, and the target's embedding table unless the head ships its own."""
+    """What both EAGLE generations share: one position behind, the target's hidden states as
+    input, and the target's embedding table unless the head ships its own. Published heads have one
+    layer; a head with more runs them all (layers 1.. are plain pre-norm decoder layers)."""
 
     position_offset = -1
     uses_target_hidden = True
-    num_layers = 1
 
     def __init__(self, cfg, weights: dict, target, max_positions: int, device):
         self.cfg = cfg
+        self.num_layers = cfg.num_hidden_layers
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
         self.embed = weights.get("embed_tokens.weight", target.embed)
         self.fc_weight = weights["fc.weight"]
@@ -38,12 +39,16 @@ class EagleHead(_EagleBase):
         super().__init__(cfg, weights, target, max_positions, device)
         self.lm_head = target.lm_head
         self.fc_bias = weights.get("fc.bias")
-        self.layers = [DecoderLayer(weights, "layers.0", cfg, self.rotary, has_input_norm=cfg.has_input_layernorm)]
+        self.layers = [DecoderLayer(weights, f"layers.{i}", cfg, self.rotary,
+                                    has_input_norm=i > 0 or cfg.has_input_layernorm)
+                       for i in range(cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         x = torch.cat([F.embedding(tokens, self.embed), hidden_in], dim=-1)
         x = linear(x, self.fc_weight, self.fc_bias)
-        return self.layers[0](x, positions, meta, kv.k[0], kv.v[0])
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, meta, kv.k[i], kv.v[i])
+        return x
 
     def draft_logits(self, state):
         return linear(state, self.lm_head)
@@ -84,12 +89,16 @@ class Eagle3Head(_EagleBase):
         self.lm_head = weights["lm_head.weight"]
         # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
         self.draft_to_target = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
-        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)]
+        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)] + [
+            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary) for i in range(1, cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
-        return self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
+        x = self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
+        for i, layer in enumerate(self.layers[1:], start=1):
+            x = layer(x, positions, meta, kv.k[i], kv.v[i])
+        return x
 
     def draft_logits(self, state):
         # the final norm in the draft LM head GEMV's prologue where it can
