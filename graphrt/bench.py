@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from graphrt.errors import GraphrtError
+from graphrt.floors import lm_bytes, phase_bytes
 from graphrt.params import SamplingParams
 from graphrt.profiling.phase_timer import PhaseTimer
 from graphrt.runtime import Runtime
@@ -59,31 +60,13 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     }
 
 
-def weight_bytes(ckpt, *, shared=None) -> int:
-    """Bytes a forward must read for its weights: every tensor once (tied ones once), but not an
-    untied embedding table, of which a forward reads only its tokens' rows."""
-    seen, total = set(), 0
-    skip = None if ckpt.config.tie_word_embeddings else ckpt.weights.get("embed_tokens.weight")
-    for t in ckpt.weights.values():
-        if t is skip or t.data_ptr() in seen or not t.is_floating_point():
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total + (shared or 0)
-
-
 def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
-    """Per-phase floor in microseconds: weight bytes read once over measured bandwidth (the KV
-    read at these context lengths is under 1% of it)."""
-    t = weight_bytes(rt.target_ckpt)
-    us = lambda nbytes: nbytes / (bandwidth_gbs * 1e3)  # noqa: E731
-    floors = {"TARGET_VERIFY": us(t), "TARGET_DECODE": us(t)}
-    if rt.draft_ckpt is not None:
-        shared = rt.target_ckpt.weights["lm_head.weight"] if rt.draft_ckpt.kind == "eagle" else None
-        d = weight_bytes(rt.draft_ckpt, shared=shared.numel() * shared.element_size() if shared is not None else 0)
-        floors["DRAFT_EXTEND"] = us(d)
-        floors["DRAFT_DECODE"] = us(d) * (rt.K - 1)
-    return floors
+    """Per-phase floor in microseconds: the phase's weight bytes (graphrt/floors.py) read once at
+    the measured bandwidth."""
+    dtype_bytes = rt.target_ckpt.weights["embed_tokens.weight"].element_size()
+    draft = rt.draft_ckpt.config if rt.draft_ckpt is not None else None
+    return {phase: nbytes / (bandwidth_gbs * 1e3)
+            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes).items()}
 
 
 def main(args) -> list[dict]:
@@ -98,23 +81,32 @@ def main(args) -> list[dict]:
     if args.target is None:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device})")
+    draft_kind = args.draft_kind or ("eagle3" if on_cuda else "lm")
     target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
                                                     draft_layers=args.draft_layers, preset=args.preset,
-                                                    damped=args.damped, draft_kind=args.draft_kind)
+                                                    damped=args.damped, draft_kind=draft_kind)
+    if getattr(args, "sweep_accept", False):
+        if not draft:
+            raise GraphrtError("--sweep-accept needs a draft")
+        return sweep_acceptance(args, target, draft, draft_desc, device=device, dtype=dtype,
+                                batch_sizes=args.batch_sizes or ([1, 8, 64] if on_cuda else [1, 4]),
+                                max_new=max_new, graphs=on_cuda and not args.eager)
     max_bs = max(batch_sizes)
     seq = args.prompt_len + max_new + 8
     kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq)
     graphs = on_cuda and not args.eager
     runtimes = []
+    simulated = getattr(args, "accept_len", None)
     if draft:
         spec = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
-                                       use_cuda_graphs=graphs, **kw)
+                                       use_cuda_graphs=graphs, simulate_acceptance_length=simulated, **kw)
         runtimes.append(("spec-graphs" if graphs else "spec-eager", spec))
         base = spec.target_ckpt
         if graphs:  # the same cycle without graphs, for the graph speed-up
             runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
                                                    num_draft_tokens=args.num_draft_tokens, device=device,
-                                                   max_batch_size=max_bs, max_seq_len=seq)))
+                                                   max_batch_size=max_bs, max_seq_len=seq,
+                                                   simulate_acceptance_length=simulated)))
     else:
         base = target
     plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
@@ -145,6 +137,9 @@ def main(args) -> list[dict]:
                     r["phases"][phase]["floor_us"] = floor
                     r["phases"][phase]["roofline_share"] = floor / r["phases"][phase]["mean_us"]
 
+    if simulated is not None:
+        print(f"simulated acceptance {simulated:g}: each verify step accepts a drawn number of drafts "
+              f"(mean tokens per cycle {simulated:g}); costs are the real cycle's, tokens are not the target's")
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else ""))
     phase_names = ["TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", "TARGET_DECODE"]
@@ -182,28 +177,126 @@ def main(args) -> list[dict]:
             print(f"{p['mode']:<18} {p['batch_size']:>4} {p['tokens_per_s']:>10.1f} {acc}  {r_pl:>27.2f}x  "
                   f"{r_sp:>17.2f}x")
     if bandwidth:
-        t_bytes = weight_bytes(plain.target_ckpt)
+        t_bytes = lm_bytes(plain.target_ckpt.config, plain.target_ckpt.weights["embed_tokens.weight"].element_size())
         print(f"weight-read roofline for plain decode at B=1: {bandwidth * 1e9 / t_bytes:.0f} tok/s "
               f"({t_bytes / 2**30:.2f} GiB of weights)")
     if args.png:
         write_png(results, args.png, title=f"graphrt bench: {target}\ndraft: {draft_desc}")
     if args.json_out:
-        meta = {"device": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
-                "draft": draft_desc, "num_draft_tokens": args.num_draft_tokens, "target": str(target),
-                "bandwidth_gbs": bandwidth, "date": time.strftime("%Y-%m-%d")}
-        try:
-            import triton
-
-            meta["triton"] = triton.__version__
-        except ImportError:
-            pass
+        meta = run_meta(device, draft=draft_desc, num_draft_tokens=args.num_draft_tokens, target=str(target),
+                        bandwidth_gbs=bandwidth, simulated_acceptance=simulated)
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "results": results, "peers": peers}, f, indent=2)
     return results
 
 
-def write_png(results: list[dict], path, *, title: str = "") -> None:
-    """Tokens/s against batch size, one line per mode."""
+def run_meta(device, **extra) -> dict:
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), **extra}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return meta
+
+
+SWEEP_PHASES = ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE")
+
+
+def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_sizes, max_new, graphs) -> list[dict]:
+    """Tokens/s against simulated acceptance length L in 1, 1.5, .., K + 1 for each K, with plain
+    decoding of the same target measured in the same process beside each row, the speedup, the
+    break-even L and per-phase time: what speculation buys at each acceptance a draft may reach."""
+    from graphrt.checkpoint import load_checkpoint
+
+    on_cuda = device.type == "cuda"
+    Ks = args.sweep_k or ([3, 5] if on_cuda else [3])
+    tckpt = load_checkpoint(target, dtype=dtype, device=device)
+    dckpt = load_checkpoint(draft, dtype=dtype, device=device)
+    kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=args.prompt_len + max_new + 8,
+              use_cuda_graphs=graphs)
+    run = dict(prompt_len=args.prompt_len, max_new_tokens=max_new)
+    plain = Runtime(tckpt, None, **kw)
+    base = {}
+    for b in batch_sizes:
+        run_decode(plain, b, prompt_len=args.prompt_len, max_new_tokens=min(8, max_new))  # warm-up
+        base[b] = run_decode(plain, b, **run)
+    rows = []
+    for K in Ks:
+        spec = Runtime(tckpt, dckpt, num_draft_tokens=K, simulate_acceptance_length=1.0, **kw)
+        for b in batch_sizes:
+            run_decode(spec, b, prompt_len=args.prompt_len, max_new_tokens=min(8, max_new))
+            for L in [1.0 + i / 2 for i in range(2 * K + 1)]:
+                spec.set_simulated_acceptance(L)
+                r = run_decode(spec, b, **run)
+                rows.append({"K": K, "batch_size": b, "L": L, "measured_L": r["mean_acceptance_length"],
+                             "tokens_per_s": r["tokens_per_s"], "plain_tokens_per_s": base[b]["tokens_per_s"],
+                             "speedup": r["tokens_per_s"] / base[b]["tokens_per_s"],
+                             "phases_us": {p: r["phases"][p]["mean_us"] for p in SWEEP_PHASES if p in r["phases"]},
+                             "plain_step_us": base[b]["phases"]["TARGET_DECODE"]["mean_us"]})
+        del spec
+    even = break_even(rows)
+    print(f"graphrt bench --sweep-accept: simulated acceptance L (each verify step accepts a drawn number of "
+          f"drafts, mean tokens per cycle L; the target forward and rejection kernel run as always)\n"
+          f"target: {target}\ndraft: {draft_desc}\n{max_new} new tokens per request, prompt {args.prompt_len}, "
+          f"greedy, {'graphs' if graphs else 'eager'}, {device}")
+    print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7}  "
+          + "  ".join(f"{p + ' us':>16}" for p in SWEEP_PHASES) + f"  {'plain step us':>13}")
+    for r in rows:
+        print(f"{r['K']:>2} {r['batch_size']:>4} {r['L']:>4.1f} {r['measured_L']:>6.2f} {r['tokens_per_s']:>11.1f} "
+              f"{r['plain_tokens_per_s']:>11.1f} {r['speedup']:>6.2f}x  "
+              + "  ".join(f"{r['phases_us'].get(p, float('nan')):>16.1f}" for p in SWEEP_PHASES)
+              + f"  {r['plain_step_us']:>13.1f}")
+    for (K, b), L in sorted(even.items()):
+        print(f"break-even at K = {K}, B = {b}: " + (f"L = {L:.2f}" if L is not None else "not reached"))
+    if args.png:
+        write_sweep_png(rows, args.png, title=f"graphrt bench --sweep-accept: {target}\ndraft: {draft_desc}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"meta": run_meta(device, draft=draft_desc, target=str(target), simulated_acceptance="sweep"),
+                       "rows": rows, "break_even": [{"K": K, "batch_size": b, "L": L}
+                                                    for (K, b), L in sorted(even.items())]}, f, indent=2)
+    return rows
+
+
+def break_even(rows: list[dict]) -> dict[tuple[int, int], float | None]:
+    """(K, B) -> the acceptance length where speedup crosses 1 (linear between the swept points;
+    1.0 when speculation already pays at L = 1; None when it never does)."""
+    out = {}
+    for key in dict.fromkeys((r["K"], r["batch_size"]) for r in rows):
+        pts = sorted((r["L"], r["speedup"]) for r in rows if (r["K"], r["batch_size"]) == key)
+        out[key] = None
+        if pts[0][1] >= 1:
+            out[key] = pts[0][0]
+            continue
+        for (l0, s0), (l1, s1) in zip(pts, pts[1:]):
+            if s0 < 1 <= s1:
+                out[key] = l0 + (1 - s0) * (l1 - l0) / (s1 - s0)
+                break
+    return out
+
+
+def write_sweep_png(rows: list[dict], path, *, title: str = "") -> None:
+    """Speedup over plain decoding against simulated acceptance length, one line per (K, B)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for K, b in dict.fromkeys((r["K"], r["batch_size"]) for r in rows):
+        pts = sorted((r["L"], r["speedup"]) for r in rows if (r["K"], r["batch_size"]) == (K, b))
+        ax.plot(*zip(*pts), marker="o", linestyle="-" if K == 3 else "--", label=f"K = {K}, B = {b}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("acceptance length L (tokens per cycle, simulated)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(title, fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _pyplot():
     try:
         import matplotlib
 
@@ -211,6 +304,12 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise GraphrtError("--png needs matplotlib: `pip install matplotlib`") from None
+    return plt
+
+
+def write_png(results: list[dict], path, *, title: str = "") -> None:
+    """Tokens/s against batch size, one line per mode."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for mode in dict.fromkeys(r["mode"] for r in results):
         rows = sorted((r for r in results if r["mode"] == mode), key=lambda r: r["batch_size"])

@@ -55,8 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", action="store_true", help="also time Hugging Face transformers on the same checkpoint")
     b.add_argument("--json", dest="json_out", help="write the results to this JSON file")
     b.add_argument("--png", help="write a tokens/s chart (matplotlib) to this file")
-    b.add_argument("--draft-kind", choices=["lm", "eagle"], default="lm",
-                   help="self-draft as a standalone LM or as an EAGLE-1/2-shaped head")
+    b.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],
+                   help="embedded draft: a self-draft as a standalone LM (CPU default) or an EAGLE-1/2 head, or a "
+                        "random EAGLE-3 head (CUDA default)")
+    b.add_argument("--accept-len", type=float, metavar="L",
+                   help="simulated acceptance: each verify step accepts a drawn number of drafts, mean L tokens per "
+                        "cycle (1 <= L <= K + 1); measures cost at a known acceptance")
+    b.add_argument("--sweep-accept", action="store_true",
+                   help="tokens/s and speedup over plain decoding against simulated acceptance L = 1 .. K + 1")
+    b.add_argument("--sweep-k", type=int_list, help="--sweep-accept: the K values (default 3,5 on CUDA, 3 on CPU)")
     b.add_argument("--quick", action="store_true",
                    help="kernels: only V = 128256, K = 3 and 4k-context attention (default: the full sweep)")
     _common(b)

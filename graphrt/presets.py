@@ -1,9 +1,10 @@
 """Embedded default models: random-weight checkpoints written once, in the real on-disk format,
 into a cache folder ($GRAPHRT_CACHE, default ~/.cache/graphrt). Nothing is downloaded.
 
-The default draft is a self-draft: the target's first layers with its embeddings and LM head.
-Independent random drafts would accept almost nothing; a self-draft makes acceptance figures
-mean something, and every report names the draft it used.
+Drafts: a self-draft (the target's first layers with its embeddings and LM head, as a standalone
+LM or an EAGLE-1/2 head), or a random EAGLE-3 head in the published layout. Random weights accept
+almost nothing; a self-draft makes acceptance figures mean something, `graphrt bench --accept-len`
+sets acceptance for cost measurements, and every report names the draft it used.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+from graphrt.config import load_config
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -41,6 +43,34 @@ def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
         self_draft(target, tmp, num_layers, kind=kind)
         tmp.rename(path)
     return path
+
+
+def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
+    """A random EAGLE-3 head for `target` in the published layout: one layer over [norm(embedding);
+    hidden_norm(fc(low, mid, high))], fc 3H -> H, a 32000-token draft vocabulary (V // 2 for small
+    vocabularies) with d2t/t2d, the target's layers (2, L // 2, L - 3) as aux states."""
+    path = target.with_name(f"{target.name}-eagle3-seed{seed}")
+    if not (path / "config.json").exists():
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_random_checkpoint(tmp, load_config(target), kind="eagle3", target=target, dtype=dtype, seed=seed)
+        tmp.rename(path)
+    return path
+
+
+def describe_draft(draft: Path, target: Path) -> str:
+    """What a draft folder is, in the words a report needs."""
+    from graphrt.models import eagle3_aux_layers
+
+    d, t = load_config(draft), load_config(target)
+    n = d.num_hidden_layers
+    if d.kind == "eagle3":
+        aux = eagle3_aux_layers(d, t.num_hidden_layers)
+        return (f"EAGLE-3 head ({n} layer{'s' * (n > 1)}, draft vocabulary {d.draft_vocab_size}, "
+                f"aux layers {aux})")
+    if d.kind == "eagle":
+        return f"EAGLE-1/2 head ({n} layer{'s' * (n > 1)}, the target's LM head)"
+    return f"standalone LM draft ({n} layer{'s' * (n > 1)})"
 
 
 def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, alpha: float, *, seed: int = 0) -> Path:
@@ -77,11 +107,10 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,
                         preset: str | None = None, damped: float | None = None, draft_kind: str = "lm"):
     """(target, draft, description of the draft) for the CLI: given paths, or an embedded preset
-    (llama-1b-shape on CUDA, tiny on the CPU) with a self-draft of a quarter of its layers, as a
-    standalone LM (draft_kind "lm") or an EAGLE-1/2-shaped head ("eagle").
+    (llama-1b-shape on CUDA, tiny on the CPU) with a draft of draft_kind: "lm", a self-draft of a
+    quarter of its layers; "eagle", an EAGLE-1/2 head of its first layer (the published heads have
+    one); "eagle3", a random EAGLE-3 head (ensure_eagle3_head).
     damped: use ensure_agreeable_preset with this factor (the description says so)."""
-    from graphrt.config import load_config
-
     if target is None:
         preset = preset or ("llama-1b-shape" if torch.cuda.is_available() else "tiny")
         layers = draft_layers or max(1, load_config(ensure_preset(preset, dtype)).num_hidden_layers // 4)
@@ -92,10 +121,15 @@ def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = F
     if no_draft:
         return target, None, "none"
     if draft is not None:
-        return target, draft, f"checkpoint {draft}"
-    layers = draft_layers or max(1, load_config(target).num_hidden_layers // 4)
-    shape = "a standalone LM" if draft_kind == "lm" else "an EAGLE-1/2-shaped head"
-    desc = f"self-draft ({shape}): the target's first {layers} layer(s), shared embeddings and LM head"
+        return target, draft, f"{describe_draft(Path(draft), Path(target))}: {draft}"
+    if draft_kind == "eagle3":
+        path = ensure_eagle3_head(Path(target), dtype)
+        return target, path, f"random {describe_draft(path, Path(target))}"
+    L = load_config(target).num_hidden_layers
+    layers = draft_layers or (max(1, L // 4) if draft_kind == "lm" else 1)
+    path = ensure_self_draft(Path(target), layers, kind=draft_kind)
+    desc = f"self-draft, {describe_draft(path, Path(target))}: the target's first {layers} layer(s)"
+    desc += ", shared embeddings and LM head" if draft_kind == "lm" else " over the token embedding (fc = [I | 0])"
     if damped is not None:
         desc += f"; target layers >= {layers} have residual-branch outputs scaled by {damped:g} (synthetic acceptance)"
-    return target, ensure_self_draft(Path(target), layers, kind=draft_kind), desc
+    return target, path, desc

@@ -74,3 +74,36 @@ def test_bad_arguments_exit_cleanly():
     r = subprocess.run([sys.executable, "-m", "graphrt", "bench", "--batch-sizes", "x"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "comma-separated integers" in r.stderr
+
+
+def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    assert main(["bench", "--device", "cpu", "--sweep-accept", "--sweep-k", "2", "--batch-sizes", "1",
+                 "--max-new-tokens", "7", "--prompt-len", "4", "--draft-kind", "eagle3", "--json", str(out),
+                 "--png", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "simulated acceptance" in text and "EAGLE-3 head" in text and "break-even at K = 2, B = 1" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    d = json.loads(out.read_text())
+    assert [r["L"] for r in d["rows"]] == [1.0, 1.5, 2.0, 2.5, 3.0]
+    for r in d["rows"]:
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["plain_tokens_per_s"])
+        assert set(r["phases_us"]) == {"TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"}
+    assert d["rows"][0]["measured_L"] == 1.0 and d["rows"][-1]["measured_L"] > 2.0  # L = K + 1: all accepted
+    assert d["break_even"][0]["K"] == 2
+    # --accept-len: the ordinary report, headed as simulated
+    assert main(["bench", "--device", "cpu", "--batch-sizes", "1", "--max-new-tokens", "9", "--prompt-len", "4",
+                 "--accept-len", "3", "-k", "2", "--json", str(out)]) == 0
+    assert "simulated acceptance 3" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["meta"]["simulated_acceptance"] == 3.0
+    assert {r["mode"]: r["mean_acceptance_length"] for r in d["results"]}["spec-eager"] == pytest.approx(8 / 3)
+
+
+def test_break_even_interpolates():
+    from graphrt.bench import break_even
+
+    rows = [{"K": 3, "batch_size": 1, "L": L, "speedup": s} for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
+    rows += [{"K": 3, "batch_size": 8, "L": L, "speedup": s} for L, s in ((1.0, 0.5), (1.5, 0.9))]
+    assert break_even(rows) == {(3, 1): pytest.approx(1.75), (3, 8): None}

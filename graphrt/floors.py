@@ -1,0 +1,52 @@
+"""Weight bytes each phase of a cycle must read: the floor its time is judged against.
+
+Counted from the configs (graphrt.checkpoint.expected_shapes), per launch of the phase:
+  - a tied embedding is the LM head: read once, whole; an untied embedding table only by the rows
+    a step looks up (a few KB): not counted;
+  - TARGET_VERIFY and TARGET_DECODE read every target weight once, whatever the batch;
+  - an EAGLE-1/2 head projects with the target's LM head: its bytes belong to every draft step;
+  - an EAGLE-3 head's fc (3 H_target -> H) runs only on the target's features, in DRAFT_EXTEND;
+    each DRAFT_DECODE step reads its layers, norm and own (draft-vocabulary) LM head;
+  - DRAFT_DECODE is K - 1 such steps.
+KV-cache reads are left out: at the context lengths the bench runs they are under 1% of the bytes.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from graphrt.checkpoint import expected_shapes
+from graphrt.config import ModelConfig
+
+
+def _bytes(cfg: ModelConfig, names, dtype_bytes: int) -> int:
+    shapes = expected_shapes(cfg)
+    return dtype_bytes * sum(prod(shapes[n]) for n in names)
+
+
+def lm_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """One forward of a decoder LM: every weight once, an untied embedding table not at all."""
+    return _bytes(cfg, [n for n in expected_shapes(cfg) if n != "embed_tokens.weight" or cfg.tie_word_embeddings],
+                  dtype_bytes)
+
+
+def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft_tokens: int = 3,
+                dtype_bytes: int = 2) -> dict[str, int]:
+    """{phase: weight bytes per launch} for the phases a runtime with this target and draft runs."""
+    t = lm_bytes(target, dtype_bytes)
+    out = {"TARGET_DECODE": t}
+    if draft is None:
+        return out
+    out["TARGET_VERIFY"] = t
+    names = [n for n in expected_shapes(draft) if n != "embed_tokens.weight" or draft.tie_word_embeddings]
+    if draft.kind == "lm":
+        extend = step = lm_bytes(draft, dtype_bytes)
+    elif draft.kind == "eagle":
+        extend = step = _bytes(draft, names, dtype_bytes) + dtype_bytes * target.vocab_size * target.hidden_size
+    else:  # eagle3
+        step = _bytes(draft, [n for n in names if n != "fc.weight"], dtype_bytes)
+        extend = step + _bytes(draft, ["fc.weight"], dtype_bytes)
+    out["DRAFT_EXTEND"] = extend
+    if num_draft_tokens > 1:
+        out["DRAFT_DECODE"] = (num_draft_tokens - 1) * step
+    return out
