@@ -24,12 +24,20 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens: int, seed: int = 0) -> dict:
-    """Greedy decode of `batch_size` random prompts; timing covers the decode cycles only."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, rt.vocab_size, (batch_size, prompt_len), generator=g).tolist()
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    rids = [rt.add_request(p, params) for p in prompts]
+def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens: int, seed: int = 0,
+               prompts: list[list[int]] | None = None, temperature: float = 0.0) -> dict:
+    """Decode of `batch_size` prompts, greedy unless a temperature is given; timing covers the
+    decode cycles only. prompts None: random ones of prompt_len tokens, decoded past any EOS;
+    given: their first batch_size, each stopping at its EOS as a real request does."""
+    if prompts is None:
+        g = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(0, rt.vocab_size, (batch_size, prompt_len), generator=g).tolist()
+        ignore_eos = True
+    else:
+        prompts, ignore_eos = prompts[:batch_size], False
+    params = [SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, temperature=temperature,
+                             seed=seed + i) for i in range(len(prompts))]
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts, params)]
     timer = PhaseTimer(rt.device)
     rt.cycle.timer = timer
     _sync(rt.device)

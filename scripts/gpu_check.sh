@@ -5,7 +5,8 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor aknobs timeline early earlyab avar (default: tests kernels capture decode peers profile nvtx).
+# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair (default: tests kernels capture decode
+# peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -48,6 +49,15 @@ for step in $steps; do
               timeout "${REJAB_TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
                 tests/test_rejection.py ${REJAB_TESTS:-} 2>&1 | log | tail -6 ;;
     kquick)   python3 -m graphrt bench kernels --quick --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
+    # speedup over plain decoding against simulated acceptance, EAGLE-3-shaped heads, both shapes
+    sweep1b)  python3 -m graphrt bench --sweep-accept --preset llama-1b-shape --json "$OUT/sweep1b.json" \
+                --png "$OUT/sweep1b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
+    sweep8b)  python3 -m graphrt bench --sweep-accept --preset llama-8b-shape --max-new-tokens 64 \
+                --json "$OUT/sweep8b.json" --png "$OUT/sweep8b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
+    # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
+    # (the model must be installed or SMOLLM2 point at the .gguf: see scripts/device_smollm2.sh)
+    realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --json "$OUT/realpair.json" 2>&1 \
+                | log | tail -40 ;;
     capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
     decode)   python3 -m graphrt bench --json "$OUT/decode.json" 2>&1 | grep -v '^bench' | log | tail -30 ;;
     decode8b) python3 -m graphrt bench --preset llama-8b-shape --batch-sizes 1,8,64 --max-new-tokens 64 \

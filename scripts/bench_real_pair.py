@@ -1,0 +1,157 @@
+"""The real pair: SmolLM2-135M-Instruct with its trained EAGLE-3 head, on real prompts.
+
+    python scripts/bench_real_pair.py [--target smollm2] [--draft data/smollm2-eagle3] [--json F]
+
+Held-out chat prompts (data/prompts/heldout.jsonl, chat template), each request stopping at the
+model's EOS. Per batch size (1, 8, 64): graphrt plain decoding and speculative decoding with the
+head (K = 3 and 5, greedy; K = 3 at temperature 0.7), all under CUDA graphs, with tokens/s, mean
+acceptance length and per-phase GPU time; then Hugging Face transformers on the same GGUF and the
+same prompts: dynamic cache, static cache (B = 1) and assisted generation (B = 1) with a self-draft
+(the target's first 4 layers: transformers has no EAGLE-3 drafting) -- its figures time whole
+`generate` calls, warm-up call first, prompt pass included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from graphrt.bench import run_decode, run_meta
+from graphrt.checkpoint import load_checkpoint
+from graphrt.runtime import Runtime
+from graphrt.tokenizer import encode, load_tokenizer
+from graphrt.train.data import load_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", "TARGET_DECODE")
+
+
+def resolve(name: str) -> str:
+    if Path(name).exists():
+        return name
+    from graphrt.named_models import model_path
+
+    return str(model_path(name))
+
+
+def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks) -> list[dict]:
+    device = torch.device("cuda")
+    tckpt = load_checkpoint(target, dtype=torch.bfloat16, device=device)
+    dckpt = load_checkpoint(draft, dtype=torch.bfloat16, device=device)
+    kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=max(map(len, prompts)) + max_new + 8)
+    runs = [("graphrt plain", Runtime(tckpt, None, **kw), 0.0)]
+    for K in Ks:
+        spec = Runtime(tckpt, dckpt, num_draft_tokens=K, **kw)
+        runs.append((f"graphrt EAGLE-3 K={K}", spec, 0.0))
+        if K == Ks[0]:
+            runs.append((f"graphrt EAGLE-3 K={K} T=0.7", spec, 0.7))
+    rows = []
+    for name, rt, temp in runs:
+        for b in batch_sizes:
+            run_decode(rt, b, prompt_len=0, max_new_tokens=8, prompts=prompts, temperature=temp)  # warm-up
+            r = run_decode(rt, b, prompt_len=0, max_new_tokens=max_new, prompts=prompts, temperature=temp)
+            rows.append({"mode": name, "batch_size": b, "tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"],
+                         "mean_acceptance_length": r["mean_acceptance_length"],
+                         "phases_us": {p: r["phases"][p]["mean_us"] for p in PHASES if p in r["phases"]}})
+            print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4) -> list[dict]:
+    import copy
+
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    path = Path(target)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16)
+    model = model.cuda().eval()
+    eos = model.generation_config.eos_token_id
+    pad = eos[0] if isinstance(eos, (list, tuple)) else eos
+    model.generation_config.pad_token_id = pad
+    rows = []
+
+    def timed(b, **kw):
+        batch = prompts[:b]
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device="cuda")  # left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device="cuda")
+        gen = dict(attention_mask=mask, max_new_tokens=max_new, do_sample=False, **kw)
+        model.generate(ids, **gen)  # warm-up: compilation, caches
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(ids, **gen)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        new = out[:, width:].tolist()
+        tokens = sum((row.index(pad) + 1 if pad in row else len(row)) for row in new)
+        return tokens / dt
+
+    with torch.inference_mode():
+        for b in batch_sizes:
+            rows.append({"mode": "transformers dynamic cache", "batch_size": b, "tokens_per_s": timed(b)})
+            print(_fmt(rows[-1]), flush=True)
+        rows.append({"mode": "transformers static cache", "batch_size": 1,
+                     "tokens_per_s": timed(1, cache_implementation="static")})
+        print(_fmt(rows[-1]), flush=True)
+        draft = copy.deepcopy(model)
+        draft.model.layers = draft.model.layers[:draft_layers]
+        draft.config.num_hidden_layers = draft_layers
+        draft.generation_config.num_assistant_tokens = 3
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        draft.generation_config.assistant_confidence_threshold = 0.0
+        calls = [0]
+        hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        tps = timed(1, assistant_model=draft)
+        hook.remove()
+        rows.append({"mode": f"transformers assisted, self-draft of {draft_layers} layers, K=3", "batch_size": 1,
+                     "tokens_per_s": tps, "target_forwards_two_calls": calls[0]})
+        print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+def _fmt(r: dict) -> str:
+    acc = r.get("mean_acceptance_length")
+    phases = " ".join(f"{p}={v:.1f}us" for p, v in r.get("phases_us", {}).items())
+    return (f"{r['mode']:<52} B={r['batch_size']:<3} {r['tokens_per_s']:>10.1f} tok/s"
+            + (f"  accept {acc:.2f}" if acc is not None else "") + (f"  {phases}" if phases else ""))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--draft", default=str(ROOT / "data" / "smollm2-eagle3"))
+    ap.add_argument("--prompts", default=str(ROOT / "data" / "prompts" / "heldout.jsonl"))
+    ap.add_argument("--batch-sizes", default="1,8,64")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ks", default="3,5")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    target = resolve(args.target)
+    tok = load_tokenizer(target)
+    prompts = [encode(tok, p["text"], chat=True) for p in load_prompts(args.prompts)]
+    bs = [int(b) for b in args.batch_sizes.split(",")]
+    rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")])
+    plain = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["mode"] == "graphrt plain"}
+    if not args.no_hf:
+        rows += hf_rows(target, prompts, bs, args.max_new_tokens)
+    print("speedup over graphrt plain decoding, same prompts, same run:")
+    for r in rows:
+        r["vs_graphrt_plain"] = r["tokens_per_s"] / plain[r["batch_size"]]
+        print(f"  {r['mode']:<52} B={r['batch_size']:<3} {r['vs_graphrt_plain']:.2f}x")
+    if args.json:
+        meta = run_meta(torch.device("cuda"), target=target, draft=args.draft, prompts=args.prompts,
+                        max_new_tokens=args.max_new_tokens)
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
