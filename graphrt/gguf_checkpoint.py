@@ -153,13 +153,16 @@ class GGUFFile:
                     f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); graphrt reads "
                     f"{', '.join(SUPPORTED_TYPES)}"
                 ) from exc
-            raise CheckpointError(f"{file}: corrupt or truncated GGUF file ({exc})") from exc
+            raise self._unreadable(exc) from exc
         except Exception as exc:  # the reader indexes its memory map without bounds checks
-            raise CheckpointError(
-                f"{file}: corrupt or truncated GGUF file ({type(exc).__name__}: {exc})"
-            ) from exc
+            raise self._unreadable(exc) from exc
         if self.reader.byte_order != "I":
             raise CheckpointError(f"{file}: a big-endian GGUF file; graphrt reads little-endian ones")
+
+    def _unreadable(self, exc: Exception) -> CheckpointError:
+        size = os.path.getsize(self.file)
+        return CheckpointError(f"{self.file}: corrupt or truncated GGUF file ({size} bytes; gguf's reader "
+                               f"failed with {type(exc).__name__}: {exc})")
 
     def get(self, key: str, kind: type | tuple, *, default: Any = ..., positive: bool = False) -> Any:
         """Metadata value `key`, checked to be of `kind` (int excludes bool)."""
