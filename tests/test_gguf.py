@@ -20,10 +20,8 @@ from graphrt.checkpoint import load_checkpoint  # noqa: E402
 from graphrt.config import ModelConfig, load_config  # noqa: E402
 from graphrt.errors import CheckpointError, GraphrtError  # noqa: E402
 from graphrt.gguf_checkpoint import SUPPORTED_TYPES  # noqa: E402
-from graphrt.kv_cache import KVPool  # noqa: E402
-from graphrt.models import build_target  # noqa: E402
-from graphrt.models.layers import AttentionMetadata  # noqa: E402
 from tests.gguf_files import DELETE, random_weights, write_gguf  # noqa: E402
+from tests.helpers import prefill_logits  # noqa: E402
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
@@ -52,19 +50,6 @@ def _hf_model(config):
     return hf
 
 
-def _graphrt_logits(ckpt, ids: torch.Tensor) -> torch.Tensor:
-    model = build_target(ckpt, 256, "cpu")
-    c = ckpt.config
-    kv = KVPool.allocate(c.num_hidden_layers, 8, 16, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
-    P = ids.shape[0]
-    table = torch.tensor([[3, 1, 5, 0]], dtype=torch.int32)
-    pos = torch.arange(P)
-    meta = AttentionMetadata(block_tables=table, seq_lens=torch.tensor([P], dtype=torch.int32),
-                             slot_mapping=table[0, pos // 16].long() * 16 + pos % 16, query_len=P, max_seq_len=64)
-    hidden, _ = model.forward(ids, pos, meta, kv)
-    return model.logits(hidden)
-
-
 @pytest.fixture
 def tiny_gguf(tmp_path):
     return write_gguf(tmp_path / "tiny.gguf", TINY, random_weights(TINY))
@@ -88,7 +73,7 @@ def test_logits_match_transformers_reading_the_same_gguf(tmp_path, name, qtype, 
     with torch.no_grad():
         expected = theirs(ids[None]).logits[0]
         original = hf(ids[None]).logits[0]
-    got = _graphrt_logits(ours, ids)
+    got = prefill_logits(ours, ids)
     scale = expected.abs().max().item()
     assert (got - expected).abs().max().item() / scale < 1e-5, name
     if qtype == "F32":  # an unquantized file is the original model exactly
