@@ -277,3 +277,21 @@ def test_without_the_gguf_package_the_error_says_how_to_install_it(monkeypatch, 
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
     with pytest.raises(GraphrtError, match=r"needs the gguf package: pip install gguf"):
         load_checkpoint(tiny_gguf)
+
+
+def test_self_draft_and_transformers_peer_of_a_gguf_target(tmp_path, tiny_gguf):
+    """What `graphrt bench --target FILE.gguf` builds: a self-draft of the first layers, and (with
+    --peers) transformers' model of the same file."""
+    from graphrt.checkpoint_writer import self_draft
+    from graphrt.peers import hf_from_pretrained
+
+    target = load_checkpoint(tiny_gguf)
+    cfg = self_draft(tiny_gguf, tmp_path / "draft", 1)
+    draft = load_checkpoint(tmp_path / "draft")
+    assert cfg.num_hidden_layers == 1 and draft.config == target.config.with_(num_hidden_layers=1,
+                                                                              torch_dtype="float32")
+    for name, w in draft.weights.items():
+        assert torch.equal(w, target.weights[name]), name
+    peer = hf_from_pretrained(tiny_gguf, dtype=torch.float32)
+    assert (peer.config.hidden_size, peer.config.num_hidden_layers) == (64, 2)
+    assert torch.equal(peer.model.embed_tokens.weight, target.weights["embed_tokens.weight"])
