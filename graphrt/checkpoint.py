@@ -1,4 +1,5 @@
-"""Load a local Hugging Face checkpoint folder into canonical weight names, strictly.
+"""Load a local Hugging Face checkpoint folder into canonical weight names, strictly (GGUF files:
+graphrt/gguf_checkpoint.py, dispatched to from `load_checkpoint`).
 
 Layouts read: config.json plus
   * model.safetensors, or sharded *.safetensors with model.safetensors.index.json (`weight_map`),
@@ -372,15 +373,21 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     kind: str | None = None,
 ) -> Checkpoint:
-    """Load and strictly validate a local HF checkpoint folder.
+    """Load and strictly validate a local HF checkpoint folder, or a GGUF file (a `.gguf` path, or a
+    folder holding one .gguf and no config.json: graphrt/gguf_checkpoint.py).
 
     dtype: cast floating weights to it; None keeps each tensor's stored dtype (d2t stays int64,
-        t2d bool, whatever dtype is asked).
+        t2d bool, whatever dtype is asked; GGUF tensors are dequantized to float32).
     kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it (module doc).
     """
+    from graphrt.gguf_checkpoint import find_gguf, load_gguf_checkpoint  # lazy: it imports this module
+
     path = str(path)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise CheckpointError(f"{path}: dtype must be a floating torch.dtype, got {dtype!r}")
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:
+        return load_gguf_checkpoint(gguf_file, dtype=dtype, device=device, kind=kind)
     d = read_config_json(path)
     stored = _index_weights(path)
     cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()}, kind=kind)

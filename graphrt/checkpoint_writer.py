@@ -39,9 +39,11 @@ from graphrt.checkpoint import (
     _read_tensor,
     canonical_name,
     expected_shapes,
+    load_checkpoint,
 )
 from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids, load_config
 from graphrt.errors import CheckpointError
+from graphrt.gguf_checkpoint import find_gguf
 
 _LLAMA3_8K = {
     "rope_type": "llama3",
@@ -454,6 +456,7 @@ def self_draft(
     num_shards: int = 1,
 ) -> ModelConfig:
     """Build a draft from the target's first `num_layers` layers, sharing its embeddings and LM head.
+    `target_dir` may be a GGUF file (the draft is then written dequantized, in float32).
 
     kind="lm": a standalone LM of layers 0..N-1 plus the target's embed_tokens, norm and lm_head
         (tied stays tied), in the target's stored dtype. Its greedy proposals are the truncated
@@ -478,14 +481,20 @@ def self_draft(
         raise CheckpointError(f"{target_dir}: self_draft needs an LM target, found {tcfg.architecture}")
     if not 1 <= num_layers <= tcfg.num_hidden_layers:
         raise ValueError(f"num_layers must be in [1, {tcfg.num_hidden_layers}], got {num_layers}")
-    stored = _index_weights(target_dir)
-    by_canon = {canonical_name(k, "lm"): v for k, v in stored.items()}
-    handles: dict = {}
+    if find_gguf(target_dir) is not None:
+        # GGUF tensors are read whole and dequantized: load (and validate) the target once.
+        loaded = load_checkpoint(target_dir).weights
+        by_canon, read = loaded, loaded.__getitem__
+    else:
+        stored = _index_weights(target_dir)
+        by_canon = {canonical_name(k, "lm"): v for k, v in stored.items()}
+        handles: dict = {}
+        read = lambda name: _read_tensor(by_canon[name], handles)  # noqa: E731
 
     def src(name: str) -> torch.Tensor:
         if name not in by_canon:
             raise CheckpointError(f"{target_dir}: missing tensor {name!r}")
-        return _read_tensor(by_canon[name], handles)
+        return read(name)
 
     dtype_of = src("embed_tokens.weight").dtype
     if kind == "lm":

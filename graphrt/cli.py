@@ -7,6 +7,7 @@ import json
 import sys
 
 from graphrt.errors import GraphrtError
+from graphrt.named_models import NAMED_MODELS, model_path
 
 
 def int_list(text: str) -> list[int]:
@@ -27,11 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate from a local checkpoint")
-    g.add_argument("checkpoint", help="target checkpoint directory (config.json + *.safetensors)")
+    g = sub.add_parser("generate", help="generate from a local checkpoint or a named model")
+    g.add_argument("checkpoint", nargs="?",
+                   help="target checkpoint: an HF folder (config.json + *.safetensors) or a .gguf file")
+    g.add_argument("--model", choices=sorted(NAMED_MODELS), help="a named real model instead of a path ("
+                   + "; ".join(f"{m.name}: {m.description}" for m in NAMED_MODELS.values()) + ")")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer")
+    src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer; the reply streams to stdout")
     src.add_argument("--prompt-ids", type=int_list, help="token ids, e.g. 1,2,3")
+    g.add_argument("--chat", action="store_true", help="wrap --prompt in the checkpoint's chat template as a user turn")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int)
@@ -42,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="decode throughput, acceptance and per-phase time (default: embedded model)")
     b.add_argument("what", nargs="?", choices=["decode", "kernels"], default="decode")
     b.add_argument("--target", help="target checkpoint directory (default: an embedded random preset)")
+    b.add_argument("--model", choices=sorted(NAMED_MODELS), help="a named real model as the target (smollm2)")
     b.add_argument("--preset",
                    help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
     b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
@@ -91,42 +97,59 @@ def _dtype(name):
     return {None: None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
+def _target(args) -> str:
+    """The target path: the positional checkpoint or --model's file."""
+    if args.model is not None:
+        if args.checkpoint is not None:
+            raise GraphrtError(f"give a checkpoint or --model, not both ({args.checkpoint!r}, --model {args.model})")
+        return str(model_path(args.model))
+    if args.checkpoint is None:
+        raise GraphrtError("name a checkpoint (a folder or .gguf file) or a model (--model smollm2)")
+    return args.checkpoint
+
+
 def cmd_generate(args) -> int:
     from graphrt import Runtime, SamplingParams
+    from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer
 
+    target = _target(args)
     tokenizer = None
     if args.prompt is not None:
-        tokenizer = _load_tokenizer(args.checkpoint)
-        prompt = tokenizer.encode(args.prompt)
+        tokenizer = load_tokenizer(target)
+        prompt = encode(tokenizer, args.prompt, chat=args.chat)
+    elif args.chat:
+        raise GraphrtError("--chat applies the chat template to --prompt text, not to --prompt-ids")
     else:
         prompt = args.prompt_ids
-    rt = Runtime.from_pretrained(args.checkpoint, args.draft, num_draft_tokens=args.num_draft_tokens,
+    rt = Runtime.from_pretrained(target, args.draft, num_draft_tokens=args.num_draft_tokens,
                                  device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
                                  max_seq_len=len(prompt) + args.max_new_tokens + 1)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
-    gen = rt.generate([prompt], params)[0]
-    text = tokenizer.decode(gen.token_ids) if tokenizer is not None else None
-    if args.json:
-        print(json.dumps({"token_ids": gen.token_ids, "text": text, "finish_reason": gen.finish_reason,
-                          "mean_acceptance_length": gen.mean_acceptance_length}))
+    stream = TextStream(tokenizer) if tokenizer is not None and not args.json else None
+    rid = rt.add_request(prompt, params)  # prefills: the first token is there already
+    while True:
+        if stream is not None:
+            sys.stdout.write(stream.update(rt.get_generation(rid).token_ids))
+            sys.stdout.flush()
+        if rt.finished(rid):
+            break
+        rt.step()
+    gen = rt.pop_generation(rid)
+    if stream is not None:
+        print(stream.update(gen.token_ids, final=True))
+    elif args.json:
+        print(json.dumps({"token_ids": gen.token_ids, "text": decode(tokenizer, gen) if tokenizer else None,
+                          "finish_reason": gen.finish_reason, "num_cycles": gen.num_cycles,
+                          "mean_acceptance_length": gen.mean_acceptance_length,
+                          "acceptance_rate": gen.acceptance_rate}))
     else:
-        print(text if text is not None else " ".join(map(str, gen.token_ids)))
-        if args.draft:
-            print(f"[{gen.num_cycles} cycles, mean acceptance length {gen.mean_acceptance_length:.2f}]",
-                  file=sys.stderr)
+        print(" ".join(map(str, gen.token_ids)))
+    if args.draft and not args.json:
+        print(f"[{gen.num_cycles} cycles, mean acceptance length {gen.mean_acceptance_length:.2f}, acceptance rate "
+              f"{gen.acceptance_rate:.2f} ({gen.num_accepted_tokens}/{gen.num_draft_tokens} drafts accepted)]",
+              file=sys.stderr)
     return 0
-
-
-def _load_tokenizer(path):
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise GraphrtError("--prompt needs the transformers package for the tokenizer; use --prompt-ids") from None
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as exc:  # noqa: BLE001 - any tokenizer failure means the same thing here
-        raise GraphrtError(f"no usable tokenizer in {path} ({exc.__class__.__name__}); use --prompt-ids") from None
 
 
 def cmd_bench(args) -> int:
@@ -140,6 +163,10 @@ def cmd_bench(args) -> int:
         return 0
     from graphrt import bench
 
+    if args.model is not None:
+        if args.target is not None:
+            raise GraphrtError(f"give --target or --model, not both ({args.target!r}, --model {args.model})")
+        args.target = str(model_path(args.model))
     bench.main(args)
     return 0
 

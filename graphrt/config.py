@@ -84,6 +84,8 @@ def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]
 def _where(path: str | None, file: str = "config.json") -> str:
     if path is None:
         return file
+    if str(path).endswith(".gguf"):  # a GGUF file's metadata stands in for config.json
+        return str(path)
     if os.path.basename(str(path)) == file:
         return str(path)
     return os.path.join(str(path), file)
@@ -466,13 +468,18 @@ class ModelConfig:
 
 
 def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:
-    """Read `<path>/config.json` (and generation_config.json's eos ids) into a ModelConfig.
+    """Read `<path>/config.json` (and generation_config.json's eos ids) into a ModelConfig; for a GGUF
+    file (or a folder holding one and no config.json), its metadata.
 
     The weight files' headers are read too (names and shapes only) so EAGLE heads are recognised;
     `kind` forces "lm" / "eagle" / "eagle3".
     """
     from graphrt.checkpoint import scan_weight_shapes  # lazy: checkpoint imports this module
+    from graphrt.gguf_checkpoint import find_gguf, gguf_config
 
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:
+        return gguf_config(gguf_file)
     d = read_config_json(path)
     shapes = scan_weight_shapes(path)
     return ModelConfig.from_hf_dict(d, path, weight_shapes=shapes, kind=kind)

@@ -9,6 +9,7 @@ length (random weights hit an EOS id by chance).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -27,14 +28,26 @@ def decode_tokens_per_s(model, ids, new_tokens: int, **kw) -> float:
     return ids.shape[0] * new_tokens / _timed_generate(model, ids, new_tokens, **kw)
 
 
+def hf_from_pretrained(path, **kw):
+    """transformers' model of a checkpoint folder or of a GGUF file (transformers dequantizes it)."""
+    from transformers import AutoModelForCausalLM
+
+    from graphrt.gguf_checkpoint import find_gguf
+
+    file = find_gguf(path)
+    if file is None:
+        return AutoModelForCausalLM.from_pretrained(path, **kw)
+    file = os.path.abspath(file)
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(file), gguf_file=os.path.basename(file), **kw)
+
+
 def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32, new_tokens=64,
            num_draft_tokens=3) -> list[dict]:
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     load = dict(dtype=torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, **load).cuda().eval()
+    model = hf_from_pretrained(target_dir, **load).cuda().eval()
     eos = model.generation_config.eos_token_id
     model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
     g = torch.Generator().manual_seed(0)
@@ -49,7 +62,7 @@ def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32,
                 rows.append({"mode": name, "batch_size": b, "tokens_per_s": decode_tokens_per_s(model, ids, new_tokens,
                                                                                                  **kw)})
         if draft_dir is not None:
-            draft = AutoModelForCausalLM.from_pretrained(draft_dir, **load).cuda().eval()
+            draft = hf_from_pretrained(draft_dir, **load).cuda().eval()
             draft.generation_config.num_assistant_tokens = num_draft_tokens
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0

@@ -36,7 +36,10 @@ def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int =
 
 
 def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
-    path = target.with_name(f"{target.name}-selfdraft-{kind}{num_layers}")
+    if target.is_file():  # a GGUF file, maybe inside an installed package: its draft goes to the cache
+        path = cache_dir() / f"{target.stem}-{target.stat().st_size}-selfdraft-{kind}{num_layers}"
+    else:
+        path = target.with_name(f"{target.name}-selfdraft-{kind}{num_layers}")
     if not (path / "config.json").exists():
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

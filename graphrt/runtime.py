@@ -8,12 +8,14 @@ per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into
 
 from __future__ import annotations
 
+import operator
 import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
@@ -38,6 +40,30 @@ class _Request:
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
     stop_ids: frozenset = frozenset()
+
+
+def _token_ids(prompt) -> list[int]:
+    """A prompt as a new list of Python ints. Elements must be integers (int, numpy or torch integer
+    scalars; a 1-D integer array or tensor as the whole prompt): int() would read 1.5, True or "3"
+    as token ids 1, 1 and 3."""
+    if isinstance(prompt, (torch.Tensor, np.ndarray)):
+        if prompt.ndim != 1:
+            raise RequestError(f"prompt must be 1-D token ids, got a tensor of shape {list(prompt.shape)}")
+        prompt = prompt.tolist()  # python ints, floats or bools: checked below like a list
+    elif isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+        raise RequestError(f"prompt must be a list of token ids, got {type(prompt).__name__}")
+    out = []
+    for i, t in enumerate(prompt):
+        is_bool = isinstance(t, (bool, np.bool_)) or (isinstance(t, torch.Tensor) and t.dtype == torch.bool)
+        try:
+            if is_bool:
+                raise TypeError
+            out.append(operator.index(t))  # ints, numpy integers, 0-d integer tensors; not floats or strings
+        except TypeError:
+            raise RequestError(
+                f"prompt must be a list of token ids: element {i} is {t!r} ({type(t).__name__}), "
+                "not an integer") from None
+    return out
 
 
 def _budget_left(req: _Request) -> int:
@@ -210,12 +236,7 @@ class Runtime:
         return bool(self._running or self._waiting)
 
     def _check_prompt(self, prompt, params) -> list[int]:
-        if isinstance(prompt, torch.Tensor):
-            prompt = prompt.tolist()
-        try:
-            prompt = [int(t) for t in prompt]
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"prompt must be a list of token ids: {exc}") from None
+        prompt = _token_ids(prompt)
         if not prompt:
             raise RequestError("prompt is empty: give at least one token id")
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]

@@ -44,6 +44,25 @@ def load(path):
     return load_checkpoint(path, dtype=torch.float32, device="cpu")
 
 
+def prefill_logits(ckpt, ids: torch.Tensor) -> torch.Tensor:
+    """[P, V] logits of one prompt of at most 64 tokens through graphrt's model (CPU, fp32 KV, the
+    cache's blocks out of order on purpose)."""
+    from graphrt.kv_cache import KVPool
+    from graphrt.models import build_target
+    from graphrt.models.layers import AttentionMetadata
+
+    c = ckpt.config
+    model = build_target(ckpt, 256, "cpu")
+    kv = KVPool.allocate(c.num_hidden_layers, 8, 16, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
+    P = ids.shape[0]
+    table = torch.tensor([[3, 1, 5, 0]], dtype=torch.int32)
+    pos = torch.arange(P)
+    meta = AttentionMetadata(block_tables=table, seq_lens=torch.tensor([P], dtype=torch.int32),
+                             slot_mapping=table[0, pos // 16].long() * 16 + pos % 16, query_len=P, max_seq_len=64)
+    hidden, _ = model.forward(ids, pos, meta, kv)
+    return model.logits(hidden)
+
+
 def load_script(name: str):
     """scripts/<name>.py imported as a module (scripts/ is no package)."""
     path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"

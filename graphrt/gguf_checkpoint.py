@@ -1,0 +1,341 @@
+"""Load a GGUF file (llama.cpp's format) into the same Checkpoint an HF folder gives.
+
+Read with the `gguf` package (an optional dependency: `pip install gguf`). The config comes from the
+file's metadata, assembled into an HF-style dict and validated by `ModelConfig.from_hf_dict`, as a
+config.json is; the weights are dequantized to the asked dtype at load (float32 when none is asked):
+graphrt has no quantized kernels. Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+Q6_K. Architectures: llama, qwen2, qwen3.
+
+llama.cpp's names -> canonical names (checkpoint.py's module doc), i in [0, block_count):
+    token_embd.weight           embed_tokens.weight
+    output_norm.weight          norm.weight
+    output.weight               lm_head.weight (absent: tied to embed_tokens, the same tensor object)
+    blk.{i}.attn_norm.weight    layers.{i}.input_layernorm.weight
+    blk.{i}.attn_{q,k,v}.*      layers.{i}.self_attn.{q,k,v}_proj.*       (weight, bias)
+    blk.{i}.attn_output.*       layers.{i}.self_attn.o_proj.*
+    blk.{i}.attn_{q,k}_norm.*   layers.{i}.self_attn.{q,k}_norm.weight    (qwen3)
+    blk.{i}.ffn_norm.weight     layers.{i}.post_attention_layernorm.weight
+    blk.{i}.ffn_{gate,up,down}  layers.{i}.mlp.{gate,up,down}_proj.weight
+
+llama.cpp's converter permutes the rows of a llama model's q and k projections (weights and biases)
+so that its rotary kernel can rotate adjacent pairs; graphrt rotates half against half, as HF does,
+so the permutation is undone here. Qwen2/Qwen3 are converted without it.
+
+Every problem is a CheckpointError naming the file and the metadata key or tensor, raised before any
+tensor is dequantized.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphrt.checkpoint import Checkpoint, expected_shapes
+from graphrt.config import ModelConfig
+from graphrt.errors import CheckpointError, GraphrtError
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# general.architecture -> the HF architectures[0] that ModelConfig.from_hf_dict reads
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute in convert_hf_to_gguf.py)
+_PERMUTED = ("llama",)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_NAMES = {v: k for k, v in _GLOBAL_NAMES.items()}
+
+
+def find_gguf(path: str | os.PathLike) -> str | None:
+    """The GGUF file `path` stands for: a file (named .gguf or starting with the GGUF magic), or
+    the one .gguf in a folder without config.json. None for anything else (an HF folder)."""
+    p = os.fspath(path)
+    if os.path.isfile(p):
+        if p.endswith(".gguf"):
+            return p
+        with open(p, "rb") as f:
+            return p if f.read(4) == b"GGUF" else None
+    if os.path.isdir(p) and not os.path.exists(os.path.join(p, "config.json")):
+        found = sorted(n for n in os.listdir(p) if n.endswith(".gguf"))
+        if len(found) > 1:
+            raise CheckpointError(f"{p}: holds {len(found)} .gguf files ({', '.join(found)}); pass the path of one")
+        if found:
+            return os.path.join(p, found[0])
+    return None
+
+
+def gguf_module():
+    try:
+        import gguf
+    except ImportError:
+        raise GraphrtError(
+            "reading a .gguf file needs the gguf package: pip install gguf (or pip install 'graphrt[gguf]')"
+        ) from None
+    return gguf
+
+
+def canonical_gguf_name(name: str) -> str | None:
+    """llama.cpp tensor name -> canonical name; None when graphrt has no place for it."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def gguf_tensor_name(canonical: str) -> str:
+    """Canonical name -> llama.cpp's (for messages, and for writing test files)."""
+    if canonical in _GGUF_NAMES:
+        return _GGUF_NAMES[canonical]
+    _, i, rest = canonical.split(".", 2)
+    layer = {v: k for k, v in _LAYER_NAMES.items()}[rest]
+    return f"blk.{i}.{layer}"
+
+
+def reverse_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: within each head its converter interleaved the first and
+    second halves of the rows (reshape(n_head, 2, d/2).swapaxes(1, 2)); this puts them back."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+@dataclass
+class _Tensor:
+    name: str  # as stored
+    canonical: str
+    shape: tuple[int, ...]  # PyTorch order: GGUF lists dims innermost first
+    type_name: str
+    raw: Any  # gguf.ReaderTensor
+
+
+class GGUFFile:
+    """An opened, header-checked GGUF file: its metadata and tensor table (no tensor data read)."""
+
+    def __init__(self, file: str):
+        gguf = gguf_module()
+        self.file = file
+        try:
+            with open(file, "rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise CheckpointError(f"{file}: cannot read ({exc})") from exc
+        if magic != b"GGUF":
+            raise CheckpointError(f"{file}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        try:
+            self.reader = gguf.GGUFReader(file)
+        except ValueError as exc:
+            if "GGMLQuantizationType" in str(exc):
+                raise CheckpointError(
+                    f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); graphrt reads "
+                    f"{', '.join(SUPPORTED_TYPES)}"
+                ) from exc
+            raise self._unreadable(exc) from exc
+        except Exception as exc:  # the reader indexes its memory map without bounds checks
+            raise self._unreadable(exc) from exc
+        if self.reader.byte_order != "I":
+            raise CheckpointError(f"{file}: a big-endian GGUF file; graphrt reads little-endian ones")
+
+    def _unreadable(self, exc: Exception) -> CheckpointError:
+        size = os.path.getsize(self.file)
+        return CheckpointError(f"{self.file}: corrupt or truncated GGUF file ({size} bytes; gguf's reader "
+                               f"failed with {type(exc).__name__}: {exc})")
+
+    def get(self, key: str, kind: type | tuple, *, default: Any = ..., positive: bool = False) -> Any:
+        """Metadata value `key`, checked to be of `kind` (int excludes bool)."""
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is ...:
+                raise CheckpointError(f"{self.file}: metadata key {key!r} is missing")
+            return default
+        try:
+            value = field.contents()
+        except Exception as exc:
+            raise CheckpointError(f"{self.file}: metadata key {key!r} is unreadable ({exc})") from exc
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
+        if ok and positive:
+            ok = value > 0
+        if not ok:
+            want = getattr(kind, "__name__", "number")
+            raise CheckpointError(
+                f"{self.file}: metadata key {key!r} must be a {'positive ' if positive else ''}{want}, "
+                f"found {value!r}"
+            )
+        return value
+
+    def tensors(self) -> list[_Tensor]:
+        out = []
+        for t in self.reader.tensors:
+            canonical = canonical_gguf_name(t.name)
+            if canonical is None:
+                if t.name == "rope_freqs.weight":
+                    raise CheckpointError(
+                        f"{self.file}: tensor 'rope_freqs.weight' (llama3-style RoPE frequency factors) is not "
+                        "supported from GGUF; load the model's HF folder instead"
+                    )
+                raise CheckpointError(f"{self.file}: unexpected tensor {t.name!r}: graphrt has no place for it")
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            out.append(_Tensor(t.name, canonical, shape, t.tensor_type.name, t))
+        return out
+
+
+def _shortest(x: float) -> float:
+    """A float32 metadata value as the decimal it was written from (9.99999974e-06 -> 1e-05)."""
+    return float(str(np.float32(x)))
+
+
+def read_config(g: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
+    """ModelConfig from the metadata, through the same validation as a config.json."""
+    arch = g.get("general.architecture", str)
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"{g.file}: metadata 'general.architecture' is {arch!r}, which graphrt does not run "
+            f"(supported from GGUF: {', '.join(GGUF_ARCHITECTURES)})"
+        )
+    p = arch + "."
+    if g.get(p + "expert_count", int, default=0):
+        raise CheckpointError(f"{g.file}: metadata {p + 'expert_count'!r} > 0: graphrt does not run mixture-of-experts")
+    scaling = g.get(p + "rope.scaling.type", str, default="none")
+    if scaling != "none":
+        raise CheckpointError(
+            f"{g.file}: metadata {p + 'rope.scaling.type'!r} is {scaling!r}; graphrt runs plain RoPE from GGUF"
+        )
+    hidden = g.get(p + "embedding_length", int, positive=True)
+    heads = g.get(p + "attention.head_count", int, positive=True)
+    head_dim = g.get(p + "attention.key_length", int, default=None, positive=True)
+    value_dim = g.get(p + "attention.value_length", int, default=None, positive=True)
+    if head_dim is not None and value_dim is not None and head_dim != value_dim:
+        raise CheckpointError(
+            f"{g.file}: metadata {p + 'attention.key_length'!r} ({head_dim}) != {p + 'attention.value_length'!r} "
+            f"({value_dim}); graphrt needs one head size"
+        )
+    head_dim = head_dim or value_dim
+    rotary = g.get(p + "rope.dimension_count", int, default=None, positive=True)
+    if rotary is not None and rotary != (head_dim or hidden // heads):
+        raise CheckpointError(
+            f"{g.file}: metadata {p + 'rope.dimension_count'!r} ({rotary}) is not the head size "
+            f"({head_dim or hidden // heads}); graphrt rotates whole heads"
+        )
+    vocab = g.get(p + "vocab_size", int, default=None, positive=True)
+    if vocab is None:  # older files carry no vocab_size: the tokenizer's list, else the embedding's rows
+        tokens = g.reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else shapes.get("embed_tokens.weight", (None,))[0]
+    eos = [g.get(k, int, default=None) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                                  "tokenizer.ggml.eom_token_id")]
+    d = {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": g.get(p + "feed_forward_length", int, positive=True),
+        "num_hidden_layers": g.get(p + "block_count", int, positive=True),
+        "num_attention_heads": heads,
+        "num_key_value_heads": g.get(p + "attention.head_count_kv", int, default=heads, positive=True),
+        "head_dim": head_dim,
+        "rms_norm_eps": _shortest(g.get(p + "attention.layer_norm_rms_epsilon", (int, float))),
+        "rope_theta": _shortest(g.get(p + "rope.freq_base", (int, float), default=10000.0)),
+        "max_position_embeddings": g.get(p + "context_length", int, default=2048, positive=True),
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": "layers.0.self_attn.q_proj.bias" in shapes,
+        "bos_token_id": g.get("tokenizer.ggml.bos_token_id", int, default=None),
+        "eos_token_id": list(dict.fromkeys(t for t in eos if t is not None)),
+    }
+    return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes, kind="lm")
+
+
+def gguf_config(file: str) -> ModelConfig:
+    """The ModelConfig of a GGUF file, without reading tensor data."""
+    g = GGUFFile(file)
+    return read_config(g, {t.canonical: t.shape for t in g.tensors()})
+
+
+def load_gguf_checkpoint(
+    file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu", kind: str | None = None
+) -> Checkpoint:
+    """Load and strictly validate a GGUF file; every check runs before the first dequantization."""
+    if kind not in (None, "lm"):
+        raise CheckpointError(f"{file}: a GGUF file holds an LM (llama, qwen2, qwen3), not a {kind!r} head")
+    g = GGUFFile(file)
+    tensors = g.tensors()
+    by_canon = {t.canonical: t for t in tensors}
+    cfg = read_config(g, {t.canonical: t.shape for t in tensors})
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
+        if name not in by_canon:
+            raise CheckpointError(
+                f"{file}: missing tensor {gguf_tensor_name(name)!r} (canonical {name!r}; expected shape "
+                f"{list(shape)} for this {cfg.architecture} config)"
+            )
+    for t in tensors:
+        if t.canonical not in expected:
+            raise CheckpointError(
+                f"{file}: unexpected tensor {t.name!r} (canonical {t.canonical!r}) for this {cfg.architecture} config"
+            )
+        if t.shape != expected[t.canonical]:
+            raise CheckpointError(
+                f"{file}: tensor {t.name!r} has shape {list(t.shape)}, but the metadata says "
+                f"{list(expected[t.canonical])}"
+            )
+        if t.type_name not in SUPPORTED_TYPES:
+            raise CheckpointError(
+                f"{file}: tensor {t.name!r} is stored as {t.type_name}; graphrt dequantizes "
+                f"{', '.join(SUPPORTED_TYPES)}"
+            )
+
+    dtype = dtype or torch.float32
+    weights: dict[str, torch.Tensor] = {}
+    for t in tensors:
+        w = _dequantize(g, t)
+        if cfg.architecture in _PERMUTED and t.canonical.endswith(("q_proj.weight", "q_proj.bias")):
+            w = reverse_permute(w, cfg.num_attention_heads)
+        elif cfg.architecture in _PERMUTED and t.canonical.endswith(("k_proj.weight", "k_proj.bias")):
+            w = reverse_permute(w, cfg.num_key_value_heads)
+        weights[t.canonical] = w.to(device=device, dtype=dtype)
+    if cfg.tie_word_embeddings:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    return Checkpoint(config=cfg, weights=weights, path=file, kind="lm", files=dict.fromkeys(weights, file))
+
+
+def _dequantize(g: GGUFFile, t: _Tensor) -> torch.Tensor:
+    gguf = gguf_module()
+    try:
+        arr = gguf.quants.dequantize(t.raw.data, t.raw.tensor_type).reshape(t.shape)
+    except Exception as exc:
+        raise CheckpointError(f"{g.file}: cannot dequantize tensor {t.name!r} ({t.type_name}): {exc}") from exc
+    if not arr.flags.writeable:  # F32 comes back as a view of the read-only memory map
+        arr = arr.copy()
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+
+
+__all__ = [
+    "find_gguf",
+    "load_gguf_checkpoint",
+    "gguf_config",
+    "read_config",
+    "GGUFFile",
+    "SUPPORTED_TYPES",
+    "reverse_permute",
+]

@@ -1,0 +1,78 @@
+"""Text in, text out: the checkpoint's own tokenizer, through transformers.
+
+The runtime works on token ids; these helpers are for callers (and the CLI) who want text. The
+tokenizer is the checkpoint's: tokenizer.json and friends in an HF folder, or the vocabulary, merges
+and chat template in a GGUF file's metadata (transformers converts it; that needs the gguf package).
+Nothing is downloaded and no code from the checkpoint runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from graphrt.errors import GraphrtError
+from graphrt.gguf_checkpoint import find_gguf
+from graphrt.params import Generation
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer of a checkpoint folder or GGUF file (a transformers tokenizer)."""
+    path = os.fspath(path)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise GraphrtError("text needs the transformers package for the tokenizer (pip install transformers); "
+                           "or pass token ids") from None
+    gguf_file = find_gguf(path)
+    try:
+        if gguf_file is not None:
+            gguf_file = os.path.abspath(gguf_file)
+            return AutoTokenizer.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
+                                                 local_files_only=True, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure means the same thing here
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise GraphrtError(f"no usable tokenizer in {path} ({exc.__class__.__name__}: {first[:200]}); "
+                           "pass token ids instead") from None
+
+
+def encode(tokenizer, text: str, *, chat: bool = False) -> list[int]:
+    """Token ids of `text`; chat=True wraps it as one user turn in the checkpoint's chat template,
+    ready for the assistant's reply."""
+    if not chat:
+        return list(tokenizer.encode(text))
+    if not getattr(tokenizer, "chat_template", None):
+        raise GraphrtError("this checkpoint's tokenizer has no chat template; leave out --chat")
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    # The template spells out its special tokens; encoding must not add a BOS of its own on top.
+    return list(tokenizer.encode(templated, add_special_tokens=False))
+
+
+def decode(tokenizer, generated: Generation | list[int]) -> str:
+    """The text of a Generation's tokens (or of a list of ids), special tokens such as EOS left out."""
+    ids = generated.token_ids if isinstance(generated, Generation) else generated
+    return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+class TextStream:
+    """Newly completed text as a generation grows. Each update decodes everything so far and returns
+    what was not returned before, so characters spelled over several tokens come out whole: while the
+    text ends in a partial UTF-8 character (decoded as U+FFFD) the rest waits for the next token."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.shown = ""
+
+    def update(self, token_ids: list[int], *, final: bool = False) -> str:
+        text = decode(self.tokenizer, token_ids)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        # Decoding is prefix-stable for byte-level tokenizers; should an earlier character change,
+        # only what follows the shared prefix is new (what was shown cannot be taken back).
+        new = text[len(os.path.commonprefix([self.shown, text])):]
+        self.shown = text
+        return new
+
+
+__all__ = ["load_tokenizer", "encode", "decode", "TextStream"]

