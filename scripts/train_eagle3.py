@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 
 from graphrt.checkpoint import load_checkpoint
+from graphrt.named_models import model_path
 from graphrt.params import SamplingParams
 from graphrt.runtime import Runtime
+from graphrt.tokenizer import encode, load_tokenizer
 from graphrt.train import acceptance, data, loop, teacher
 from graphrt.train.head import Eagle3Trainable
 
@@ -36,17 +38,7 @@ def _log(msg: str) -> None:
 
 
 def resolve_target(name: str) -> str:
-    if os.path.exists(name):
-        return name
-    from graphrt.named_models import resolve_model
-
-    return str(resolve_model(name))
-
-
-def _tokenizer(target: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(target)
+    return name if os.path.exists(name) else str(model_path(name))
 
 
 def _aux_ids(cfg):
@@ -148,10 +140,10 @@ def main(argv=None) -> int:
     target_path = resolve_target(args.target)
     ckpt = load_checkpoint(target_path, dtype=run_dtype, device=device)
     cfg = ckpt.config
-    tok = _tokenizer(target_path)
+    tok = load_tokenizer(target_path)
     train_prompts = data.load_prompts(args.prompts)[: args.num_prompts]
     held_prompts = data.load_prompts(args.heldout)[: args.num_heldout]
-    enc = lambda ps: [data.encode(tok, p["text"], chat=True) for p in ps]  # noqa: E731
+    enc = lambda ps: [encode(tok, p["text"], chat=True) for p in ps]  # noqa: E731
     train_ids, held_ids = enc(train_prompts), enc(held_prompts)
     seq_len = max(len(p) for p in train_ids + held_ids) + args.max_new_tokens + 1
     plain = _runtime(ckpt, batch=64 if on_cuda else 8, seq=seq_len, device=device)
@@ -240,7 +232,7 @@ def ci_record(target_path, head_dir, prompts, tok, *, new_tokens) -> dict:
     on the CPU in fp32, K = 3, greedy."""
     device = torch.device("cpu")
     ckpt = load_checkpoint(target_path, dtype=torch.float32, device=device)
-    ids = [data.encode(tok, p["text"], chat=True) for p in prompts]
+    ids = [encode(tok, p["text"], chat=True) for p in prompts]
     plain = _runtime(ckpt, batch=2, seq=max(map(len, ids)) + new_tokens + 1, device=device)
     seqs = data.generate(plain, ids, max_new_tokens=new_tokens, temperature=0.0, seed=0)
     teach = teacher.hf_model(ckpt, device=device, dtype=torch.float32)

@@ -27,14 +27,6 @@ def load_prompts(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def encode(tokenizer, text: str, *, chat: bool) -> list[int]:
-    if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return tokenizer.encode(text)
-
-
 def generate(rt, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int) -> list[Sequence]:
     """The target's continuations through graphrt itself (plain decoding), stopping at EOS."""
     from graphrt.params import SamplingParams
