@@ -111,3 +111,35 @@ def test_runtime_decodes_at_the_set_acceptance(tmp_path):
     plain = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu")
     with pytest.raises(ValueError, match="without simulate_acceptance_length"):
         plain.set_simulated_acceptance(2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,K,V,L", [(1, 3, 32000, 3.0), (64, 3, 49152, 2.0), (8, 5, 128256, 3.5)])
+def test_gpu_triton_equals_reference(cuda, B, K, V, L):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = [a.to(cuda) for a in _case(B, K, V, gen, nan_rows=1, dtype=torch.bfloat16)]
+    alpha = torch.tensor([acceptance_rate_for(L, K)], device=cuda)
+    ref = simulate_acceptance_reference(*args, alpha, out=[o.to(cuda) for o in _out(B, K)])
+    tri = simulate_acceptance_triton(*args, alpha, out=[o.to(cuda) for o in _out(B, K)])
+    for r, t in zip(ref, tri):
+        assert torch.equal(r.nan_to_num(-7.0), t.nan_to_num(-7.0)), f"seed={seed} B={B} K={K} V={V}"
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_decode_at_the_set_acceptance(cuda, tmp_path):
+    from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.bfloat16, seed=5)
+    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
+    rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cuda", max_batch_size=16,
+                                 max_seq_len=160, simulate_acceptance_length=3.0)
+    prompts = torch.randint(3, 500, (16, 5), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_new_tokens=128, ignore_eos=True)
+    for L in (3.0, 1.5):
+        rt.set_simulated_acceptance(L)
+        gens = rt.generate(prompts, params)
+        decoded, cycles = sum(len(g.token_ids) - 1 for g in gens), sum(g.num_cycles for g in gens)
+        assert decoded / cycles == pytest.approx(L, rel=0.06), L
+        assert all(0 <= t < 512 for g in gens for t in g.token_ids), L
