@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair rowsab (default: tests kernels capture decode
+# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair (default: tests kernels capture decode
 # peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -89,10 +89,6 @@ for step in $steps; do
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py \
                 tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py \
                 tests/test_simulated_acceptance.py tests/test_capture.py 2>&1 | log | tail -8 ;;
-    # the per-row GEMV path (weights <= 4 MiB, M <= GRAPHRT_GEMV_ROWS) on the real pair's TARGET_VERIFY, alternating
-    rowsab)   for v in 4 1 4 1; do GRAPHRT_GEMV_ROWS=$v python3 -m graphrt bench --target "${SMOLLM2:-smollm2}" \
-                --draft data/smollm2-eagle3 --batch-sizes 1 --max-new-tokens 128 2>&1 | grep -v '^bench' \
-                | sed "s/^/ROWS=$v /" | log | tail -12; done ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;

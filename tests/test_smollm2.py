@@ -232,3 +232,22 @@ def test_bench_model_smollm2(loaded_once, tmp_path, monkeypatch):
     assert all(r["tokens"] == 3 for r in d["results"])
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [
         f"SmolLM2-135M-Instruct.Q4_1-{model_path('smollm2').stat().st_size}-selfdraft-lm2"]
+
+
+def test_trained_eagle3_head_decodes_as_recorded(smollm2, tokenizer):
+    """The committed head (data/smollm2-eagle3) loads, greedy speculative output equals plain output,
+    and graphrt's acceptance on the two held-out prompts its training run recorded stays within 10%
+    of the trainer's teacher-forced estimate (training.json, "ci")."""
+    head = Path(__file__).resolve().parents[1] / "data" / "smollm2-eagle3"
+    rec = json.loads((head / "training.json").read_text())["ci"]
+    draft = load_checkpoint(head, dtype=torch.float32)
+    assert draft.kind == "eagle3" and draft.config.draft_vocab_size == 16384
+    prompts = [encode(tokenizer, p, chat=True) for p in rec["prompts"]]
+    kw = dict(max_batch_size=2, max_seq_len=max(map(len, prompts)) + rec["new_tokens"] + 1)
+    params = SamplingParams(max_new_tokens=rec["new_tokens"])
+    plain = Runtime(smollm2, None, **kw).generate(prompts, params)
+    spec = Runtime(smollm2, draft, num_draft_tokens=rec["K"], **kw).generate(prompts, params)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    for g, want in zip(spec, rec["estimate_per_prompt"]):
+        assert g.mean_acceptance_length == pytest.approx(want, rel=0.10)
+        assert g.mean_acceptance_length > 2.0  # the head drafts well, not merely correctly

@@ -38,9 +38,9 @@ class DecoderLM:
         residual = None
         streams = {}  # residual stream entering layer j (j = num_layers: after the last layer)
         for i, layer in enumerate(self.layers):
+            x, residual, entering = layer.forward_residual(x, residual, positions, meta, kv.k[i], kv.v[i])
             if i in self.aux_layer_ids:
-                streams[i] = x if residual is None else residual + x
-            x, residual = layer.forward_residual(x, residual, positions, meta, kv.k[i], kv.v[i])
+                streams[i] = entering
         if residual is None:
             streams[len(self.layers)] = x
             hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)

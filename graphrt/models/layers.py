@@ -152,12 +152,14 @@ class DecoderLayer:
 
     def __call__(self, x, positions, meta, k_cache, v_cache):
         """x: [N, H] residual stream in; returns the residual stream out."""
-        out, residual = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
+        out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
         return residual + out
 
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
-        when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it.
+        when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it, and
+        the stream entering it (the sum the input norm formed anyway: what an EAGLE-3 head's aux
+        states are, without an add launch of their own).
         Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
         each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
         prologue (kernels/norm.PendingNorm), which saves the norm's launch too."""
@@ -166,7 +168,7 @@ class DecoderLayer:
         else:
             h = x if residual is None else residual + x
         attn_out = self.attn(h, positions, meta, k_cache, v_cache)
-        residual = h.stream if isinstance(h, PendingNorm) else h
-        h = PendingNorm(attn_out, residual, self.post_norm, self.eps)
+        entering = h.stream if isinstance(h, PendingNorm) else h
+        h = PendingNorm(attn_out, entering, self.post_norm, self.eps)
         out = self.mlp(h)
-        return out, h.stream
+        return out, h.stream, entering
