@@ -9,6 +9,7 @@ products (`nvjet_*`, `gemv*`) keep the family their name says, whatever M was.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from graphrt.profiling.attribution import short_kernel_name
@@ -28,15 +29,20 @@ _RULES = [
     ("GEMM", r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|^sm\d+_"),
 ]
 _COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in _RULES]
-# torch.argmax runs a generic reduce_kernel: only its template arguments say ArgMaxOps
-_ARGMAX_OPS = re.compile(r"ArgMaxOps")
+# Generic kernels named by their template arguments: torch.argmax runs a reduce_kernel over
+# ArgMaxOps, CUTLASS GEMMs are cutlass::Kernel2<...gemm...>
+_TEMPLATE_RULES = [("argmax", re.compile(r"ArgMaxOps")), ("GEMM", re.compile(r"gemm|cutlass", re.IGNORECASE))]
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_family(name: str) -> str:
     """The family of a kernel, from its full (demangled) or short name. The rules read the short
-    name: template arguments of torch's elementwise kernels name whatever functor they apply."""
+    name first: template arguments of torch's elementwise kernels name whatever functor they apply."""
     short = short_kernel_name(name)
     for family, rx in _COMPILED:
         if rx.search(short):
             return family
-    return "argmax" if _ARGMAX_OPS.search(name) else "other"
+    for family, rx in _TEMPLATE_RULES:
+        if rx.search(name):
+            return family
+    return "other"

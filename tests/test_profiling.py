@@ -479,6 +479,77 @@ def test_chrome_trace_without_phase_ranges(tmp_path):
         attribute_chrome_trace(path)
 
 
+# One decode under PDL, in ns: (phase, B, range start, range end, launches), a launch being
+# (correlation id, API call, start, kernels), a kernel (start, duration, name). Graph kernels start
+# before their predecessor ends (waits); PREFILL's eager launches leave gaps.
+PDL_TIMELINE = [
+    ("PREFILL", 1, 0, 900, [(1, "cudaLaunchKernel", 10, [(1000, 50, "gemm")]),
+                            (2, "cudaLaunchKernel", 20, [(1060, 5, "_rms_norm_kernel")])]),
+    ("TARGET_VERIFY", 1, 1000, 1100, [(3, "cudaGraphLaunch", 1010, [
+        (2000, 100, "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"), (2080, 30, "_rms_norm_kernel"),
+        (2105, 40, "_paged_attn_partial_kernel"), (2150, 10, "_walk_kernel")])]),
+    ("DRAFT_DECODE", 1, 1200, 1300, [(4, "cudaGraphLaunch", 1210, [
+        (2300, 20, "_argmax_split_kernel"), (2310, 15, "_argmax_combine_kernel")])]),
+    ("TARGET_VERIFY", 1, 1400, 1500, [(5, "cudaGraphLaunch", 1410, [
+        (2400, 90, "nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"), (2470, 40, "_rms_norm_kernel"),
+        (2500, 35, "_paged_attn_partial_kernel"), (2536, 10, "_walk_kernel")])]),
+]
+
+
+def _timeline_as_nsys_export(path):
+    fx = FakeExport(path)
+    fx.domain("graphrt", 5)
+    for phase, b, r0, r1, launches in PDL_TIMELINE:
+        fx.range(phase, b, r0, r1, 5)
+        for corr, api, t, kernels in launches:
+            fx.launch(corr, t, api)
+            for k0, dur, name in kernels:
+                fx.kernel(corr, k0, dur, name)
+    return fx.close()
+
+
+def _timeline_as_kineto_trace(path):
+    def us(ns):  # Kineto's absolute microseconds with the ns digits
+        return _us(f"{ns // 1000}.{ns % 1000:03d}")
+
+    pid, tid = 77, 78
+    ev = []
+    for phase, b, r0, r1, launches in PDL_TIMELINE:
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"graphrt/{phase}/{b}", "pid": pid, "tid": tid,
+                   "ts": us(r0), "dur": Decimal(r1 - r0) / 1000})
+        for corr, api, t, kernels in launches:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "pid": pid, "tid": tid, "ts": us(t),
+                       "dur": Decimal(5) / 1000, "args": {"correlation": corr}})
+            for k0, dur, name in kernels:
+                ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": us(k0),
+                           "dur": Decimal(dur) / 1000, "args": {"correlation": corr}})
+    path.write_text(_kineto_json(ev))
+    return path
+
+
+def _critical_figures(r):
+    cells = {key: (c.launches, c.kernels, c.wall_ns, c.total_ns,
+                   sorted((k.name, k.count, k.exclusive_ns, k.wait_ns, k.gap_ns) for k in c.kernels_by_name.values()))
+             for key, c in r.by_batch.items()}
+    paths = [[(k.name, k.duration_ns, k.exclusive_ns, k.wait_ns, k.gap_ns) for k in p.kernels] for p in r.paths]
+    return cells, paths
+
+
+def test_nsys_and_profiler_paths_agree_on_one_timeline(tmp_path):
+    """The same decode read from an Nsight export and from a Kineto trace gives the same wall,
+    exclusive, wait and gap figures, to the ns (one function computes them for both)."""
+    nsys = read_nsys_sqlite(_timeline_as_nsys_export(tmp_path / "t.sqlite"))
+    torch_r = attribute_chrome_trace(_timeline_as_kineto_trace(tmp_path / "t.json"))
+    assert _critical_figures(nsys) == _critical_figures(torch_r)
+    tv = nsys.by_batch[("TARGET_VERIFY", 1)]
+    # launch 1: 2000..2160, launch 2: 2400..2546; durations sum to 355 ns, the walls to 306 ns
+    assert (tv.wall_ns, tv.total_ns) == (160 + 146, 180 + 175)
+    norm = tv.kernels_by_name["_rms_norm_kernel"]
+    assert (norm.wait_ns, norm.exclusive_ns) == (20 + 20, 10 + 20)  # it mostly waits for the GEMM
+    assert [k.name for k in tv.top_kernels(1)] == ["nvjet_sm90_tst_8x64_64x16_4x1_v_bz_TNN"]
+    assert nsys.by_batch[("PREFILL", 1)].kernels_by_name["_rms_norm_kernel"].gap_ns == 10
+
+
 def test_torch_ranges_reach_the_kineto_trace_on_cpu(tmp_path):
     """PhaseHooks opens record_function ranges while torch_ranges() is on; a CPU-only profile
     then holds them as user annotations that the parser turns into phase ranges."""
