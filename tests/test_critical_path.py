@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,7 @@ def test_committed_tiny_export():
     r = read_nsys_sqlite(TINY)
     _check_laws(r)
     for path in r.paths:
-        # Recorded before the PDL chain reached these kernels: nothing overlaps, so each exclusive
+        # Recorded before graphrt launched kernels with PDL: nothing overlaps, so each exclusive
         # time is end - previous end, what scripts/step_timeline.py used to compute.
         prev = path.start_ns
         for k in path.kernels:
@@ -139,3 +140,48 @@ def test_committed_pdl_export_reads_as_recorded():
         cell = r.by_batch.get((phase, int(b)))
         if cell is not None:
             assert cell.kernels == n * cell.launches, (key, cell.kernels, cell.launches, n)
+
+
+def _overlapping_copy(src: Path, dst: Path) -> Path:
+    """The tiny export with every other graph kernel moved up to 0.8 us before its predecessor's
+    end, as PDL would start it."""
+    import shutil
+    import sqlite3
+
+    shutil.copyfile(src, dst)
+    con = sqlite3.connect(dst)
+    prev: dict[int, int] = {}
+    for rowid, start, corr in con.execute("SELECT rowid, start, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                          "WHERE graphNodeId IS NOT NULL ORDER BY correlationId, start").fetchall():
+        if corr in prev and rowid % 2:
+            start = max(prev[corr], start - 800)
+            con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = ? WHERE rowid = ?", (start, rowid))
+        prev[corr] = start
+    con.commit()
+    con.close()
+    return dst
+
+
+def test_fixture_maker_expect_pdl(tmp_path, monkeypatch, capsys):
+    """scripts/make_nsys_fixture.py --expect-pdl on a stand-in for nsys: refuses an export where no
+    kernel waited, writes one where kernels overlap, and what it writes passes the tests above."""
+    from graphrt.profiling import nsys_run
+
+    from tests.helpers import load_script
+
+    if not TINY.exists():
+        pytest.skip(f"{TINY} not made yet")
+    maker = load_script("make_nsys_fixture")
+    out = tmp_path / "out"
+    args = ["--name", "nsys_pdl", "--expect-pdl", "--out-dir", str(out), "--work-dir", str(tmp_path / "work")]
+    monkeypatch.setattr(nsys_run, "run_nsys", lambda *a, **kw: TINY)
+    with pytest.raises(SystemExit, match="PDL was not in effect"):
+        maker.main(args)
+    assert not out.exists()
+    full = _overlapping_copy(TINY, tmp_path / "full.sqlite")
+    monkeypatch.setattr(nsys_run, "run_nsys", lambda *a, **kw: full)
+    assert maker.main(args) == 0
+    monkeypatch.setattr(sys.modules[__name__], "PDL", out / "nsys_pdl.sqlite")
+    monkeypatch.setattr(sys.modules[__name__], "DATA", out)
+    test_committed_pdl_export_waits_are_real()
+    test_committed_pdl_export_reads_as_recorded()
