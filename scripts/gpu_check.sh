@@ -64,10 +64,14 @@ for step in $steps; do
                 --json "$OUT/decode8b.json" 2>&1 | grep -v '^bench' | log | tail -16 ;;
     peers)    python3 -m graphrt bench --damped 0.1 --batch-sizes 1,8,64 --peers --json "$OUT/decode_damped.json" \
                 2>&1 | grep -v '^bench' | log | tail -30 ;;
-    profile)  python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
-                2>&1 | log | tail -25
-              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" 2>&1 \
-                | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
+    profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
+              python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
+                2>&1 | log | tail -60
+              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" \
+                --png "$OUT/profile_nsys.png" --trace "$OUT/profile_nsys_trace.json" 2>&1 \
+                | grep -v 'Processing\|\[1/1\]' | log | tail -60
+              python3 -m graphrt profile --nsys --graph-trace --batch-sizes 1,8,64 --top 0 \
+                --json "$OUT/profile_graphtrace.json" 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
     decprof)  python3 -m graphrt profile --nsys --no-draft --batch-sizes 1,64 --top 30 --json "$OUT/profile_plain.json" \
                 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
     cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
