@@ -8,6 +8,7 @@ file with it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -106,6 +107,9 @@ def test_trace_tracks_nesting_waits_and_args(tmp_path):
     assert kernels == sum(len(p.kernels) for p in r.paths) == 24
     assert waits == sum(1 for p in r.paths for k in p.kernels if k.wait_ns) > 0
     assert [e["name"] for e in tracks[UNATTRIBUTED]] == ["stray"]
+    write_perfetto_trace(r, tmp_path / "t.json.gz")
+    with gzip.open(tmp_path / "t.json.gz", "rt") as f:
+        assert json.load(f) == data
     host = tracks["host thread 1"]
     assert len(host) == 9 and all(e["cat"] == "phase" for e in host)
     assert data["traceEvents"][0]["args"]["name"] == "graphrt GPU"
