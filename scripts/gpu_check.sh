@@ -68,7 +68,7 @@ for step in $steps; do
               python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60
               python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" \
-                --png "$OUT/profile_nsys.png" --trace "$OUT/profile_nsys_trace.json" 2>&1 \
+                --png "$OUT/profile_nsys.png" --trace "$OUT/profile_nsys_trace.json.gz" 2>&1 \
                 | grep -v 'Processing\|\[1/1\]' | log | tail -60
               python3 -m graphrt profile --nsys --graph-trace --batch-sizes 1,8,64 --top 0 \
                 --json "$OUT/profile_graphtrace.json" 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
