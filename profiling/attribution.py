@@ -17,17 +17,22 @@ whose launch lies outside every range, land in an explicit UNATTRIBUTED row, so 
 
 exactly, in integer nanoseconds. `attribute` asserts it; so do the tests.
 
-"GPU time" is the sum of kernel durations (kernels that overlap on several streams count twice);
-memcpy/memset activity is not counted.
+"Kernel time" is the sum of kernel durations (kernels that overlap, under PDL or on several
+streams, count twice); memcpy/memset activity is not counted. Beside it each phase launch gets its
+wall time and each kernel its exclusive, wait and gap time (critical_path.py), which add up to the
+wall time exactly, also asserted here.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+
+from graphrt.profiling.critical_path import LaunchPath, critical_paths
 
 UNATTRIBUTED = "unattributed"
 
@@ -71,7 +76,10 @@ class Kernel:
 class KernelStat:
     name: str  # shortened
     count: int = 0
-    total_ns: int = 0
+    total_ns: int = 0  # sum of durations
+    exclusive_ns: int = 0  # critical-path share, gaps before it included (critical_path.py)
+    wait_ns: int = 0  # duration overlapped by earlier kernels of its launch
+    gap_ns: int = 0  # idle time before it (part of exclusive_ns)
 
 
 @dataclass
@@ -82,7 +90,8 @@ class PhaseStats:
     batch_size: int | None = None  # None: every batch size
     launches: int = 0  # phase ranges (one graph replay or one eager phase call each)
     kernels: int = 0
-    total_ns: int = 0
+    total_ns: int = 0  # sum of kernel durations
+    wall_ns: int = 0  # sum over launches of first kernel start to last kernel end
     kernels_by_name: dict[str, KernelStat] = field(default_factory=dict)
 
     @property
@@ -93,20 +102,37 @@ class PhaseStats:
     def mean_ns_per_launch(self) -> float:
         return self.total_ns / self.launches if self.launches else float("nan")
 
+    @property
+    def mean_wall_ns_per_launch(self) -> float:
+        return self.wall_ns / self.launches if self.launches else float("nan")
+
     def top_kernels(self, n: int | None = None) -> list[KernelStat]:
-        ranked = sorted(self.kernels_by_name.values(), key=lambda k: (-k.total_ns, k.name))
+        """By exclusive time: a kernel that mostly waits for its producer ranks by what it costs."""
+        ranked = sorted(self.kernels_by_name.values(), key=lambda k: (-k.exclusive_ns, -k.total_ns, k.name))
         return ranked if n is None else ranked[:n]
+
+    def _stat(self, name: str) -> KernelStat:
+        short = short_kernel_name(name)
+        st = self.kernels_by_name.get(short)
+        if st is None:
+            st = self.kernels_by_name[short] = KernelStat(short)
+        return st
 
     def _add(self, kernel: Kernel) -> None:
         self.kernels += 1
         d = kernel.duration_ns
         self.total_ns += d
-        short = short_kernel_name(kernel.name)
-        st = self.kernels_by_name.get(short)
-        if st is None:
-            st = self.kernels_by_name[short] = KernelStat(short)
+        st = self._stat(kernel.name)
         st.count += 1
         st.total_ns += d
+
+    def _add_path(self, path: LaunchPath) -> None:
+        self.wall_ns += path.wall_ns
+        for k in path.kernels:
+            st = self._stat(k.name)
+            st.exclusive_ns += k.exclusive_ns
+            st.wait_ns += k.wait_ns
+            st.gap_ns += k.gap_ns
 
 
 @dataclass
@@ -118,6 +144,7 @@ class Attribution:
     total_kernels: int
     reasons: dict[str, int]  # why kernels went unattributed: reason -> kernel count
     assignment: list[tuple[Kernel, PhaseRange | None]]  # every kernel and its range (for traces)
+    paths: list[LaunchPath] = field(default_factory=list)  # per phase launch with kernels, by start
     ranges: list[PhaseRange] = field(default_factory=list)
     source: str = ""
     notes: list[str] = field(default_factory=list)
@@ -218,13 +245,23 @@ def attribute(ranges: Iterable[PhaseRange], launches: Iterable[Launch], kernels:
             by_batch[(r.name, r.batch_size)]._add(k)
         assignment.append((k, r))
 
-    # Conservation, in integer ns: every kernel is counted exactly once.
+    paths = sorted(critical_paths((r, k.start_ns, k.end_ns, k.name) for k, r in assignment if r is not None).values(),
+                   key=lambda p: (p.launch.start_ns, p.start_ns))
+    for path in paths:
+        r = path.launch
+        phases[r.name]._add_path(path)
+        by_batch[(r.name, r.batch_size)]._add_path(path)
+
+    # Conservation, in integer ns: every kernel is counted exactly once, and the exclusive times
+    # of every cell add up to its wall time.
     phase_sum = sum(p.total_ns for p in phases.values())
     assert phase_sum + un.total_ns == total_ns, (phase_sum, un.total_ns, total_ns)
     assert sum(c.total_ns for c in by_batch.values()) == phase_sum
     assert sum(p.kernels for p in phases.values()) + un.kernels == n
+    for cell in (*phases.values(), *by_batch.values()):
+        assert sum(k.exclusive_ns for k in cell.kernels_by_name.values()) == cell.wall_ns, cell.name
     return Attribution(phases=phases, by_batch=by_batch, unattributed=un, total_ns=total_ns, total_kernels=n,
-                       reasons=dict(reasons), assignment=assignment, ranges=ranges, source=source)
+                       reasons=dict(reasons), assignment=assignment, paths=paths, ranges=ranges, source=source)
 
 
 # ---- kernel names ----------------------------------------------------------------------------
@@ -261,6 +298,7 @@ def _demangle_last_identifier(name: str) -> str | None:
     return last
 
 
+@functools.lru_cache(maxsize=4096)  # called per kernel; a run has a few dozen distinct names
 def short_kernel_name(name: str, max_len: int = 64) -> str:
     """A readable label for a kernel: `void at::native::foo<4, at::native::Bar>(int, ...)` -> `foo`,
     mangled `_Z...` names -> their innermost identifier, plain names (Triton, nvjet, cutlass

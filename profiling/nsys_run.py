@@ -4,10 +4,13 @@
         --force-overwrite=true --output=DIR/graphrt python -m graphrt profile ... --_inner --_meta DIR/meta.json
     nsys export --type=sqlite --force-overwrite=true --output=DIR/graphrt.sqlite DIR/graphrt.nsys-rep
 
-(long options take `=`: the Nsight Systems user guide, "Command Line Options").
+(long options take `=`: the Nsight Systems user guide, "Command Line Options"). `--graph-trace`
+swaps in `--cuda-graph-trace=graph`: a replay is traced as one record, cheaper than tracing every
+node, and the report then has phase wall times without per-kernel detail.
 
 The inner run warms up with NVTX off and emits phase ranges only around the measured decode, the
-same part the in-process profiler sees, so both tables cover the same launches.
+same part the in-process profiler sees, so both tables cover the same launches. It times that
+decode with CUDA events too (under tracing) and writes them into its metadata.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from pathlib import Path
 
 from graphrt.profiling.attribution import ProfilingError
 
-NSYS_PROFILE_FLAGS = ["--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
-                      "--force-overwrite=true"]
+
+def nsys_profile_flags(cuda_graph_trace: str = "node") -> list[str]:
+    """cuda_graph_trace: "node" (every kernel of a replay) or "graph" (each replay whole)."""
+    return ["--trace=cuda,nvtx", f"--cuda-graph-trace={cuda_graph_trace}", "--sample=none", "--cpuctxsw=none",
+            "--force-overwrite=true"]
 
 
 class NsysError(ProfilingError):
@@ -59,13 +65,13 @@ def inner_command(args, meta_path: Path) -> list[str]:
 
 
 def run_nsys(command: list[str], out_dir: Path, name: str = "graphrt", *, env: dict | None = None,
-             timeout: float | None = None) -> Path:
+             timeout: float | None = None, cuda_graph_trace: str = "node") -> Path:
     """Profile `command` under nsys into out_dir/name.nsys-rep and export out_dir/name.sqlite."""
     nsys = find_nsys()
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / name
     run_env = {**os.environ, **(env or {}), "GRAPHRT_NVTX": "1"}
-    prof = [nsys, "profile", *NSYS_PROFILE_FLAGS, f"--output={base}", *command]
+    prof = [nsys, "profile", *nsys_profile_flags(cuda_graph_trace), f"--output={base}", *command]
     r = subprocess.run(prof, env=run_env, timeout=timeout)
     rep = next((p for p in (base.with_suffix(".nsys-rep"), base.with_suffix(".qdrep")) if p.exists()), None)
     if r.returncode != 0 or rep is None:
@@ -83,7 +89,8 @@ def profile_under_nsys(args) -> tuple[Path, dict]:
     find_nsys()
     out_dir = Path(args.nsys_dir) if getattr(args, "nsys_dir", None) else Path(tempfile.mkdtemp(prefix="graphrt-nsys-"))
     meta_path = out_dir / "meta.json"
-    sqlite = run_nsys(inner_command(args, meta_path), out_dir)
+    sqlite = run_nsys(inner_command(args, meta_path), out_dir,
+                      cuda_graph_trace="graph" if getattr(args, "graph_trace", False) else "node")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     print(f"graphrt profile: nsys report and SQLite export in {out_dir}", file=sys.stderr)
     return sqlite, meta

@@ -22,7 +22,10 @@ tests/test_profiling.py for the hand-made files and tests/data for a real export
 CUDA graphs: with `--cuda-graph-trace=node` every kernel node of a replay is a kernel row whose
 correlationId is the cudaGraphLaunch's. With the default `--cuda-graph-trace=graph` a replay is one
 row of CUPTI_ACTIVITY_KIND_GRAPH_TRACE and no kernel rows at all, so a per-phase kernel table
-would read zero for every graph phase: read_nsys_sqlite raises NsysCaptureError saying so.
+would read zero for every graph phase: read_nsys_sqlite raises NsysCaptureError saying so, unless
+asked for graph_trace=True: then each replay becomes one record named GRAPH_REPLAY spanning it,
+which gives phase wall times (node tracing slows replays; whole-graph tracing much less) and no
+per-kernel detail.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ CAPTURE_HINT = ("capture with `nsys profile -t cuda,nvtx --cuda-graph-trace=node
 
 _DEFAULT_EVENT_TYPES = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxDomainCreate": 75}
 _GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
+GRAPH_REPLAY = "cuda_graph_replay"  # the record standing for a whole replay in a graph-level trace
 
 
 class NsysCaptureError(ValueError):
@@ -169,6 +173,17 @@ def read_kernels(db: _Db, strings: dict[int, str]) -> list[Kernel]:
     return out
 
 
+def read_graph_replays(db: _Db) -> list[Kernel]:
+    """One GRAPH_REPLAY record per row of CUPTI_ACTIVITY_KIND_GRAPH_TRACE (a whole replay)."""
+    t = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+    if not db.count(t):
+        raise NsysCaptureError(f"{db.path}: no CUPTI_ACTIVITY_KIND_GRAPH_TRACE rows, so no graph was traced whole: "
+                               f"read a `--cuda-graph-trace=node` capture without --graph-trace")
+    pid_col = "globalPid" if "globalPid" in db.columns(t) else "0"
+    return [Kernel((_pid(gpid), corr), int(start), int(end), GRAPH_REPLAY)
+            for start, end, gpid, corr in db.con.execute(f"SELECT start, end, {pid_col}, correlationId FROM {t}")]
+
+
 def _no_node_trace(db: _Db, n_graph: int) -> NsysCaptureError:
     return NsysCaptureError(
         f"{db.path}: CUDA graphs were traced as whole graphs ({n_graph} rows in "
@@ -196,11 +211,13 @@ def _check_graph_kernels(db: _Db, launches: list[Launch], kernels: list[Kernel],
                             f"(graphs of memcpy/memset nodes only, or dropped records)")
 
 
-def read_nsys_sqlite(path, *, domain: str | None = DOMAIN) -> Attribution:
+def read_nsys_sqlite(path, *, domain: str | None = DOMAIN, graph_trace: bool = False) -> Attribution:
     """Per-phase kernel-time attribution from an `nsys export --type sqlite` file.
 
     domain: the NVTX domain holding the phase ranges ("graphrt"); None takes ranges from every
-    domain. Raises NsysCaptureError naming what the capture lacks and how to capture it."""
+    domain. graph_trace: the capture traced graphs whole (`--cuda-graph-trace=graph`); each replay
+    is then one GRAPH_REPLAY record. Raises NsysCaptureError naming what the capture lacks and how
+    to capture it."""
     db = _Db(path)
     try:
         if not db.tables:
@@ -208,14 +225,21 @@ def read_nsys_sqlite(path, *, domain: str | None = DOMAIN) -> Attribution:
         strings = db.strings()
         ranges = read_ranges(db, domain)
         launches = read_launches(db, strings)
-        kernels = read_kernels(db, strings)
-        if not kernels:
-            n_graph = db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
-            if n_graph:
-                raise _no_node_trace(db, n_graph)
-            raise NsysCaptureError(f"{db.path}: CUPTI_ACTIVITY_KIND_KERNEL is empty; {CAPTURE_HINT}")
-        result = attribute(ranges, launches, kernels, source=f"nsys sqlite {db.path.name}")
-        _check_graph_kernels(db, launches, kernels, result)
+        if graph_trace:
+            eager = read_kernels(db, strings) if "CUPTI_ACTIVITY_KIND_KERNEL" in db.tables else []
+            result = attribute(ranges, launches, eager + read_graph_replays(db),
+                               source=f"nsys sqlite {db.path.name}, graphs traced whole")
+            result.notes.append(f"graphs traced whole (--cuda-graph-trace=graph): a replay is one "
+                                f"{GRAPH_REPLAY} record, wall times only, no kernels inside graphs")
+        else:
+            kernels = read_kernels(db, strings)
+            if not kernels:
+                n_graph = db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+                if n_graph:
+                    raise _no_node_trace(db, n_graph)
+                raise NsysCaptureError(f"{db.path}: CUPTI_ACTIVITY_KIND_KERNEL is empty; {CAPTURE_HINT}")
+            result = attribute(ranges, launches, kernels, source=f"nsys sqlite {db.path.name}")
+            _check_graph_kernels(db, launches, kernels, result)
         per_pid = defaultdict(int)
         for r in ranges:
             per_pid[_pid(r.tid)] += 1

@@ -226,7 +226,7 @@ class PhaseHooks:
             if not _STATE.active:
                 return _NULL
             return _Range(name, batch_size)
-        return _TimedRange(_Range(name, batch_size) if _STATE.active else None, timer.phase(name))
+        return _TimedRange(_Range(name, batch_size) if _STATE.active else None, timer.phase(name, batch_size))
 
 
 _apply(_env_setting())

@@ -19,34 +19,37 @@ class PhaseTimer:
     def __init__(self, device, prealloc: int = 64):
         self.cuda = torch.device(device).type == "cuda"
         self._free = [self._pair() for _ in range(prealloc)] if self.cuda else []
-        self._pending: list[tuple[str, object, object]] = []
+        self._pending: list[tuple[str, int | None, object, object]] = []
         self.total_ms: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
+        # per (phase, batch size): what a profile's rows are keyed by
+        self.batch_total_ms: dict[tuple[str, int | None], float] = defaultdict(float)
+        self.batch_count: dict[tuple[str, int | None], int] = defaultdict(int)
 
     @staticmethod
     def _pair():
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, batch_size: int | None = None):
         if self.cuda:
             start, end = self._free.pop() if self._free else self._pair()
             start.record()
             yield
             end.record()
-            self._pending.append((name, start, end))
+            self._pending.append((name, batch_size, start, end))
         else:
             t0 = time.perf_counter()
             yield
-            self._pending.append((name, t0, time.perf_counter()))
+            self._pending.append((name, batch_size, t0, time.perf_counter()))
 
     def collect(self, wait: bool = False) -> None:
         """Fold completed phases into the totals; with wait=True, wait for all pending ones."""
         still = []
-        for name, start, end in self._pending:
+        for name, b, start, end in self._pending:
             if self.cuda:
                 if not wait and not end.query():
-                    still.append((name, start, end))
+                    still.append((name, b, start, end))
                     continue
                 end.synchronize()
                 ms = start.elapsed_time(end)
@@ -55,14 +58,23 @@ class PhaseTimer:
                 ms = (end - start) * 1e3
             self.total_ms[name] += ms
             self.count[name] += 1
+            self.batch_total_ms[(name, b)] += ms
+            self.batch_count[(name, b)] += 1
         self._pending = still
 
     def reset(self) -> None:
         self.collect(wait=True)
         self.total_ms.clear()
         self.count.clear()
+        self.batch_total_ms.clear()
+        self.batch_count.clear()
 
     def summary(self) -> dict[str, dict[str, float]]:
         self.collect(wait=True)
         return {k: {"total_ms": v, "calls": self.count[k], "mean_us": 1e3 * v / self.count[k]}
                 for k, v in self.total_ms.items()}
+
+    def mean_us_by_batch(self) -> dict[tuple[str, int | None], float]:
+        """Mean time per launch in microseconds, per (phase, batch size)."""
+        self.collect(wait=True)
+        return {k: 1e3 * v / self.batch_count[k] for k, v in self.batch_total_ms.items()}

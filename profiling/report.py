@@ -1,4 +1,4 @@
-"""Per-phase reports (text table, JSON, PNG chart, Perfetto trace) and `graphrt profile`.
+"""The per-phase report (text table and JSON) and `graphrt profile`.
 
     graphrt profile [CKPT]                     in-process: PyTorch profiler (CUPTI) attribution
     graphrt profile [CKPT] --nsys              the same workload under nsys, table from its export
@@ -6,6 +6,11 @@
 
 With no checkpoint the workload is an embedded random preset (llama-1b-shape on CUDA, tiny on the
 CPU) with a self-draft, decoded greedily at each --batch-sizes value after a warm-up.
+
+The headline per phase and batch size is the wall time per launch (first kernel start to last
+kernel end, from the trace), beside the CUDA-event time of the same launches measured without any
+profiler in the same invocation, and the sum of kernel durations, which under PDL overstates a
+phase. Kernels rank by exclusive time, their share of the wall time (critical_path.py).
 """
 
 from __future__ import annotations
@@ -15,12 +20,22 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
-from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError, short_kernel_name
-from graphrt.profiling.phases import ALL_PHASES
+from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
+from graphrt.profiling.kernel_families import kernel_family
+from graphrt.profiling.phases import ALL_PHASES, PREFILL
+from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
 from graphrt.cli import int_list
+
+# Tracing slows replays (nsys node-level graph tracing the most). Past this, the header says so.
+OVERHEAD_LIMIT = 0.05
+WALL_DEFINITION = ("wall: first kernel start to last kernel end of each launch, from the trace; events: CUDA "
+                   "events around the launch with no profiler attached (traced: the same under the profiler); "
+                   "sum: sum of kernel durations (kernels that overlap count twice)")
+KERNEL_COLUMNS = ("exclusive: how much later the launch ends because of the kernel (adds up to wall); wait: "
+                  "its duration overlapped by earlier kernels (under PDL, waiting for its producer); gap: idle "
+                  "GPU time before it (inside exclusive)")
 
 # ---- text -----------------------------------------------------------------------------------
 
@@ -37,50 +52,106 @@ def _num(x, fmt="{:.1f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
-def _ordered(result: Attribution) -> list[PhaseStats]:
+def _ordered(cells) -> list[PhaseStats]:
     order = {p: i for i, p in enumerate(ALL_PHASES)}
-    return sorted(result.phases.values(), key=lambda p: (order.get(p.name, len(order)), p.name))
+    return sorted(cells, key=lambda p: (order.get(p.name, len(order)), p.name, p.batch_size is None,
+                                        p.batch_size or 0))
 
 
-def format_table(result: Attribution, *, top: int = 3, expected_nodes: dict | None = None) -> str:
-    """The per-phase table. expected_nodes: {(phase, B): kernel nodes of the captured graph}, shown
-    beside the measured kernels per launch when given."""
-    lines = [f"per-phase GPU kernel time ({result.source}): {result.total_kernels} kernels, "
-             f"{_ms(result.total_ns)} ms in all (sum of kernel durations)"]
-    head = (f"{'phase':<15} {'launches':>8} {'kernels':>8} {'k/launch':>8} {'total ms':>9} "
-            f"{'mean us':>9} {'share':>6}  top kernels (share of the phase)")
+def _per_launch(c: PhaseStats, expected_nodes: dict | None) -> str:
+    k = _num(c.kernels_per_launch, "{:.0f}" if c.kernels % max(c.launches, 1) == 0 else "{:.1f}")
+    exp = (expected_nodes or {}).get((c.name, c.batch_size))
+    return f"{k}/{exp}" if exp is not None else k
+
+
+def wall_over_events(c: PhaseStats, events: EventTimes | None) -> float | None:
+    ev = (events or {}).get((c.name, c.batch_size))
+    if not ev or not c.launches or not c.wall_ns:
+        return None
+    return c.mean_wall_ns_per_launch / 1e3 / ev - 1
+
+
+def tracing_overhead(result: Attribution, events: EventTimes | None) -> dict | None:
+    """The cell whose traced wall time exceeds its untraced CUDA-event time the most. PREFILL is
+    left out: it runs eagerly, so its launches pay the tracer's cost per API call, which graph
+    replays do not."""
+    worst = None
+    for c in result.by_batch.values():
+        over = wall_over_events(c, events)
+        if c.name != PREFILL and over is not None and (worst is None or over > worst["overhead"]):
+            worst = {"phase": c.name, "batch_size": c.batch_size, "wall_us": c.mean_wall_ns_per_launch / 1e3,
+                     "events_us": events[(c.name, c.batch_size)], "overhead": over}
+    if worst is None:
+        return None
+    return {"limit": OVERHEAD_LIMIT, "worst": worst, "over_limit": worst["overhead"] > OVERHEAD_LIMIT}
+
+
+def _overhead_lines(result: Attribution, events: EventTimes | None) -> list[str]:
+    t = tracing_overhead(result, events)
+    if t is None:
+        return []
+    w = t["worst"]
+    line = (f"tracing overhead: wall under the profiler against CUDA events without it, worst "
+            f"{w['phase']} B={w['batch_size']}: {_num(w['wall_us'])} us against {_num(w['events_us'])} us, "
+            f"{100 * w['overhead']:+.1f}%")
+    if not t["over_limit"]:
+        return [line + f" (within {100 * OVERHEAD_LIMIT:.0f}%)"]
+    return [line + f": OVER {100 * OVERHEAD_LIMIT:.0f}%, tracing inflates these figures. "
+            "`graphrt profile --nsys --graph-trace` traces each replay whole (nsys --cuda-graph-trace=graph): "
+            "phase wall times with less overhead, no per-kernel detail"]
+
+
+def format_table(result: Attribution, *, top: int = 3, expected_nodes: dict | None = None,
+                 events: EventTimes | None = None, events_traced: EventTimes | None = None) -> str:
+    """The report. expected_nodes: {(phase, B): kernel nodes of the captured graph}, shown beside
+    the measured kernels per launch; events / events_traced: CUDA-event microseconds per launch,
+    {(phase, B): us}, without and with the profiler attached."""
+    lines = [f"graphrt profile ({result.source}): {result.total_kernels} kernels, {_ms(result.total_ns)} ms "
+             f"of kernel time in all (sum of durations)"]
+    lines += _overhead_lines(result, events)
+
+    lines += ["", f"per launch, us. {WALL_DEFINITION}"]
+    head = (f"{'phase':<15} {'B':>4} {'launches':>8} {'kernels':>9} {'wall':>9} {'events':>9} {'traced':>9} "
+            f"{'wall/ev':>8} {'sum':>9}")
     lines += [head, "-" * len(head)]
-    for p in [*_ordered(result), result.unattributed]:
-        tops = ", ".join(f"{k.name} {100 * k.total_ns / p.total_ns:.0f}%" for k in p.top_kernels(top)
-                         if p.total_ns)
+    for c in _ordered(result.by_batch.values()):
+        ev = (events or {}).get((c.name, c.batch_size))
+        tr = (events_traced or {}).get((c.name, c.batch_size))
+        ratio = wall_over_events(c, events)
+        lines.append(f"{c.name:<15} {_num(c.batch_size, '{}'):>4} {c.launches:>8} "
+                     f"{_per_launch(c, expected_nodes):>9} {_us(c.mean_wall_ns_per_launch):>9} {_num(ev):>9} "
+                     f"{_num(tr):>9} {_num(None if ratio is None else 100 * ratio, '{:+.1f}%'):>8} "
+                     f"{_us(c.mean_ns_per_launch):>9}")
+    if expected_nodes:
+        lines.append("kernels: measured per launch/kernel nodes of the captured graph")
+
+    lines += ["", "by phase, all batch sizes, ms: phases + unattributed = total kernel time"]
+    head = f"{'phase':<15} {'launches':>8} {'kernels':>8} {'wall':>9} {'sum':>9} {'share':>6}"
+    lines += [head, "-" * len(head)]
+    for p in [*_ordered(result.phases.values()), result.unattributed]:
         launches = "-" if p.name == UNATTRIBUTED else str(p.launches)
-        lines.append(f"{p.name:<15} {launches:>8} {p.kernels:>8} {_num(p.kernels_per_launch):>8} "
-                     f"{_ms(p.total_ns):>9} {_us(p.mean_ns_per_launch):>9} "
-                     f"{_num(100 * result.share(p), '{:.1f}%'):>6}  {tops}")
-    lines.append(f"{'total':<15} {'':>8} {result.total_kernels:>8} {'':>8} {_ms(result.total_ns):>9}")
+        wall = "-" if p.name == UNATTRIBUTED else _ms(p.wall_ns)
+        lines.append(f"{p.name:<15} {launches:>8} {p.kernels:>8} {wall:>9} {_ms(p.total_ns):>9} "
+                     f"{_num(100 * result.share(p), '{:.1f}%'):>6}")
+    lines.append(f"{'total':<15} {'':>8} {result.total_kernels:>8} {'':>9} {_ms(result.total_ns):>9}")
     if result.unattributed.kernels:
         why = "; ".join(f"{n} {reason}" for reason, n in sorted(result.reasons.items()))
         lines.append(f"unattributed kernels: {why}")
 
-    bs = [b for b in result.batch_sizes()]
-    if len(bs) > 1 or (bs and bs[0] is not None):
-        lines += ["", "mean GPU time per launch (us) [kernels per launch] by batch size"]
-        lines.append(f"{'phase':<15} " + " ".join(f"{'B=' + str(b):>18}" for b in bs))
-        for p in _ordered(result):
-            cells = []
-            for b in bs:
-                c = result.by_batch.get((p.name, b))
-                if c is None:
-                    cells.append(f"{'':>18}")
-                    continue
-                k = _num(c.kernels_per_launch, "{:.0f}") if c.kernels % max(c.launches, 1) == 0 else \
-                    _num(c.kernels_per_launch)
-                exp = (expected_nodes or {}).get((p.name, b))
-                k = f"{k}/{exp}" if exp is not None else k
-                cells.append(f"{_us(c.mean_ns_per_launch) + ' [' + k + ']':>18}")
-            lines.append(f"{p.name:<15} " + " ".join(cells))
-        if expected_nodes:
-            lines.append("[measured kernels per launch/kernel nodes of the captured graph]")
+    if top > 0:
+        lines += ["", f"top kernels by exclusive time, us per launch. {KERNEL_COLUMNS}"]
+        for c in _ordered(result.by_batch.values()):
+            if not c.kernels:
+                continue
+            lines.append(f"{c.name} B={c.batch_size}: wall {_us(c.mean_wall_ns_per_launch)} us per launch")
+            lines.append(f"  {'kernel':<44} {'family':<9} {'n':>5} {'excl':>8} {'wait':>8} {'gap':>7} {'dur':>8} "
+                         f"{'excl%':>6}")
+            for k in c.top_kernels(top):
+                per = c.launches
+                lines.append(f"  {k.name[:44]:<44} {kernel_family(k.name):<9} {_num(k.count / per):>5} "
+                             f"{_us(k.exclusive_ns / per):>8} {_us(k.wait_ns / per):>8} {_us(k.gap_ns / per):>7} "
+                             f"{_us(k.total_ns / per):>8} "
+                             f"{_num(100 * k.exclusive_ns / c.wall_ns if c.wall_ns else None, '{:.0f}%'):>6}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 
@@ -93,6 +164,7 @@ def _clean(x):
 
 
 def _stats_json(result: Attribution, p: PhaseStats, top: int | None) -> dict:
+    has_wall = p.name != UNATTRIBUTED
     return {
         "phase": p.name,
         "batch_size": p.batch_size,
@@ -101,22 +173,35 @@ def _stats_json(result: Attribution, p: PhaseStats, top: int | None) -> dict:
         "kernels_per_launch": _clean(p.kernels_per_launch),
         "total_ns": p.total_ns,
         "mean_ns_per_launch": _clean(p.mean_ns_per_launch),
+        "wall_ns": p.wall_ns if has_wall else None,
+        "mean_wall_ns_per_launch": _clean(p.mean_wall_ns_per_launch) if has_wall else None,
         "share": _clean(result.share(p)),
-        "top_kernels": [{"name": k.name, "count": k.count, "total_ns": k.total_ns,
-                         "share_of_phase": k.total_ns / p.total_ns if p.total_ns else None}
+        "top_kernels": [{"name": k.name, "family": kernel_family(k.name), "count": k.count, "total_ns": k.total_ns,
+                         "share_of_phase": k.total_ns / p.total_ns if p.total_ns else None,
+                         "exclusive_ns": k.exclusive_ns, "wait_ns": k.wait_ns, "gap_ns": k.gap_ns,
+                         "exclusive_share_of_wall": k.exclusive_ns / p.wall_ns if p.wall_ns else None}
                         for k in p.top_kernels(top)],
     }
 
 
-def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = None) -> dict:
+def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = None,
+            events: EventTimes | None = None, events_traced: EventTimes | None = None) -> dict:
+    by_batch = []
+    for c in _ordered(result.by_batch.values()):
+        cell = _stats_json(result, c, top)
+        cell["cuda_events_us"] = (events or {}).get((c.name, c.batch_size))
+        cell["cuda_events_traced_us"] = (events_traced or {}).get((c.name, c.batch_size))
+        cell["wall_over_events"] = wall_over_events(c, events)
+        by_batch.append(cell)
     out = {
         "source": result.source,
+        "definitions": {"per_launch": WALL_DEFINITION, "kernels": KERNEL_COLUMNS},
         "total_ns": result.total_ns,
         "total_kernels": result.total_kernels,
-        "phases": [_stats_json(result, p, top) for p in _ordered(result)],
+        "tracing_overhead": tracing_overhead(result, events),
+        "phases": [_stats_json(result, p, top) for p in _ordered(result.phases.values())],
         "unattributed": {**_stats_json(result, result.unattributed, top), "reasons": result.reasons},
-        "by_batch": [_stats_json(result, c, top)
-                     for _, c in sorted(result.by_batch.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))],
+        "by_batch": by_batch,
         "notes": result.notes,
     }
     if meta:
@@ -129,72 +214,7 @@ def write_json(result: Attribution, path, **kw) -> None:
         json.dump(to_json(result, **kw), f, indent=2)
 
 
-# ---- PNG --------------------------------------------------------------------------------------
-
-
-def write_png(result: Attribution, path) -> None:
-    """Stacked bars: mean GPU time per launch of each phase (one launch of each makes a cycle), one
-    bar per batch size."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ProfilingError("the PNG chart needs matplotlib: `pip install matplotlib` (the table and JSON "
-                           "do not)") from None
-    # PREFILL is once per request, not once per cycle: it would stack a prompt pass onto a cycle
-    cycle_phases = [p for p in _ordered(result) if p.name != "PREFILL"]
-    bs = [b for b in result.batch_sizes() if any((p.name, b) in result.by_batch for p in cycle_phases)]
-    labels = [str(b) if b is not None else "?" for b in bs]
-    fig, ax = plt.subplots(figsize=(1.2 * len(bs) + 4, 4.5))
-    bottom = [0.0] * len(bs)
-    for p in cycle_phases:
-        vals = []
-        for b in bs:
-            c = result.by_batch.get((p.name, b))
-            vals.append(c.mean_ns_per_launch / 1e3 if c is not None and c.launches else 0.0)
-        ax.bar(labels, vals, bottom=bottom, label=p.name)
-        bottom = [x + y for x, y in zip(bottom, vals)]
-    ax.set_xlabel("batch size (bucket)")
-    ax.set_ylabel("GPU kernel time per launch (µs)")
-    ax.set_title(f"graphrt per-phase GPU time per cycle\n{result.source}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# ---- Perfetto / Chrome trace -----------------------------------------------------------------
-
-
-def write_perfetto_trace(result: Attribution, path) -> None:
-    """Chrome trace JSON (opens in ui.perfetto.dev and chrome://tracing): one row per phase holding
-    that phase's kernels (GPU time), an unattributed row, and a host row with the phase ranges."""
-    rows = [p.name for p in _ordered(result)] + [UNATTRIBUTED]
-    tid = {name: i + 1 for i, name in enumerate(rows)}
-    host_tid = len(rows) + 1
-    ev: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "graphrt phases"}}]
-    for name, t in [*tid.items(), ("host: phase ranges", host_tid)]:
-        ev.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": name}})
-        ev.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": t, "args": {"sort_index": t}})
-    for k, r in result.assignment:
-        row = r.name if r is not None else UNATTRIBUTED
-        args = {"kernel": k.name}
-        if r is not None:
-            args["batch_size"] = r.batch_size
-        if k.graph_node_id is not None:
-            args["graph_node_id"] = k.graph_node_id
-        ev.append({"ph": "X", "name": short_kernel_name(k.name), "pid": 1, "tid": tid[row], "ts": k.start_ns / 1e3,
-                   "dur": k.duration_ns / 1e3, "cat": "kernel", "args": args})
-    for r in result.ranges:
-        ev.append({"ph": "X", "name": r.name, "pid": 1, "tid": host_tid, "ts": r.start_ns / 1e3,
-                   "dur": (r.end_ns - r.start_ns) / 1e3, "cat": "phase", "args": {"batch_size": r.batch_size}})
-    with open(path, "w") as f:
-        json.dump({"traceEvents": ev, "displayTimeUnit": "ns"}, f)
-
-
-# ---- the workload -------------------------------------------------------------------------------
+# ---- graphrt profile ----------------------------------------------------------------------------
 
 
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
@@ -206,137 +226,86 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every phase runs eagerly")
     p.add_argument("--nsys", action="store_true", help="run the workload under nsys and read its SQLite export")
     p.add_argument("--nsys-dir", help="keep the .nsys-rep and .sqlite here (default: a temporary directory)")
+    p.add_argument("--graph-trace", action="store_true",
+                   help="--nsys: trace each graph replay whole (nsys --cuda-graph-trace=graph), less overhead, "
+                        "phase wall times only; --from-sqlite: read such a capture")
     p.add_argument("--from-sqlite", help="attribute kernel time from an existing `nsys export --type sqlite` file")
     p.add_argument("--domain", default="graphrt", help="NVTX domain of the phase ranges (--from-sqlite)")
     p.add_argument("--batch-sizes", type=int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, help="tokens per request (default 32 CUDA / 8 CPU)")
-    p.add_argument("--json", dest="json_out", help="write the table as JSON")
-    p.add_argument("--png", help="write a chart of per-phase time per batch size (needs matplotlib)")
-    p.add_argument("--trace", help="write a Chrome/Perfetto trace with one row per phase")
-    p.add_argument("--top", type=int, default=3, help="top kernels per phase in the table")
+    p.add_argument("--json", dest="json_out", help="write the report's numbers as JSON")
+    p.add_argument("--png", help="write a stacked bar per phase and batch size of exclusive time by kernel family "
+                                 "(needs matplotlib)")
+    p.add_argument("--trace", help="write a Perfetto/Chrome trace: a track per phase, kernels inside their launch, "
+                                   "waits as slices of their own")
+    p.add_argument("--top", type=int, default=3, help="top kernels by exclusive time per phase and batch size")
     p.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # the run under nsys
     p.add_argument("--_meta", help=argparse.SUPPRESS)  # inner run: write graph node counts here
 
 
-class Workload:
-    """The profiled run: a Runtime with graphs captured for exactly the batch sizes profiled."""
-
-    def __init__(self, args, *, cupti_warmup: bool = False):
-        """cupti_warmup: open an empty profiler session before capturing (in-process profiling only;
-        under nsys a second CUPTI client would compete with nsys's)."""
-        import torch
-
-        from graphrt.presets import default_checkpoints
-        from graphrt.runtime import Runtime
-
-        self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        on_cuda = self.device.type == "cuda"
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
-            getattr(args, "dtype", None), torch.bfloat16 if on_cuda else torch.float32)
-        self.batch_sizes = list(getattr(args, "batch_sizes", None) or ([1, 8, 64] if on_cuda else [1, 4]))
-        self.prompt_len = getattr(args, "prompt_len", 32)
-        self.max_new = getattr(args, "max_new_tokens", None) or (32 if on_cuda else 8)
-        target, draft, draft_desc = default_checkpoints(
-            getattr(args, "checkpoint", None), getattr(args, "draft", None), dtype,
-            no_draft=getattr(args, "no_draft", False), draft_layers=getattr(args, "draft_layers", None),
-            preset=getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny"))
-        self.desc = f"target {target}; draft: {draft_desc}"
-        max_bs = max(self.batch_sizes)
-        seq = self.prompt_len + self.max_new + 8
-        graphs = on_cuda and not getattr(args, "eager", False)
-        self.rt = Runtime.from_pretrained(target, draft, num_draft_tokens=getattr(args, "num_draft_tokens", 3),
-                                          device=self.device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
-                                          kv_budget_tokens=max_bs * (seq + 64), buckets=tuple(self.batch_sizes),
-                                          use_cuda_graphs=graphs)
-        self.graph_nodes: dict[tuple[str, int], int] = {}
-        if graphs:
-            if cupti_warmup:
-                from graphrt.profiling.torch_profile import init_cupti_for_cuda_graphs
-
-                init_cupti_for_cuda_graphs()
-            try:
-                recs = self.rt.capture(inspect_kernels=True)
-                self.graph_nodes = {(r.phase, r.batch_size): r.num_kernel_nodes for r in recs}
-            except (ImportError, RuntimeError):  # no cuda-python / keep_graph: capture without listing
-                self.rt.capture(inspect_kernels=False)
-
-    def decode(self, batch_size: int, max_new_tokens: int, seed: int = 0) -> None:
-        import torch
-
-        from graphrt.params import SamplingParams
-
-        g = torch.Generator().manual_seed(seed)
-        prompts = torch.randint(0, self.rt.vocab_size, (batch_size, self.prompt_len), generator=g).tolist()
-        self.rt.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
-
-    def warm_up(self) -> None:
-        for b in self.batch_sizes:
-            self.decode(b, min(4, self.max_new))
-        self._sync()
-
-    def run(self) -> None:
-        for b in self.batch_sizes:
-            self.decode(b, self.max_new, seed=1)
-        self._sync()
-
-    def _sync(self):
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def meta(self) -> dict:
-        import torch
-
-        return {"workload": self.desc, "batch_sizes": self.batch_sizes, "prompt_len": self.prompt_len,
-                "max_new_tokens": self.max_new, "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-                "graph_kernel_nodes": {f"{p}/{b}": n for (p, b), n in sorted(self.graph_nodes.items())}}
-
-
-# ---- graphrt profile ----------------------------------------------------------------------------
-
-
-def emit(result: Attribution, args, *, expected_nodes=None, meta=None, out=None) -> None:
-    print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes), file=out or sys.stdout)
+def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=None, events_traced=None,
+         out=None) -> None:
+    print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes, events=events,
+                       events_traced=events_traced), file=out or sys.stdout)
     if getattr(args, "json_out", None):
-        write_json(result, args.json_out, meta=meta)
+        write_json(result, args.json_out, meta=meta, events=events, events_traced=events_traced)
     if getattr(args, "png", None):
+        from graphrt.profiling.family_chart import write_png
+
         write_png(result, args.png)
     if getattr(args, "trace", None):
+        from graphrt.profiling.perfetto_trace import write_perfetto_trace
+
         write_perfetto_trace(result, args.trace)
+
+
+def _untraced_events(args) -> EventTimes:
+    """CUDA-event times of the workload in this process, where no profiler is attached."""
+    w = Workload(args)
+    w.warm_up()
+    return w.run()
 
 
 def cli_main(args) -> int:
     """The body of `graphrt profile` (args from add_profile_arguments plus the CLI's common ones).
     Errors the user can fix are raised as GraphrtError with the fix in the message."""
+    from pathlib import Path
+
     from graphrt.profiling import nsys_run
     from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
     from graphrt.profiling.nvtx_ranges import disable_nvtx, enable_nvtx
 
     from graphrt.errors import GraphrtError
 
+    graph_trace = getattr(args, "graph_trace", False)
     try:
         if getattr(args, "from_sqlite", None):
-            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None), args)
+            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None, graph_trace=graph_trace), args)
             return 0
         if getattr(args, "_inner", False):  # running under nsys: ranges only around the measured run
             w = Workload(args)
             disable_nvtx()
             w.warm_up()
             enable_nvtx(True)
-            w.run()
+            traced = w.run()
             disable_nvtx()
             if getattr(args, "_meta", None):
-                Path(args._meta).write_text(json.dumps(w.meta(), indent=2))
+                Path(args._meta).write_text(json.dumps({**w.meta(), "cuda_events_traced_us": keyed_to_json(traced)},
+                                                       indent=2))
             return 0
         if getattr(args, "nsys", False):
             sqlite, meta = nsys_run.profile_under_nsys(args)
-            nodes = {tuple(k.rsplit("/", 1)): v for k, v in meta.get("graph_kernel_nodes", {}).items()}
-            nodes = {(p, int(b)): v for (p, b), v in nodes.items()}
-            emit(read_nsys_sqlite(sqlite), args, expected_nodes=nodes, meta=meta)
+            result = read_nsys_sqlite(sqlite, graph_trace=graph_trace)
+            # nsys has exited: the same workload in this process is the untraced reference
+            print("graphrt profile: timing the same workload with CUDA events, no profiler attached", file=sys.stderr)
+            events = _untraced_events(args)
+            emit(result, args, expected_nodes=keyed_from_json(meta.get("graph_kernel_nodes")),
+                 meta={**meta, "cuda_events_us": keyed_to_json(events)}, events=events,
+                 events_traced=keyed_from_json(meta.get("cuda_events_traced_us")))
             return 0
+        if graph_trace:
+            raise ProfilingError("--graph-trace is an nsys capture mode: use it with --nsys or --from-sqlite")
         import torch
         from graphrt.profiling.torch_profile import profile_callable
 
@@ -350,8 +319,11 @@ def cli_main(args) -> int:
         w.warm_up()
         print(f"graphrt profile: {w.desc}; batch sizes {w.batch_sizes}, {w.max_new} new tokens per request",
               file=sys.stderr)
-        result = profile_callable(w.run)
-        emit(result, args, expected_nodes=w.graph_nodes, meta=w.meta())
+        events = w.run()  # the same decode, before the profiler attaches
+        traced: EventTimes = {}
+        result = profile_callable(lambda: traced.update(w.run()))
+        emit(result, args, expected_nodes=w.graph_nodes, meta={**w.meta(), "cuda_events_us": keyed_to_json(events)},
+             events=events, events_traced=traced)
         return 0
     except (NsysCaptureError, ProfilingError, FileNotFoundError) as exc:
         raise GraphrtError(str(exc)) from None

@@ -64,10 +64,14 @@ for step in $steps; do
                 --json "$OUT/decode8b.json" 2>&1 | grep -v '^bench' | log | tail -16 ;;
     peers)    python3 -m graphrt bench --damped 0.1 --batch-sizes 1,8,64 --peers --json "$OUT/decode_damped.json" \
                 2>&1 | grep -v '^bench' | log | tail -30 ;;
-    profile)  python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
-                2>&1 | log | tail -25
-              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" 2>&1 \
-                | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
+    profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
+              python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
+                2>&1 | log | tail -60
+              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" \
+                --png "$OUT/profile_nsys.png" --trace "$OUT/profile_nsys_trace.json.gz" 2>&1 \
+                | grep -v 'Processing\|\[1/1\]' | log | tail -60
+              python3 -m graphrt profile --nsys --graph-trace --batch-sizes 1,8,64 --top 0 \
+                --json "$OUT/profile_graphtrace.json" 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
     decprof)  python3 -m graphrt profile --nsys --no-draft --batch-sizes 1,64 --top 30 --json "$OUT/profile_plain.json" \
                 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
     cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
@@ -135,12 +139,11 @@ for step in $steps; do
               GRAPHRT_PDL=0 python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
                 --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_nopdl.json" 2>&1 \
                 | grep -v '^graphrt' | sed "s/^/PDL=0 /" | log ;;
-    timeline) # critical-path share of each kernel of plain decode at a 4k context (PDL on), per preset
+    timeline) # exclusive (critical-path) time of each kernel of plain decode at a 4k context (PDL on), per preset
               for pr in ${TL_PRESETS:-llama-8b-shape llama-1b-shape}; do
-                python3 -m graphrt profile --nsys --nsys-dir "/tmp/tl_$pr" --no-draft --preset $pr --prompt-len 4064 \
-                  --max-new-tokens 32 --batch-sizes 1 --top 0 > /dev/null 2>&1
-                python3 scripts/step_timeline.py "/tmp/tl_$pr/graphrt.sqlite" --json "$OUT/timeline_$pr.json" 2>&1 \
-                  | head -${TL_ROWS:-16} | sed "s/^/[$pr] /" | log; done ;;
+                python3 -m graphrt profile --nsys --no-draft --preset $pr --prompt-len 4064 --max-new-tokens 32 \
+                  --batch-sizes 1 --top ${TL_ROWS:-16} --json "$OUT/timeline_$pr.json" 2>&1 \
+                  | grep -v 'Processing\|\[1/1\]' | sed "s/^/[$pr] /" | log | tail -$(( ${TL_ROWS:-16} + 12 )); done ;;
     aknobs)   python3 scripts/argmax_knobs.py --batch-sizes ${AKNOBS_B:-1,8,64} 2>&1 | log ;;
     afloor)   python3 scripts/argmax_floor.py --batch-sizes ${AFLOOR_B:-64,8} --out "$OUT/argmax_floor.json" 2>&1 | log ;;
     early)    # session 8: the attention's early metadata reads (kernels/pdl.py, "Settled memory"): GPU tests
