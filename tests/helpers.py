@@ -70,3 +70,16 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def bit_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    """Where two tensors that should be bit-equal differ: count, largest difference, first index."""
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+    ne = (a != b) & ~(a.isnan() & b.isnan())
+    if not bool(ne.any()):
+        return "equal"
+    idx = ne.nonzero()[0].tolist()
+    d = (a.float() - b.float()).abs()[ne]
+    return (f"{int(ne.sum())} of {a.numel()} elements differ, max |diff| {float(d.max()):.3g}, "
+            f"first at {idx}: {a[tuple(idx)].item()} vs {b[tuple(idx)].item()}")

@@ -18,6 +18,8 @@ from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
 from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul, select_config
 
+from tests.helpers import bit_diff
+
 
 def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
@@ -244,7 +246,8 @@ def test_gpu_paths_and_splits(cuda, path, fused):
         x, w, b = _case(m, 2048 + 40, 2048 + 72, torch.bfloat16, gen, bias=True, device=cuda, x_pad=8)
         if path != "dot" and m > 1:  # per row: each row the M = 1 launch's bits
             rows = torch.cat([gemv_triton(x[i : i + 1], w, b) for i in range(m)])
-            assert torch.equal(gemv_triton(x, w, b, per_row=True), rows), f"seed={seed} m={m} per_row"
+            y = gemv_triton(x, w, b, per_row=True)
+            assert torch.equal(y, rows), f"seed={seed} m={m} per_row: {bit_diff(y, rows)}"
         for split in (1, 3, 8):
             y = gemv_triton(x, w, b, use_dot=path == "dot", reduce_each=path == "fma_reduce_each",
                             split_k=split, fused=fused)

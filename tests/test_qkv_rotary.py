@@ -20,6 +20,7 @@ from graphrt.kernels.qkv_rotary import (
 )
 
 from graphrt.models.layers import Rotary
+from tests.helpers import bit_diff
 
 
 def _seed() -> int:
@@ -116,5 +117,6 @@ def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias
     assert fusable(args[0], args[1], args[6], has_qk_norm=False)
     q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
     msg = f"seed={seed} hidden={hidden} heads={hq}/{hkv} d={d} bias={bias} tokens={tokens}"
-    assert torch.equal(q_fused, q_ref), msg
-    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), msg
+    assert torch.equal(q_fused, q_ref), f"{msg}: q {bit_diff(q_fused, q_ref)}"
+    assert torch.equal(kc, kc2), f"{msg}: k cache {bit_diff(kc, kc2)}"
+    assert torch.equal(vc, vc2), f"{msg}: v cache {bit_diff(vc, vc2)}"
