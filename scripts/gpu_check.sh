@@ -5,7 +5,7 @@
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
 # attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair (default: tests kernels capture decode
+# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair plainab (default: tests kernels capture decode
 # peers profile nvtx).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -54,6 +54,15 @@ for step in $steps; do
                 --png "$OUT/sweep1b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
     sweep8b)  python3 -m graphrt bench --sweep-accept --preset llama-8b-shape --max-new-tokens 64 \
                 --json "$OUT/sweep8b.json" --png "$OUT/sweep8b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
+    # plain decode at B = 1, this tree against abtmp/old (an older checkout, carried), alternating, each
+    # with its own checkpoint cache: "nothing measured today gets slower", by A/B in one run
+    plainab)  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite abtmp/old >/dev/null 2>&1
+              PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} python3 -c 'import graphrt; print("old tree:", graphrt.__file__)' | log
+              for p in llama-1b-shape llama-8b-shape; do for r in 1 2; do for v in new old; do
+                if [ $v = old ]; then pp=/tmp/oldsite:${PYTHONPATH:-}; c=/tmp/gc_old; else pp=${PYTHONPATH:-}; c=$GRAPHRT_CACHE; fi
+                PYTHONPATH=$pp GRAPHRT_CACHE=$c python3 -m graphrt bench --preset $p --no-draft --batch-sizes 1 \
+                  --max-new-tokens 128 2>&1 | grep -E '^plain' | sed "s/^/$p $v /" | log
+              done; done; done ;;
     # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
     # (the model must be installed or SMOLLM2 point at the .gguf: see scripts/device_smollm2.sh)
     realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --json "$OUT/realpair.json" 2>&1 \
