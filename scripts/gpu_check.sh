@@ -57,11 +57,15 @@ for step in $steps; do
     # plain decode at B = 1, this tree against abtmp/old (an older checkout, carried), alternating, each
     # with its own checkpoint cache: "nothing measured today gets slower", by A/B in one run
     plainab)  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite abtmp/old >/dev/null 2>&1
-              PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} python3 -c 'import graphrt; print("old tree:", graphrt.__file__)' | log
+              # the editable install's import finder and the checkout (cwd) outrank PYTHONPATH: the old runs drop both
+              old='import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_module("graphrt", run_name="__main__", alter_sys=True)'
               for p in llama-1b-shape llama-8b-shape; do for r in 1 2; do for v in new old; do
-                if [ $v = old ]; then pp=/tmp/oldsite:${PYTHONPATH:-}; c=/tmp/gc_old; else pp=${PYTHONPATH:-}; c=$GRAPHRT_CACHE; fi
-                PYTHONPATH=$pp GRAPHRT_CACHE=$c python3 -m graphrt bench --preset $p --no-draft --batch-sizes 1 \
-                  --max-new-tokens 128 2>&1 | grep -E '^plain' | sed "s/^/$p $v /" | log
+                if [ $v = old ]; then run=(env PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} GRAPHRT_CACHE=/tmp/gc_old python3 -c "$old")
+                else run=(python3 -m graphrt); fi
+                "${run[@]}" bench --preset $p --no-draft --batch-sizes 1 --max-new-tokens 128 2>&1 \
+                  | grep -E '^(plain-graphs |tree:)' | sed "s/^/$p $v /" | log
               done; done; done ;;
     # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
     # (the model must be installed or SMOLLM2 point at the .gguf: see scripts/device_smollm2.sh)
