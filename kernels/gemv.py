@@ -22,7 +22,8 @@ Two code paths in one kernel, both deterministic:
     for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
     traffic lost (H200, M = 4: llama-1b-shape TARGET_VERIFY 1047 -> 2193 us, llama-8b-shape 4585
     -> 11109 us), so only small ones, bound by launch latency, take it (SmolLM2-135M's verify:
-    772 -> 707 us).
+    772 -> 707 us). A 16 MiB bound (llama-1b-shape's qkv and o projections too, whose norm and
+    rotary launches the fusions would save) lost as well: TARGET_VERIFY at B = 1 1073 -> 1197 us.
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the

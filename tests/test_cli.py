@@ -104,6 +104,6 @@ def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
 def test_break_even_interpolates():
     from graphrt.bench import break_even
 
-    rows = [{"K": 3, "batch_size": 1, "L": L, "speedup": s} for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
-    rows += [{"K": 3, "batch_size": 8, "L": L, "speedup": s} for L, s in ((1.0, 0.5), (1.5, 0.9))]
+    rows = [{"K": 3, "batch_size": 1, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
+    rows += [{"K": 3, "batch_size": 8, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.5), (1.5, 0.9))]
     assert break_even(rows) == {(3, 1): pytest.approx(1.75), (3, 8): None}
