@@ -324,9 +324,10 @@ def test_sqlite_reader_missing_tables(tmp_path, missing, match):
         read_nsys_sqlite(fx.close())
 
 
-def test_sqlite_reader_graph_level_capture_gets_a_clear_message(tmp_path):
-    """--cuda-graph-trace=graph (nsys's default): replays are GRAPH_TRACE rows, no kernel rows."""
-    fx = FakeExport(tmp_path / "a.sqlite")
+def _whole_graph_export(path):
+    """A --cuda-graph-trace=graph capture: one TARGET_VERIFY replay as a GRAPH_TRACE row (60 ns),
+    one eager PREFILL kernel (7 ns)."""
+    fx = FakeExport(path)
     fx.domain("graphrt", 5)
     fx.range("TARGET_VERIFY", 8, 100, 200, 5)
     fx.launch(1, 110, "cudaGraphLaunch_v10000")
@@ -334,9 +335,14 @@ def test_sqlite_reader_graph_level_capture_gets_a_clear_message(tmp_path):
     fx.range("PREFILL", 1, 300, 400, 5)  # eager work still has kernel rows
     fx.launch(2, 310)
     fx.kernel(2, 2000, 7, "prefill_gemm")
+    return fx.close()
+
+
+def test_sqlite_reader_graph_level_capture_gets_a_clear_message(tmp_path):
+    """--cuda-graph-trace=graph (nsys's default): replays are GRAPH_TRACE rows, no kernel rows."""
     with pytest.raises(NsysCaptureError, match=r"whole graphs \(1 rows in CUPTI_ACTIVITY_KIND_GRAPH_TRACE.*"
                                                r"--cuda-graph-trace=node"):
-        read_nsys_sqlite(fx.close())
+        read_nsys_sqlite(_whole_graph_export(tmp_path / "a.sqlite"))
 
 
 def test_sqlite_reader_graph_level_capture_without_kernel_table(tmp_path):
@@ -741,15 +747,7 @@ def test_cli_main_from_sqlite(tmp_path, capsys):
 
 def test_cli_graph_trace_reads_whole_graph_captures(tmp_path, capsys):
     """--graph-trace: each replay is one record; its span is the phase's wall time."""
-    fx = FakeExport(tmp_path / "a.sqlite")
-    fx.domain("graphrt", 5)
-    fx.range("TARGET_VERIFY", 8, 100, 200, 5)
-    fx.launch(1, 110, "cudaGraphLaunch_v10000")
-    fx.graph_trace(1, 1000, 60)
-    fx.range("PREFILL", 1, 300, 400, 5)  # eager work still has kernel rows
-    fx.launch(2, 310)
-    fx.kernel(2, 2000, 7, "prefill_gemm")
-    path = fx.close()
+    path = _whole_graph_export(tmp_path / "a.sqlite")
     r = read_nsys_sqlite(path, graph_trace=True)
     assert r.by_batch[("TARGET_VERIFY", 8)].wall_ns == 60 and r.by_batch[("PREFILL", 1)].wall_ns == 7
     assert any("--cuda-graph-trace=graph" in n for n in r.notes)

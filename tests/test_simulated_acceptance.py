@@ -80,14 +80,21 @@ def test_rate_bounds_and_bad_length():
             acceptance_rate_for(bad, 3)
 
 
-def test_runtime_decodes_at_the_set_acceptance(tmp_path):
-    from graphrt import Runtime, SamplingParams
+def _simulating_runtime(path, device, dtype, max_seq_len, L):
+    """The tiny target with a one-layer EAGLE self-draft, K = 3, 16 slots, simulating acceptance L."""
+    from graphrt import Runtime
     from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
-    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.float32, seed=5)
-    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
-    rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu", max_batch_size=16,
-                                 max_seq_len=128, simulate_acceptance_length=2.5)
+    write_random_checkpoint(path / "t", "tiny", dtype=dtype, seed=5)
+    self_draft(path / "t", path / "d", 1, kind="eagle")
+    return Runtime.from_pretrained(path / "t", path / "d", num_draft_tokens=3, device=device, max_batch_size=16,
+                                   max_seq_len=max_seq_len, simulate_acceptance_length=L)
+
+
+def test_runtime_decodes_at_the_set_acceptance(tmp_path):
+    from graphrt import Runtime, SamplingParams
+
+    rt = _simulating_runtime(tmp_path, "cpu", torch.float32, 128, 2.5)
     prompts = torch.randint(3, 500, (16, 5), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(max_new_tokens=64, ignore_eos=True)
     for L in (2.5, 1.0, 4.0):
@@ -128,13 +135,9 @@ def test_gpu_triton_equals_reference(cuda, B, K, V, L):
 
 @pytest.mark.gpu
 def test_gpu_graphs_decode_at_the_set_acceptance(cuda, tmp_path):
-    from graphrt import Runtime, SamplingParams
-    from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+    from graphrt import SamplingParams
 
-    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.bfloat16, seed=5)
-    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
-    rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cuda", max_batch_size=16,
-                                 max_seq_len=160, simulate_acceptance_length=3.0)
+    rt = _simulating_runtime(tmp_path, "cuda", torch.bfloat16, 160, 3.0)
     prompts = torch.randint(3, 500, (16, 5), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_new_tokens=128, ignore_eos=True)
     for L in (3.0, 1.5):
