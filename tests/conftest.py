@@ -10,6 +10,12 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+def pytest_report_header(config):
+    from tests.seeds import BASE
+
+    return f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run's random cases)"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -2,7 +2,7 @@
 
 On CPU the Triton kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at small sizes; the
 `gpu` tests repeat the comparisons at Llama-3.1-8B sizes in bf16. Every random case draws a fresh
-seed from os.urandom and prints it in the assertion message.
+seed (tests/seeds.py: replayable with GRAPHRT_TEST_SEED) and prints it in the assertion message.
 
 Every cache slot that is not a live KV position is poisoned with NaN: a kernel that reads a block
 past the live length (table entries of -1, huge or stale ids: vLLM #43682) or the tail of the last
@@ -27,6 +27,8 @@ from graphrt.kernels.attention import (
     store_kv_triton,
 )
 
+from tests.seeds import fresh_seed
+
 # (atol, rtol) of an output against the fp32 reference, by dtype. bf16/fp16 kernels round the
 # softmax weights to the cache dtype before the PV product, as flash attention does.
 TOL = {
@@ -36,8 +38,6 @@ TOL = {
 }
 
 
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def make_case(
@@ -137,7 +137,7 @@ def assert_close(actual, expected, dtype, seed, what):
     [(1, 1, 16, 4), (2, 2, 16, 16), (4, 4, 64, 4), (6, 2, 16, 4), (37, 2, 16, 16)],
 )
 def test_reference_matches_dense(query_len, group, head_dim, page):
-    seed = _seed()
+    seed = fresh_seed()
     hkv = 2
     lens = ragged_lens(query_len, page) if query_len < 37 else [60]
     q, kc, vc, bt, sl, dense = make_case(
@@ -156,7 +156,7 @@ def test_reference_matches_dense(query_len, group, head_dim, page):
 
 
 def test_reference_out_and_dispatch():
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl, dense = make_case(
         seed, [5, 9], query_len=2, hq=4, hkv=2, head_dim=16, page=4, dtype=torch.float32
     )
@@ -180,7 +180,7 @@ TRITON_CASES = [
 
 @pytest.mark.parametrize("query_len,group,head_dim,page,dtype", TRITON_CASES)
 def test_triton_matches_reference(query_len, group, head_dim, page, dtype):
-    seed = _seed()
+    seed = fresh_seed()
     hkv = 2
     q, kc, vc, bt, sl, dense = make_case(
         seed, ragged_lens(query_len, page), query_len=query_len, hq=hkv * group, hkv=hkv,
@@ -207,7 +207,7 @@ def test_triton_matches_reference(query_len, group, head_dim, page, dtype):
 @pytest.mark.parametrize("dtype,num_splits", [(torch.float32, None), (torch.bfloat16, 2)])
 def test_triton_prefill(dtype, num_splits):
     """B = 1, query_len = 37 > one query tile (GQA 4: 16-row tiles), causal skipping per tile."""
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl, dense = make_case(
         seed, [45], query_len=37, hq=8, hkv=2, head_dim=16, page=16, dtype=dtype
     )
@@ -223,7 +223,7 @@ def test_triton_prefill(dtype, num_splits):
 def test_triton_workspace_stale_entries_never_read():
     """A reused workspace full of NaN, then of another call's partials, never leaks into the output:
     the merge kernel reads only the splits this call wrote (graph replays reuse one workspace)."""
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl, _ = make_case(
         seed, [70, 33, 4, 1], query_len=2, hq=4, hkv=2, head_dim=16, page=4, dtype=torch.float32
     )
@@ -244,7 +244,7 @@ def test_triton_workspace_stale_entries_never_read():
 
 def test_triton_split_count_does_not_change_result():
     """Grid shape is static (max_seq_len / num_splits), results depend only on seq_lens."""
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl, _ = make_case(
         seed, [61, 17], query_len=1, hq=2, hkv=1, head_dim=16, page=4, dtype=torch.float32
     )
@@ -290,7 +290,7 @@ def test_bad_arguments():
 @pytest.mark.parametrize("impl", [store_kv_reference, store_kv_triton, store_kv])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 def test_store_kv(impl, cache_dtype):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     num_blocks, page, hkv, d, n = 7, 4, 3, 16, 10
     k_cache = torch.randn(num_blocks, page, hkv, d, generator=gen).to(cache_dtype)
@@ -329,7 +329,7 @@ def test_store_kv_casts_to_cache_dtype():
 
 def test_store_then_attend_roundtrip():
     """store_kv + paged_attention over a decode step equals the dense oracle (the model's path)."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     page, hkv, hq, d, ql = 4, 2, 4, 16, 3
     lens = [9, 5]
@@ -408,7 +408,7 @@ def _gpu_case(bsz, seq, query_len, head_dim, hq=32, hkv=8, page=16, seed=0):
 @pytest.mark.parametrize("bsz", [1, 8, 64])
 @pytest.mark.parametrize("query_len", [1, 4])
 def test_gpu_matches_reference(head_dim, seq, bsz, query_len):
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl = _gpu_case(bsz, seq, query_len, head_dim, seed=seed)
     scale = head_dim**-0.5
     ref = _reference_chunked(q, kc, vc, bt, sl, query_len, scale, chunk=max(1, 8 * 4096 // seq))
@@ -418,7 +418,7 @@ def test_gpu_matches_reference(head_dim, seq, bsz, query_len):
 
 @pytest.mark.gpu
 def test_gpu_prefill_and_store():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     page, hkv, hq, d, ql = 16, 8, 32, 128, 1500
     kc = torch.full((100, page, hkv, d), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -438,7 +438,7 @@ def test_gpu_prefill_and_store():
 @pytest.mark.gpu
 def test_gpu_graph_replay_follows_seq_lens():
     """Captured once, replayed with new device seq_lens: equals eager at the new lengths, bit for bit."""
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl = _gpu_case(2, 4096, 4, 128, seed=seed)
     out = torch.empty_like(q)
     ws = attention_workspace(q.shape[0], 32, 128, 64, "cuda")
@@ -472,7 +472,7 @@ def test_early_reads_match_plain_path(query_len, num_splits, block_n, lens):
     """early=True reads seq_lens (and the first step's table entries, for the prefetch) before the
     wait and seq_lens never again: the same bits as the plain path. What makes the early read safe
     is the graph's structure, checked in tests/test_capture.py."""
-    seed = _seed()
+    seed = fresh_seed()
     q, kc, vc, bt, sl, _ = make_case(
         seed, lens, query_len=query_len, hq=4, hkv=2, head_dim=16, page=4, dtype=torch.float32
     )

@@ -19,10 +19,7 @@ from graphrt.kernels.counters import counters
 from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul, select_config
 
 from tests.helpers import bit_diff
-
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+from tests.seeds import fresh_seed
 
 
 def _case(m, n, k, dtype, gen, *, bias, device="cpu", x_pad=0):
@@ -69,7 +66,7 @@ DOT_CASES = [
 @pytest.mark.parametrize("case", FMA_CASES)
 def test_fma_path_matches_reference(case, dtype, bias):
     m, n, k, bn, bk, split, fused = case
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=3)
     reduce_each = bool(seed % 2)  # both accumulator layouts, alternately
@@ -83,7 +80,7 @@ def test_fma_path_matches_reference(case, dtype, bias):
 @pytest.mark.parametrize("case", DOT_CASES)
 def test_dot_path_matches_reference(case, dtype, bias):
     m, n, k, bn, bk, split, fused = case
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=5)
     y = gemv_triton(x, w, b, use_dot=True, block_n=bn, block_k=bk, split_k=split, fused=fused)
@@ -92,7 +89,7 @@ def test_dot_path_matches_reference(case, dtype, bias):
 
 def test_fused_and_unfused_split_agree_bitwise():
     # The split-K sum runs in split order either way: same bits, whichever program finishes last.
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(3, 40, 200, torch.float32, gen, bias=True)
     kw = dict(use_dot=False, block_n=8, block_k=32, split_k=4)
@@ -116,7 +113,7 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
     array lengths and an in-register cast to bf16 truncates (stores round), so here fp32 and fp16
     agree to a few ulps; the GPU test below asks for equal bits in bf16."""
     inter, k, bn, bk, red = case
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(1, 2 * inter, k, dtype, gen, bias=False, x_pad=3)
     kw = dict(use_dot=False, block_n=bn, block_k=bk, reduce_each=red)
@@ -138,7 +135,7 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
 @pytest.mark.parametrize("gated", [False, True])
 def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
     """per_row: one M = 1 program per row of x, so each output row is the M = 1 launch's bits."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(m, 2 * 19 if gated else 37, 130, torch.float32, gen, bias=not gated, x_pad=3)
     kw = dict(block_n=4, block_k=32, reduce_each=True, gated=gated)
@@ -152,7 +149,7 @@ def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
 
 
 def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for m in (1, 3):
         x, w, _ = _case(m, 48, 40, torch.bfloat16, gen, bias=False)
@@ -175,7 +172,7 @@ def test_gated_bad_inputs(args, kwargs):
 
 
 def test_out_and_default_config():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(2, 24, 40, torch.float32, gen, bias=False)
     out = torch.full((2, 24), float("nan"))
@@ -185,7 +182,7 @@ def test_out_and_default_config():
 
 
 def test_linear_on_cpu_is_f_linear_bitwise():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for dtype in (torch.float32, torch.bfloat16):
         x, w, b = _case(3, 33, 65, dtype, gen, bias=True)
@@ -227,7 +224,7 @@ GPU_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (6144, 40
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("n,k", GPU_SHAPES)
 def test_gpu_real_sizes(cuda, n, k, m):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for bias in (False, True):
         x, w, b = _case(m, n, k, torch.bfloat16, gen, bias=bias, device=cuda)
@@ -240,7 +237,7 @@ def test_gpu_real_sizes(cuda, n, k, m):
 @pytest.mark.parametrize("path", ["fma", "fma_reduce_each", "dot"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_gpu_paths_and_splits(cuda, path, fused):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for m in (1, 3, 4):
         x, w, b = _case(m, 2048 + 40, 2048 + 72, torch.bfloat16, gen, bias=True, device=cuda, x_pad=8)
@@ -259,7 +256,7 @@ def test_gpu_paths_and_splits(cuda, path, fused):
 def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k):
     """The decode MLP at M = 1 (llama-1b / 8b gate_up, and an odd size): linear_silu_mul's one
     launch gives the bits of the dispatcher's GEMV then silu_and_mul."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(1, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)
     got = linear_silu_mul(x, w)
@@ -269,7 +266,7 @@ def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_is_deterministic(cuda):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(4, 2048, 8192, torch.bfloat16, gen, bias=False, device=cuda)
     linear(x, w)  # compile and allocate the counters outside the capture

@@ -3,14 +3,12 @@ PyTorch reference.
 
 On CPU the Triton kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at small, odd sizes;
 the `gpu` tests repeat the comparisons at Llama sizes in bf16 and inside a CUDA graph. Every random
-case draws a fresh seed from os.urandom and prints it in the assertion message. Outputs are
+case draws a fresh seed (tests/seeds.py) and prints it in the assertion message. Outputs are
 poisoned (NaN caches, NaN-filled wide buffers for strided inputs) so an unwritten element or a read
 past a row shows up.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -26,6 +24,7 @@ from graphrt.kernels.norm import (
 from graphrt.kernels.rotary import rotary_store_kv, rotary_store_kv_reference, rotary_store_kv_triton
 
 from graphrt.models.layers import Rotary
+from tests.seeds import fresh_seed
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (atol, rtol) against the reference. The kernels reproduce the reference's roundings; what is left
@@ -33,8 +32,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def _strided(n: int, width: int, dtype, gen, *, pad: int, device="cpu", scale=1.0) -> torch.Tensor:
@@ -62,7 +59,7 @@ def _close(out, ref, dtype, msg, tol=None):
 @pytest.mark.parametrize("n,h", [(1, 1), (1, 37), (5, 64), (3, 257)])
 @pytest.mark.parametrize("pad", [0, 11])
 def test_rms_norm_matches_reference(dtype, n, h, pad):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x = _strided(n, h, dtype, gen, pad=pad, scale=3.0)
     w = (1 + 0.5 * torch.randn(h, generator=gen)).to(dtype)
@@ -75,7 +72,7 @@ def test_rms_norm_matches_reference(dtype, n, h, pad):
 @pytest.mark.parametrize("n,h", [(1, 48), (4, 33), (2, 300)])
 @pytest.mark.parametrize("pad", [0, 5])
 def test_add_rms_norm_matches_reference(dtype, n, h, pad):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x = _strided(n, h, dtype, gen, pad=pad)
     res = _strided(n, h, dtype, gen, pad=pad + 3, scale=4.0)
@@ -96,7 +93,7 @@ def test_add_rms_norm_matches_reference(dtype, n, h, pad):
 
 
 def test_rms_norm_fp32_weight_on_half_input_promotes():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 40, generator=gen).to(torch.bfloat16)
     w = torch.randn(40, generator=gen)  # a norm weight kept in fp32
@@ -107,7 +104,7 @@ def test_rms_norm_fp32_weight_on_half_input_promotes():
 
 
 def test_cpu_dispatch_is_the_reference_bit_for_bit():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 50, generator=gen).to(torch.bfloat16)
     r = torch.randn(3, 50, generator=gen).to(torch.bfloat16)
@@ -140,7 +137,7 @@ def test_norm_validation_names_the_argument():
 @pytest.mark.parametrize("n,inter", [(1, 1), (1, 45), (6, 130), (2, 1500)])
 @pytest.mark.parametrize("pad", [0, 9])
 def test_silu_and_mul_matches_reference(dtype, n, inter, pad):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     gu = _strided(n, 2 * inter, dtype, gen, pad=pad, scale=4.0)
     msg = f"seed={seed} dtype={dtype} n={n} inter={inter} pad={pad}"
@@ -210,20 +207,20 @@ def _check_rotary(case, dtype, msg, impl):
 @pytest.mark.parametrize("n,hq,hkv,d", [(1, 4, 2, 8), (5, 3, 1, 6), (4, 8, 2, 16)])
 @pytest.mark.parametrize("norm", [False, True])
 def test_rotary_store_kv_matches_reference(dtype, n, hq, hkv, d, norm):
-    seed = _seed()
+    seed = fresh_seed()
     case = _rotary_case(seed, n=n, hq=hq, hkv=hkv, d=d, dtype=dtype, cache_dtype=dtype, norm=norm)
     msg = f"seed={seed} dtype={dtype} n={n} hq={hq} hkv={hkv} d={d} norm={norm}"
     _check_rotary(case, dtype, msg, rotary_store_kv_triton)
 
 
 def test_rotary_store_kv_casts_to_the_cache_dtype():
-    seed = _seed()
+    seed = fresh_seed()
     case = _rotary_case(seed, n=3, hq=2, hkv=1, d=8, dtype=torch.float32, cache_dtype=torch.bfloat16)
     _check_rotary(case, torch.float32, f"seed={seed}", rotary_store_kv_triton)
 
 
 def test_rotary_store_kv_validation_names_the_argument():
-    seed = _seed()
+    seed = fresh_seed()
     q, k, v, positions, cos, sin, kc, vc, slots, _, _ = _rotary_case(
         seed, n=2, hq=2, hkv=1, d=8, dtype=torch.float32, cache_dtype=torch.float32
     )
@@ -249,7 +246,7 @@ def test_rotary_store_kv_validation_names_the_argument():
 @pytest.mark.parametrize("hidden", [2048, 4096])
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_gpu_norms_and_activation_real_sizes(cuda, hidden, n):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     dt = torch.bfloat16
     x = _strided(n, hidden, dt, gen, pad=64, device=cuda)
@@ -271,7 +268,7 @@ def test_gpu_norms_and_activation_real_sizes(cuda, hidden, n):
 @pytest.mark.parametrize("n", [1, 64])
 @pytest.mark.parametrize("norm", [False, True])
 def test_gpu_rotary_store_kv_real_sizes(cuda, hq, hkv, d, n, norm):
-    seed = _seed()
+    seed = fresh_seed()
     dt = torch.bfloat16
     case = _rotary_case(seed, n=n, hq=hq, hkv=hkv, d=d, dtype=dt, cache_dtype=dt, page=16, max_pos=4096,
                         device=cuda, norm=norm)
@@ -281,7 +278,7 @@ def test_gpu_rotary_store_kv_real_sizes(cuda, hq, hkv, d, n, norm):
 @pytest.mark.gpu
 def test_gpu_kernels_replay_in_a_cuda_graph(cuda):
     """Capture the three kernels once, refill the static inputs, replay, compare."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     dt = torch.bfloat16
     n, h, hq, hkv, d = 4, 2048, 32, 8, 64

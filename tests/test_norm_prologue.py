@@ -11,8 +11,6 @@ seeds, printed on failure.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from graphrt.kernels.activation import silu_and_mul
@@ -21,10 +19,7 @@ from graphrt.kernels.norm import PendingNorm, add_rms_norm_reference, add_rms_no
 from graphrt.kernels.qkv_rotary import qkv_rotary_store, qkv_rotary_store_triton
 
 from graphrt.models.layers import Rotary
-
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+from tests.seeds import fresh_seed
 
 
 def _inputs(k, dtype, gen, device="cpu", *, residual: bool, rows: int = 1):
@@ -52,7 +47,7 @@ CASES = [(24, 64, 2, 64, True), (13, 100, 4, 32, False), (8, 257, 2, 64, True)]
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gemv_norm_prologue_is_norm_then_gemv(case, gated, residual, dtype, rows):
     n, k, bn, bk, red = case
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, res, g = _inputs(k, dtype, gen, residual=residual, rows=rows)
     w = (torch.randn(2 * n if gated else n, k, generator=gen) / k**0.5).to(dtype)
@@ -83,7 +78,7 @@ def test_gemv_norm_prologue_is_norm_then_gemv(case, gated, residual, dtype, rows
 @pytest.mark.parametrize("rows", [1, 2])
 def test_qkv_norm_prologue_is_norm_then_qkv(residual, dtype, rows):
     hidden, hq, hkv, d = 96, 4, 2, 16
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, res, g = _inputs(hidden, dtype, gen, residual=residual, rows=rows)
     w = (torch.randn((hq + 2 * hkv) * d, hidden, generator=gen) / hidden**0.5).to(dtype)
@@ -119,7 +114,7 @@ def test_bad_norm_arguments_name_the_problem():
 
 def test_cpu_consumers_materialize_the_reference_norm():
     # On CPU nothing fuses: the consumers run the reference norm, then the reference product.
-    gen = torch.Generator().manual_seed(_seed())
+    gen = torch.Generator().manual_seed(fresh_seed())
     x, res, g = _inputs(64, torch.float32, gen, residual=True)
     w = torch.randn(48, 64, generator=gen)
     pending = PendingNorm(x, res, g, 1e-6)
@@ -146,7 +141,7 @@ def test_gpu_norm_prologue_is_bitwise(cuda, hidden, inter, hq, hkv, d, residual,
     """The dispatcher's one-row-per-program configurations at the llama-1b and llama-8b shapes (one
     token) and SmolLM2's (the four tokens of a verify step): the fused launch equals norm kernel +
     the same GEMV bit for bit (same row layout, same sum of squares)."""
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, res, g = _inputs(hidden, torch.bfloat16, gen, cuda, residual=residual, rows=rows)
     msg = f"seed={seed} hidden={hidden} residual={residual} rows={rows}"

@@ -8,8 +8,6 @@ and llama-8b shapes with the dispatcher's configuration. Fresh seeds, printed on
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from graphrt.kernels.qkv_rotary import (
@@ -21,10 +19,7 @@ from graphrt.kernels.qkv_rotary import (
 
 from graphrt.models.layers import Rotary
 from tests.helpers import bit_diff
-
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+from tests.seeds import fresh_seed
 
 
 def _case(hidden, hq, hkv, d, dtype, gen, *, bias, device="cpu", pos=5, slot=3, page=4, blocks=3, tokens=1):
@@ -61,7 +56,7 @@ CPU_CASES = [(64, 4, 2, 16, False), (100, 2, 2, 8, True), (48, 6, 1, 12, False)]
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_fused_matches_two_launch_path(case, dtype, tokens):
     hidden, hq, hkv, d, bias = case
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = _case(hidden, hq, hkv, d, dtype, gen, bias=bias, tokens=tokens)
     q_fused, q_ref, (kc, vc), (kc2, vc2) = _run_both(args, hq, hkv)
@@ -80,7 +75,7 @@ def test_fused_matches_two_launch_path(case, dtype, tokens):
 
 
 def test_negative_slot_stores_nothing_and_position_wraps():
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = list(_case(64, 4, 2, 16, torch.float32, gen, bias=False, pos=-3, slot=-1))
     kc0, vc0 = args[6].clone(), args[7].clone()
@@ -110,7 +105,7 @@ def test_bad_inputs_and_cpu_dispatch():
                                                    (896, 14, 2, 64, 4), (576, 9, 3, 64, 4), (576, 9, 3, 64, 3)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias, tokens):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = _case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=bias, device=cuda, pos=37, slot=9, page=16,
                  tokens=tokens)

@@ -1,7 +1,6 @@
 """Rejection sampler: reference rules, Triton == reference token for token, sampling law per position."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -11,9 +10,11 @@ from graphrt.kernels import rejection_sample
 from graphrt.kernels.rejection import rejection_sample_reference, rejection_sample_triton
 from graphrt.kernels.rng import tl_gumbel, tl_gumbel_upper_bound
 
+from tests.seeds import fresh_seed
 
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+
+def freshfresh_seed() -> int:
+    return fresh_seed()
 
 
 def chi2_sf(stat: float, df: int) -> float:
@@ -128,7 +129,7 @@ def greedy_loop(target, drafts, nd):
 
 @pytest.mark.parametrize("ragged", [False, True])
 def test_reference_greedy_matches_python_loop(ragged):
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = make_inputs(12, 3, 40, gen=gen, temps=[0.0], ragged=ragged, hazards=True)
     res = rejection_sample_reference(**args)
@@ -158,7 +159,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_matches_reference(name):
     temps, full_q, ragged, hazards, k, fuse = CASES[name]
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     dtype = [torch.float32, torch.bfloat16, torch.float16][seed % 3]
     args = make_inputs(6, k, 75, gen=gen, temps=temps, full_q=full_q, ragged=ragged, hazards=hazards,
@@ -187,7 +188,7 @@ def test_triton_matches_reference(name):
 def test_triton_fused_walk_matches_reference(name):
     """fused=True: the walk (and the race finish) run in the last program of each request."""
     temps, full_q, ragged, hazards, k, fuse = CASES[name]
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = make_inputs(6, k, 75, gen=gen, temps=temps, full_q=full_q, ragged=ragged, hazards=hazards)
     ref = rejection_sample_reference(**args, race_chunk=32)
@@ -237,7 +238,7 @@ def _pruning_inputs(gen, kind, dtype):
 def test_triton_race_pruning_matches_reference(kind):
     """Race pruning (skip a tile whose keys cannot beat the best so far) is exact: same tokens as the
     reference, per-entry and per-lane bounds, fused and separate race (block 32: 16 tiles a chunk)."""
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     dtype = [torch.float32, torch.bfloat16][seed % 2]
     args = _pruning_inputs(gen, kind, dtype)
@@ -285,7 +286,7 @@ def test_triton_out_buffers_and_vocab_of_one():
 
 
 def test_seeded_request_independent_of_batch_and_slot():
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     one = make_inputs(1, 3, 30, gen=gen, temps=[0.9])
     expected = rejection_sample_reference(**one)
@@ -331,7 +332,7 @@ def _processed_probs(target, temperature):
 
 @pytest.mark.parametrize("mode", ["onehot", "fullq", "mixed"])
 def test_reference_follows_target_distribution(mode):
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     n, k, v = 100_000, 3, 12
     temp = 0.8
@@ -385,7 +386,7 @@ def test_reference_follows_target_distribution(mode):
 def test_triton_matches_reference_gpu(cuda, mode, k, b, v, dtype):
     if mode == "fullq" and (v != 128256 or dtype != torch.bfloat16):
         pytest.skip("full q: one vocab/dtype is enough")
-    seed = fresh_seed()
+    seed = freshfresh_seed()
     gen = torch.Generator().manual_seed(seed)
     temps = {"greedy": [0.0], "onehot": [1.0, 0.7], "fullq": [1.0], "mixed": [0.0, 1.0]}[mode]
     args = make_inputs(b, k, 8, gen=gen, temps=temps)  # small CPU draft of the inputs, then real size

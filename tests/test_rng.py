@@ -1,12 +1,13 @@
 """Counter-based RNG: the Triton device functions reproduce the torch bits; the bits look random."""
 
-import os
 
 import pytest
 import torch
 import triton
 import triton.language as tl
 from graphrt.kernels import rng
+
+from tests.seeds import fresh_seed
 
 
 def chi2_sf(stat: float, df: int) -> float:
@@ -47,7 +48,7 @@ def _rng_probe_kernel(
 
 
 def test_triton_reproduces_torch_bits():
-    seed_value = int.from_bytes(os.urandom(4), "little")
+    seed_value = fresh_seed()
     gen = torch.Generator().manual_seed(seed_value)
     edge = torch.tensor([0, 1, -1, 2**32, 2**32 - 1, -(2**63), 2**63 - 1, 2**40 + 3], dtype=torch.int64)
     rand = torch.randint(-(2**62), 2**62, (8,), generator=gen, dtype=torch.int64)

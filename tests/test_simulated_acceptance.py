@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from graphrt.kernels.simulated_acceptance import (
@@ -13,9 +11,7 @@ from graphrt.kernels.simulated_acceptance import (
     simulate_uniforms,
 )
 
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+from tests.seeds import fresh_seed
 
 
 def _case(B, K, V, gen, *, nan_rows=0, dtype=torch.float32):
@@ -35,7 +31,7 @@ def _out(B, K):
 
 @pytest.mark.parametrize("B,K,V,L", [(1, 1, 37, 1.5), (5, 3, 1000, 2.5), (9, 5, 777, 6.0), (4, 3, 64, 1.0)])
 def test_triton_equals_reference(B, K, V, L):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = _case(B, K, V, gen, nan_rows=1)
     alpha = torch.tensor([acceptance_rate_for(L, K)])
@@ -61,7 +57,7 @@ def test_triton_equals_reference(B, K, V, L):
 @pytest.mark.parametrize("K,L", [(3, 1.0), (3, 2.0), (3, 3.0), (3, 4.0), (5, 3.5)])
 def test_mean_length_is_what_was_set(K, L):
     n = 100_000
-    gen = torch.Generator().manual_seed(_seed())
+    gen = torch.Generator().manual_seed(fresh_seed())
     seed = torch.randint(-(2**62), 2**62, (n,), generator=gen)
     position = torch.randint(0, 10**6, (n,), generator=gen)
     alpha = acceptance_rate_for(L, K)
@@ -123,7 +119,7 @@ def test_runtime_decodes_at_the_set_acceptance(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,K,V,L", [(1, 3, 32000, 3.0), (64, 3, 49152, 2.0), (8, 5, 128256, 3.5)])
 def test_gpu_triton_equals_reference(cuda, B, K, V, L):
-    seed = _seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     args = [a.to(cuda) for a in _case(B, K, V, gen, nan_rows=1, dtype=torch.bfloat16)]
     alpha = torch.tensor([acceptance_rate_for(L, K)], device=cuda)

@@ -1,0 +1,24 @@
+"""Fresh random seeds that a failing run can replay.
+
+Each run draws one base seed (printed in pytest's header); every `fresh_seed()` call derives its
+seed from the base, the test's id and how many seeds that test drew before, so
+`GRAPHRT_TEST_SEED=<base> pytest ...` replays any test exactly, alone or in the whole suite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+
+BASE = int(os.environ.get("GRAPHRT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+_drawn: Counter[str] = Counter()
+
+
+def fresh_seed() -> int:
+    """A 32-bit seed, new for every call, determined by the run's base seed."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    n = _drawn[test]
+    _drawn[test] += 1
+    digest = hashlib.blake2b(f"{BASE}/{test}/{n}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
