@@ -30,7 +30,7 @@ def compare_replay_to_eager(rt, batch_size: int) -> dict[str, list[str]]:
     the batch rows the runtime would use now (running requests, then padding). Leaves the state
     as the eager run left it. Returns {phase: [buffers that differ]}."""
     s = rt.state
-    slots = sorted(r.slot for r in rt._running.values())[:batch_size]
+    slots = rt.running_slots()[:batch_size]
     rows = slots + [s.scratch_slot] * (batch_size - len(slots))
     s.batch_slots[:batch_size] = torch.tensor(rows, device=rt.device)
     s.batch_num_drafts[:batch_size] = torch.tensor([rt.K if r != s.scratch_slot else 0 for r in rows],

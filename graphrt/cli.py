@@ -6,15 +6,9 @@ import argparse
 import json
 import sys
 
+from graphrt.arg_types import int_list
 from graphrt.errors import GraphrtError
 from graphrt.named_models import NAMED_MODELS, model_path
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:

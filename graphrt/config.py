@@ -27,7 +27,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from graphrt.errors import CheckpointError
@@ -460,11 +460,6 @@ class ModelConfig:
                 # top-level spelling = vLLM/speculators convention = "entering layer j", as stored.
                 d["eagle_aux_hidden_state_layer_ids"] = list(self.eagle_aux_layer_ids)
         return d
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("source", None)
-        return out
 
 
 def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:

@@ -235,6 +235,10 @@ class Runtime:
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting)
 
+    def running_slots(self) -> list[int]:
+        """The batch slots of the admitted, unfinished requests, ascending."""
+        return sorted(self._running)
+
     def _check_prompt(self, prompt, params) -> list[int]:
         prompt = _token_ids(prompt)
         if not prompt:

@@ -1137,7 +1137,8 @@ def rejection_sample_triton(
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
     Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
-    (stat planes [9, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 7], race partials) come
+    (stat planes [_NUM_FPLANES, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 3] int32 + [B, 3]
+    fp32, race partials) come
     from torch's caching allocator; under capture they live in the graph's private pool and stay
     fixed for every replay. Every workspace slot a later kernel reads is written by an earlier one
     in the same call, so nothing needs zeroing.

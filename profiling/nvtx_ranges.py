@@ -20,8 +20,7 @@ empty `with nullcontext(): pass`, which itself costs 0.24-0.32 us) on the 2-core
   phase_range() with NVTX off:                                   under 0.12 us
   NVTX on (cached attributes, push + pop through the nvtx C extension; libnvtx's entry points
   are no-ops without a tool):                                     0.63-1.31 us
-For comparison, today's `with _no_timer(name):` in the cycle builds a nullcontext per call. A tool
-attached adds its own cost per push/pop; the GPU numbers belong in BENCHMARKS.md.
+A tool attached adds its own cost per push/pop.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from graphrt.profiling.kernel_families import kernel_family
 from graphrt.profiling.phases import ALL_PHASES, PREFILL
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
-from graphrt.cli import int_list
+from graphrt.arg_types import int_list
 
 # Tracing slows replays (nsys node-level graph tracing the most). Past this, the header says so.
 OVERHEAD_LIMIT = 0.05

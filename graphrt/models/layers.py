@@ -31,7 +31,6 @@ from graphrt.kernels.gemv import linear, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm, rms_norm_reference
 from graphrt.kernels.norm import rms_norm as _rms_norm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
-from graphrt.kernels.rotary import apply_rotary_reference
 
 
 @dataclass
@@ -85,11 +84,6 @@ class Rotary:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device)  # [max_positions, head_dim] fp32
         self.sin = emb.sin().to(device)
-
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [N, heads, head_dim]; positions: [N] int64. Eager PyTorch; the decode path uses the
-        fused kernels.rotary.rotary_store_kv with these tables instead."""
-        return apply_rotary_reference(x, positions, self.cos, self.sin)
 
 
 class AttentionBlock:
