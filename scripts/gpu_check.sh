@@ -3,10 +3,10 @@
 # per-phase profiles, NVTX overhead, sanitizer and soak. Results land in $OUT (default ./out).
 # On the device machine, from the repo root, with .gpu-carry carried:
 #   source .gpu-carry/env.sh && bash scripts/gpu_check.sh [step ...]
-# Steps: tests (or its halves tests1 tests2) kernels kquick capture decode decode8b peers profile decprof cupti nvtx sanitize sanbisect probe asweep
-# attn ashort lmhead fuseab normab releaseab knorm kgpu initcyc vllmpeer soak rejab
-# ashare afloor aknobs timeline early earlyab avar sweep1b sweep8b realpair plainab (default: tests kernels capture decode
-# peers profile nvtx).
+# Steps: tests (or its halves tests1 tests2) kgpu kernels kquick capture decode decode8b peers profile decprof
+# nvtx sanitize attn vllmpeer ashare timeline aknobs afloor early soak, and RESULTS.md's: sweep1b sweep8b realpair
+# plainab (default: tests kernels capture decode peers profile nvtx). One-off A/B steps of settled questions
+# live in git history.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -43,11 +43,6 @@ for step in $steps; do
     tests2)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection.py tests/test_fuzz_kernels.py \
                 2>&1 | log | tail -30 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
-    rejab)    # same-run A/B when abtmp/old_rejection.py (an older kernels/rejection.py) is carried
-              python3 scripts/rejection_sweep.py --out "$OUT/rej_sweep.json" --budget "${REJAB_SWEEP_S:-200}" \
-                $( [ -f abtmp/old_rejection.py ] && echo --baseline abtmp/old_rejection.py ) 2>&1 | log | tail -80
-              timeout "${REJAB_TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
-                tests/test_rejection.py ${REJAB_TESTS:-} 2>&1 | log | tail -6 ;;
     kquick)   python3 -m graphrt bench kernels --quick --json "$OUT/kernels.json" 2>&1 | log | tail -5 ;;
     # speedup over plain decoding against simulated acceptance, EAGLE-3-shaped heads, both shapes
     sweep1b)  python3 -m graphrt bench --sweep-accept --preset llama-1b-shape --json "$OUT/sweep1b.json" \
@@ -87,61 +82,13 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
                 --json "$OUT/profile_graphtrace.json" 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
     decprof)  python3 -m graphrt profile --nsys --no-draft --batch-sizes 1,64 --top 30 --json "$OUT/profile_plain.json" \
                 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -80 ;;
-    cupti)    for v in 0 1; do GRAPHRT_CUPTI_GRAPH_WARMUP=$v python3 -m graphrt profile --batch-sizes 1,8 --top 0 \
-                --json "$OUT/profile_cupti$v.json" 2>&1 | sed "s/^/CUPTI_WARMUP=$v /" | log | tail -20; done ;;
-    fuseab)   # session 4: the M = 1 GEMV epilogue fusions (SiLU·mul after gate_up, rotary + KV store after qkv): off / SiLU only / both
-              for v in 0 mlp 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
-                --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/fuseab$v.json" 2>&1 | grep -E '^(plain|mode)' \
-                | sed "s/^/FUSED=$v /" | log; done ;;
-    normab)   # session 5: the RMSNorm in the prologue of the M = 1 qkv and gate_up GEMVs, off / on, twice each
-              for v in mlp,qkv 1 mlp,qkv 1; do GRAPHRT_GEMV_EPILOGUE=$v python3 -m graphrt bench --no-draft \
-                --batch-sizes 1 --max-new-tokens 128 --json "$OUT/normab$v.json" 2>&1 | grep -E '^(plain|mode)' \
-                | sed "s/^/FUSED=$v /" | log; done ;;
-    releaseab) # session 5: PDL release of dependents after (default) / before the wait, twice each, plain B = 1, 8
-              for v in after before after before; do GRAPHRT_PDL_RELEASE=$v python3 -m graphrt bench --no-draft \
-                --batch-sizes 1,8 --max-new-tokens 128 --json "$OUT/release$v.json" 2>&1 | grep -E '^(plain|mode)' \
-                | sed "s/^/RELEASE=$v /" | log; done ;;
-    knorm)    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_norm_prologue.py tests/test_gpu_runtime.py \
-                2>&1 | log | tail -8 ;;
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py \
                 tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py \
                 tests/test_simulated_acceptance.py tests/test_capture.py 2>&1 | log | tail -8 ;;
     nvtx)     for v in 0 1; do GRAPHRT_NVTX=$v python3 -m graphrt bench --no-draft --batch-sizes 1 \
                 --max-new-tokens 256 2>&1 | grep -E '^(plain|mode)' | sed "s/^/GRAPHRT_NVTX=$v /" | log; done ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
-    sanbisect) # the bf16 captured-cycle initcheck reports (BENCHMARKS.md, Reliability): which switch clears them,
-              # and which cycle run draws them; the sanitized processes run side by side (one GPU)
-              bis() {  # name, env..., then: tools
-                local name=$1; shift
-                env "$@" SANITIZE_PARTS=cycle OUT="$OUT/bisect_$name" bash scripts/sanitize.sh $SAN_TOOLS 2>&1 \
-                  | grep -E "^(initcheck|racecheck|SANITIZE)" | sed "s/^/[$name] /" > "$OUT/bisect_$name.txt"; }
-              SAN_TOOLS=initcheck bis bf16 SANITIZE_CYCLE_RUNS=bf16-eagle &
-              SAN_TOOLS=initcheck bis bf16_nopdl SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_PDL=0 &
-              SAN_TOOLS=initcheck bis bf16_nogemv SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_GEMV=0 &
-              SAN_TOOLS=initcheck bis bf16_neither SANITIZE_CYCLE_RUNS=bf16-eagle GRAPHRT_PDL=0 GRAPHRT_GEMV=0 &
-              SAN_TOOLS="initcheck racecheck" bis fp32 SANITIZE_CYCLE_RUNS=fp32-eagle,fp32-none &
-              SAN_TOOLS=racecheck bis bf16_race SANITIZE_CYCLE_RUNS=bf16-eagle &
-              wait
-              cat "$OUT"/bisect_*.txt | log; rm -f "$OUT"/bisect_*.txt
-              pack_sanitize ;;
-    probe)    # scripts/initcheck_probe.py: the initcheck report classes of the bf16 / graph cycles, in isolation
-              cases="cublas_bf16 cublas_fp32 triton_bf16 graph_copy"
-              for c in $cases; do python3 scripts/initcheck_probe.py --case $c --kernels 2>&1 | grep PROBE | log; done
-              CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer | head -1)
-              mkdir -p "$OUT/probe"
-              for c in $cases; do "$CS" --tool initcheck --print-limit 3 --error-exitcode 1 \
-                python3 scripts/initcheck_probe.py --case $c > "$OUT/probe/$c.log" 2>&1 & done; wait
-              for c in $cases; do echo "$c: $(grep -E 'ERROR SUMMARY' "$OUT/probe/$c.log" | head -1)" \
-                "| $(grep -m1 -E '^========= +(Uninit|Host API)' "$OUT/probe/$c.log")" \
-                "| $(grep -m1 -E '^========= +at ' "$OUT/probe/$c.log")" | log; done
-              (cd "$OUT" && tar czf probe_logs.tgz probe && rm -rf probe) ;;
-    asweep)   python3 -m graphrt.kernels.attention_bench --sweep-small > "$OUT/attn_sweep_small.txt" 2>&1
-              awk 'NR == 1 { print; next } $6 " " $7 != key { key = $6 " " $7; n = 0 } n++ < 4' "$OUT/attn_sweep_small.txt" | log ;;
     attn)     python3 -m graphrt.kernels.attention_bench 2>&1 | log | tail -14 ;;
-    ashort)   python3 -m graphrt.kernels.attention_bench --sweep-short 2>&1 | log | tail -70 ;;
-    lmhead)   python3 scripts/gemv_sweep.py --out "$OUT/gemv_lmhead.json" --shapes 1b.lm_head,1b.down,1b.o \
-                --ms 1 --all-tiles --budget-s 200 2>&1 | log | tail -8 ;;
-    initcyc)  SANITIZE_TRACE=1 SANITIZE_PARTS=cycle bash scripts/sanitize.sh initcheck 2>&1 | log | tail -12; pack_sanitize ;;
     vllmpeer) # needs .vllm_src carried (scripts/vllm_rejection_peer.py says how to extract it)
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -30 ;;
@@ -162,16 +109,6 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
     early)    # session 8: the attention's early metadata reads (kernels/pdl.py, "Settled memory"): GPU tests
               python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py tests/test_pdl.py \
                 "tests/test_capture.py::test_attention_starts_only_after_the_metadata_fence" 2>&1 | log | tail -8 ;;
-    earlyab)  # the early reads on / off, alternating: isolated attention, then the in-step share (ashare)
-              for v in 1 0 1 0; do GRAPHRT_ATTN_EARLY=$v python3 -m graphrt.kernels.attention_bench 2>&1 | tail -12 \
-                | sed "s/^/EARLY=$v /" | log; done
-              for v in 1 0; do GRAPHRT_ATTN_EARLY=$v python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} \
-                --presets ${ASHARE_PRESETS:-llama-8b-shape,llama-1b-shape} --out "$OUT/ashare_early$v.json" 2>&1 \
-                | grep -v '^graphrt' | sed "s/^/EARLY=$v /" | log; done ;;
-    avar)     # session 9: paged_attention_triton keyword variants, alternated in one process (attention_share --variants)
-              python3 scripts/attention_share.py --batch-sizes ${ASHARE_B:-1} --presets ${ASHARE_PRESETS:-llama-8b-shape} \
-                --variants "${ASHARE_VARIANTS:-default;nomerge:merge=0;w2:num_warps=2;w8:num_warps=8;s32:num_splits=32;n32:block_n=32}" \
-                --out "$OUT/ashare_var.json" 2>&1 | grep -v '^graphrt' | log ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
