@@ -156,7 +156,7 @@ def _argmax_combine_kernel(
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     """(block_v, chunks per row, num_warps, fused) by batch size, V = 128256 bf16, with PDL. From
     sweeps over block_v x chunks x warps x fused (scripts/argmax_floor.py, the same-call re-timing
-    in BENCHMARKS.md, session 8), kept where the H100 and the H200 agree. Small batches want many
+    in BENCHMARKS.md), kept where the H100 and the H200 agree. Small batches want many
     programs per row; up to B = 64 the two-launch merge (a PDL dependent) beats the in-launch one;
     B >= 128 keeps ~1024 programs and merges in launch."""
     if batch <= 4:
@@ -165,7 +165,7 @@ def _launch_config(batch: int) -> tuple[int, int, int, bool]:
         return 1024, 32, 8, False  # B=8: H100 3.31 -> 3.08 us, H200 2.98 -> 2.86 (was 4096, 32, 4)
     if batch <= 64:
         return 1024, 16, 8, False  # B=64: H100 8.94 -> 8.71 us, H200 7.36 -> 7.17 (was 1024, 8, 8, fused)
-    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us (H200, session 2)
+    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us (H200)
 
 
 def _validate(logits: torch.Tensor) -> None:
