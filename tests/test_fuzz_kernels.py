@@ -296,7 +296,7 @@ def check_rejection(spec, device="cpu"):
 
 
 @cpu_settings(45)
-@given(rejection_specs())
+@given(rejection_specs(max_v=160))  # the interpreter's cost grows with V; 160 still splits into many tiles
 def test_fuzz_rejection_sample(spec):
     check_rejection(spec)
 
