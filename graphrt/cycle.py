@@ -1,6 +1,6 @@
 """The decode cycle, top to bottom.
 
-Per speculative cycle with K drafts (DESIGN.md, "The cycle"):
+Per speculative cycle with K drafts (docs/design.md, "The cycle"):
 
   TARGET_VERIFY  target over [last verified token, d_1 .. d_K] -> fused rejection -> 1..K+1 tokens
   DRAFT_EXTEND   draft over the K+1 emitted positions -> argmax at the last emitted one: next d_1
