@@ -106,7 +106,6 @@ _ROW_WARPS = 4
 _RACE_BLOCK_V = 1024
 _RACE_WARPS = 4
 _RACE_PROGRAMS = 1024
-_BOUND_PER_LANE = False
 _FUSE_FINISH = False
 # One-hot (H100, K=3, V=128256, scripts/rejection_sweep.py): 1024-entry row tiles (B=256 greedy
 # 104.7 -> 99.4 us, one-hot 114.7 -> 110.2). The walk's race over a chunk: below B=128 each request's
@@ -504,24 +503,19 @@ def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V: tl.
 
 @triton.jit
 def _race_tile(raw, offs, live, inv_t, rkey, best, idx, bx, best_run,
-               PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
+               PRUNE: tl.constexpr, FAST: tl.constexpr):
     """One [lanes, VEC] tile of the Gumbel-max race: key = x + g where live, else -inf.
 
     best/idx/bx: per-entry running best key, its index and its x (a strict `>`: tiles come in
     index order, so ties keep the lowest index). PRUNE: skip the two logs per entry when no entry
     of the tile can beat best_run, the best key of the earlier tiles: x <= raw * inv_t and
     g <= tl_gumbel_upper_bound(u), and fp32 rounding is monotone, so key <= round(raw * inv_t +
-    bound) exactly; a skipped entry at most ties an earlier, lower index. The bound is per entry,
-    or per lane (max raw, max u of the lane: fewer ops, looser). NaN never raises it (max ignores
-    NaN), an excluded entry only loosens it.
+    bound) exactly; a skipped entry at most ties an earlier, lower index. The bound is taken per
+    entry. NaN never raises it (max ignores NaN), an excluded entry only loosens it.
     """
     u = tl_bits_to_uniform(tl_race_bits(rkey, offs))
     if PRUNE:
-        if BOUND_PER_LANE:
-            lane_bound = tl.max(raw, axis=1) * inv_t + tl_gumbel_upper_bound(tl.max(u, axis=1), FAST)
-            run = tl.max(lane_bound, axis=0) > best_run
-        else:
-            run = tl.max(tl.max(raw * inv_t + tl_gumbel_upper_bound(u, FAST), axis=1), axis=0) > best_run
+        run = tl.max(tl.max(raw * inv_t + tl_gumbel_upper_bound(u, FAST), axis=1), axis=0) > best_run
     else:
         run = True
     if run:
@@ -566,7 +560,6 @@ def _row_stats_kernel(
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     VEC: tl.constexpr = 8,  # consecutive entries per lane (16 bytes of bf16)
     PRUNE: tl.constexpr = False,
-    BOUND_PER_LANE: tl.constexpr = False,
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
     FUSED_WALK: tl.constexpr = False,
@@ -634,10 +627,10 @@ def _row_stats_kernel(
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
                     ra, offs_a, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
-                    PRUNE, BOUND_PER_LANE, FAST)
+                    PRUNE, FAST)
                 race_best, race_idx, race_x, best_run = _race_tile(
                     rb, offs_a + BLOCK_V, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
-                    race_x, best_run, PRUNE, BOUND_PER_LANE, FAST)
+                    race_x, best_run, PRUNE, FAST)
         if FULL_Q:
             if need_q:
                 ya = tl.load(q_ptr + offs_a).to(tl.float32)
@@ -655,7 +648,7 @@ def _row_stats_kernel(
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
                     raw, offs, inb & (offs != excl), inv_t, rkey, race_best, race_idx, race_x, best_run,
-                    PRUNE, BOUND_PER_LANE, FAST)
+                    PRUNE, FAST)
         if FULL_Q:
             if need_q:
                 y = tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
@@ -702,7 +695,7 @@ def _row_stats_kernel(
                        fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
                        race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
                        R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2,
-                       CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+                       CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, FAST)
 
 
 @triton.jit
@@ -742,8 +735,7 @@ def _chunk_winner(rk, ri, rx, cw, NC_POW2: tl.constexpr, SPC: tl.constexpr):
 
 @triton.jit
 def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, V, CHUNK: tl.constexpr, RACE_BLOCK_V: tl.constexpr,
-                        VEC: tl.constexpr, PRUNE: tl.constexpr, BOUND_PER_LANE: tl.constexpr,
-                        FAST: tl.constexpr):
+                        VEC: tl.constexpr, PRUNE: tl.constexpr, FAST: tl.constexpr):
     """Second level otherwise: race chunk cw's CHUNK entries of the row, excl left out.
     -> (winner, its x, its key; key -inf if none)"""
     toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
@@ -759,7 +751,7 @@ def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, V, CHUNK: tl.constexpr, 
                            other=float("-inf")).to(tl.float32)
         best, best_i, best_x, best_run = _race_tile(
             raw, offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
-            PRUNE, BOUND_PER_LANE, FAST)
+            PRUNE, FAST)
         raw = raw_next
     km, win, xw = _race_result(best, best_i, best_x)
     return win.to(tl.int64), xw, km
@@ -775,7 +767,7 @@ def _walk_body(b, plane, logits_ptr,
                FUSE_RACE: tl.constexpr, R_POW2: tl.constexpr, SPLITS_POW2: tl.constexpr,
                CHUNK: tl.constexpr, SPC: tl.constexpr, NC_POW2: tl.constexpr,
                RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr, PRUNE: tl.constexpr,
-               BOUND_PER_LANE: tl.constexpr, FAST: tl.constexpr):
+               FAST: tl.constexpr):
     """Request b: merge its chunks, walk its drafts (see _walk_kernel). plane = B*(K+1)*SPLITS.
 
     Every load of the walk itself is addressed by b alone (the row pass stored the drafts'
@@ -861,7 +853,7 @@ def _walk_body(b, plane, logits_ptr,
             else:
                 win, x_win, kmax = _race_chunk_entries(
                     logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
-                    excl, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+                    excl, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST)
             raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)
@@ -914,7 +906,6 @@ def _walk_kernel(
     RACE_BLOCK_V: tl.constexpr = 1,
     VEC: tl.constexpr = 8,
     PRUNE: tl.constexpr = False,
-    BOUND_PER_LANE: tl.constexpr = False,
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
@@ -925,7 +916,7 @@ def _walk_kernel(
                fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
                race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
                R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2,
-               CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, BOUND_PER_LANE, FAST)
+               CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, FAST)
 
 
 @triton.jit
@@ -1129,7 +1120,6 @@ def rejection_sample_triton(
     target_programs: int | None = None,
     race_programs: int | None = None,
     prune: bool | None = None,
-    bound_per_lane: bool | None = None,
     fuse_finish: bool | None = None,
     pdl: bool | int | None = None,
     pdl_race: bool = True,
@@ -1148,7 +1138,7 @@ def rejection_sample_triton(
     The other keywords override the launch heuristics (tests use them to exercise every path and the
     split logic at small V; scripts/rejection_sweep.py times them): fuse_race, block_v / num_warps /
     target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
-    (both), prune / bound_per_lane (race pruning; None: the walk's race from B = 128 only), pdl
+    (both), prune (race pruning; None: the walk's race from B = 128 only), pdl
     (programmatic dependent launch: 0/False off, 1/True early trigger, 2 late trigger;
     pdl_race=False launches the race pass without it),
     walk_warps, race_chunk (the two-level race's chunk; changes which tokens a seed draws, so the
@@ -1182,7 +1172,6 @@ def rejection_sample_triton(
     if race_warps is None:
         race_warps = _RACE_WARPS
     prune = bool(prune)  # the fused race's splits are one tile each by default: nothing to prune
-    bound_per_lane = _BOUND_PER_LANE if bound_per_lane is None else bound_per_lane
     fast = _on_gpu(dev)
     pdl = _pdl_mode(dev, pdl, rows)
     launch = pdl_launch(bool(pdl))
@@ -1221,7 +1210,7 @@ def rejection_sample_triton(
     ctr_arg = ctr if ctr is not None else nemit
     walk_args = (tok, nemit, lp, counts, race_i, race_f)
     stages = _stop_after if _stop_after is not None else 4
-    prune_args = dict(PRUNE=prune, BOUND_PER_LANE=bound_per_lane, FAST=fast)
+    prune_args = dict(PRUNE=prune, FAST=fast)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](

@@ -12,10 +12,6 @@ from tests.seeds import fresh_seed
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def freshfresh_seed() -> int:
-    return fresh_seed()
-
-
 def brute_force(row: list[float]) -> tuple[float, int]:
     best, best_i = -math.inf, 0
     for i, x in enumerate(row):
@@ -42,7 +38,7 @@ def hard_logits(b: int, v: int, dtype: torch.dtype, gen: torch.Generator) -> tor
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reference_matches_brute_force(dtype):
-    seed = freshfresh_seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for b, v in [(1, 1), (6, 7), (7, 50)]:
         x = hard_logits(b, v, dtype, gen)
@@ -57,7 +53,7 @@ def test_reference_matches_brute_force(dtype):
 @pytest.mark.parametrize("b,v,block_v,splits", [(1, 1, 16, None), (1, 300, 32, 4), (7, 77, 16, 3),
                                                 (6, 64, 32, None), (3, 1000, 128, 2)])
 def test_triton_matches_reference(dtype, b, v, block_v, splits):
-    seed = freshfresh_seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x = hard_logits(b, v, dtype, gen)
     x_before = x.clone()
@@ -70,7 +66,7 @@ def test_triton_matches_reference(dtype, b, v, block_v, splits):
 
 
 def test_triton_strided_rows_and_out():
-    seed = freshfresh_seed()
+    seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     base = torch.randn(5, 130, generator=gen)
     x = base[:, :100]  # row stride 130, vocab contiguous
@@ -113,7 +109,7 @@ def test_public_argmax_cpu_and_validation():
 @pytest.mark.parametrize("b", [1, 8, 64, 256])
 @pytest.mark.parametrize("v", [32000, 128256, 151936])
 def test_triton_gpu_real_sizes(cuda, dtype, b, v):
-    seed = freshfresh_seed()
+    seed = fresh_seed()
     gen = torch.Generator(device=cuda).manual_seed(seed)
     x = torch.randn(b, v, device=cuda, generator=gen).to(dtype)
     if b > 2:
