@@ -41,7 +41,8 @@ from graphrt.checkpoint import (
     expected_shapes,
     load_checkpoint,
 )
-from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids, load_config
+from graphrt.checkpoint_config import load_config
+from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError
 from graphrt.gguf_checkpoint import find_gguf
 

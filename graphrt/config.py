@@ -9,8 +9,8 @@ does not run, naming the file and the field.
 EAGLE heads cannot always be told apart from their config: the published EAGLE-1/2 and the original
 EAGLE-3 checkpoints say `"architectures": ["LlamaForCausalLM"]` with one layer. The weight names
 decide (`midlayer.*`/`d2t` -> EAGLE-3; `fc.weight` of width 2H -> EAGLE-1/2), so `from_hf_dict`
-takes the checkpoint's {name: shape} table when it has one (`load_config` reads it from the
-safetensors headers, which costs no tensor reads).
+takes the checkpoint's {name: shape} table when it has one (`graphrt.checkpoint_config.load_config`
+reads it from the safetensors headers, which costs no tensor reads).
 
 EAGLE-3 aux layer ids (`eagle_aux_layer_ids`) use one convention throughout graphrt: id j is the
 target's residual stream *entering* decoder layer j (so j = output of layer j-1, 0 = the token
@@ -462,24 +462,6 @@ class ModelConfig:
         return d
 
 
-def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:
-    """Read `<path>/config.json` (and generation_config.json's eos ids) into a ModelConfig; for a GGUF
-    file (or a folder holding one and no config.json), its metadata.
-
-    The weight files' headers are read too (names and shapes only) so EAGLE heads are recognised;
-    `kind` forces "lm" / "eagle" / "eagle3".
-    """
-    from graphrt.checkpoint import scan_weight_shapes  # lazy: checkpoint imports this module
-    from graphrt.gguf_checkpoint import find_gguf, gguf_config
-
-    gguf_file = find_gguf(path)
-    if gguf_file is not None:
-        return gguf_config(gguf_file)
-    d = read_config_json(path)
-    shapes = scan_weight_shapes(path)
-    return ModelConfig.from_hf_dict(d, path, weight_shapes=shapes, kind=kind)
-
-
 def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
     """config.json as a dict, merged with generation_config.json's eos ids; errors name the file."""
     path = str(path)
@@ -687,7 +669,6 @@ __all__ = [
     "ARCHITECTURES",
     "KINDS",
     "ModelConfig",
-    "load_config",
     "read_config_json",
     "default_eagle3_aux_layer_ids",
     "config_fields",

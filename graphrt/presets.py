@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from graphrt.checkpoint_config import load_config
 from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
-from graphrt.config import load_config
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 

@@ -22,8 +22,9 @@ from graphrt.checkpoint import (
     load_checkpoint,
     scan_weight_shapes,
 )
+from graphrt.checkpoint_config import load_config
 from graphrt.checkpoint_writer import PRESETS, preset_config, random_d2t, self_draft, write_random_checkpoint
-from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids, load_config
+from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError, ConfigMismatchError
 
 LM_PRESETS = ["tiny", "tiny-tied", "tiny-qwen2", "tiny-qwen3"]
