@@ -68,7 +68,7 @@ def describe_draft(draft: Path, target: Path) -> str:
     d, t = load_config(draft), load_config(target)
     n = d.num_hidden_layers
     if d.kind == "eagle3":
-        aux = eagle3_aux_layers(d, t.num_hidden_layers)
+        aux = eagle3_aux_layers(d, t)
         return (f"EAGLE-3 head ({n} layer{'s' * (n > 1)}, draft vocabulary {d.draft_vocab_size}, "
                 f"aux layers {aux})")
     if d.kind == "eagle":

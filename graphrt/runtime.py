@@ -111,6 +111,8 @@ class Runtime:
         self.target_ckpt, self.draft_ckpt = target, draft
         self.target = build_target(target, max_positions, device)
         self.draft = build_draft(draft, self.target, max_positions, device) if draft is not None else None
+        if getattr(self.draft, "target_hidden", None) == "aux":  # EAGLE-3: the target keeps those streams
+            self.target.aux_layer_ids = self.draft.aux_layer_ids
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())

@@ -8,7 +8,6 @@ and `cfg`.
 
 from __future__ import annotations
 
-from graphrt.config import default_eagle3_aux_layer_ids
 from graphrt.errors import ConfigMismatchError
 from graphrt.models.decoder_lm import DecoderLM
 from graphrt.models.eagle import Eagle3Head, EagleHead
@@ -24,18 +23,19 @@ def build_draft(ckpt, target: DecoderLM, max_positions: int, device):
     if ckpt.kind == "eagle":
         return EagleHead(ckpt.config, ckpt.weights, target, max_positions, device)
     if ckpt.kind == "eagle3":
-        head = Eagle3Head(ckpt.config, ckpt.weights, target, max_positions, device)
-        target.aux_layer_ids = eagle3_aux_layers(ckpt.config, target.num_layers)
-        return head
+        return Eagle3Head(ckpt.config, ckpt.weights, target, max_positions, device,
+                          aux_layer_ids=eagle3_aux_layers(ckpt.config, target.cfg))
     raise ValueError(f"unknown draft kind {ckpt.kind!r}")
 
 
-def eagle3_aux_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
-    ids = cfg.eagle_aux_layer_ids or default_eagle3_aux_layer_ids(num_target_layers)
-    if len(ids) != 3 or not all(0 <= i <= num_target_layers for i in ids):
+def eagle3_aux_layers(cfg, target_cfg) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads (ModelConfig.aux_layer_ids_for), checked against
+    the target's depth."""
+    ids = cfg.aux_layer_ids_for(target_cfg)
+    n = target_cfg.num_hidden_layers
+    if len(ids) != 3 or not all(0 <= i <= n for i in ids):
         raise ConfigMismatchError(
-            f"EAGLE-3 aux layer ids {ids} do not fit a target of {num_target_layers} layers "
-            "(config field eagle_aux_layer_ids)")
+            f"EAGLE-3 aux layer ids {ids} do not fit a target of {n} layers (config field eagle_aux_layer_ids)")
     return ids
 
 

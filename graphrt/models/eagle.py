@@ -83,8 +83,9 @@ class Eagle3Head(_EagleBase):
 
     target_hidden = "aux"
 
-    def __init__(self, cfg, weights: dict, target, max_positions: int, device):
+    def __init__(self, cfg, weights: dict, target, max_positions: int, device, *, aux_layer_ids: tuple[int, ...]):
         super().__init__(cfg, weights, target, max_positions, device)
+        self.aux_layer_ids = aux_layer_ids  # the target layers whose entering streams it reads
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
         # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
