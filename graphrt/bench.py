@@ -269,13 +269,20 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
     return rows
 
 
+def speedup_curves(rows: list[dict]) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """(K, B) -> [(measured acceptance length, speedup)] ascending, in the sweep's (K, B) order: at
+    the mean length each run measured, since a short run's draws miss the set L by a few percent."""
+    curves: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for r in rows:
+        curves.setdefault((r["K"], r["batch_size"]), []).append((r["measured_L"], r["speedup"]))
+    return {key: sorted(pts) for key, pts in curves.items()}
+
+
 def break_even(rows: list[dict]) -> dict[tuple[int, int], float | None]:
-    """(K, B) -> the acceptance length where speedup crosses 1 (linear between the swept points, at
-    the mean length each run measured: a short run's draws miss the set L by a few percent; 1.0 when
-    speculation already pays at L = 1; None when it never does)."""
+    """(K, B) -> the acceptance length where speedup crosses 1 (linear between the swept points of
+    speedup_curves; 1.0 when speculation already pays at L = 1; None when it never does)."""
     out = {}
-    for key in dict.fromkeys((r["K"], r["batch_size"]) for r in rows):
-        pts = sorted((r["measured_L"], r["speedup"]) for r in rows if (r["K"], r["batch_size"]) == key)
+    for key, pts in speedup_curves(rows).items():
         out[key] = None
         if pts[0][1] >= 1:
             out[key] = pts[0][0]
@@ -292,8 +299,7 @@ def write_sweep_png(rows: list[dict], path, *, title: str = "") -> None:
     run, one line per (K, B)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for K, b in dict.fromkeys((r["K"], r["batch_size"]) for r in rows):
-        pts = sorted((r["measured_L"], r["speedup"]) for r in rows if (r["K"], r["batch_size"]) == (K, b))
+    for (K, b), pts in speedup_curves(rows).items():
         ax.plot(*zip(*pts), marker="o", linestyle="-" if K == 3 else "--", label=f"K = {K}, B = {b}")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xlabel("acceptance length L (tokens per cycle, simulated; as measured)")

@@ -111,8 +111,6 @@ class Runtime:
         self.target_ckpt, self.draft_ckpt = target, draft
         self.target = build_target(target, max_positions, device)
         self.draft = build_draft(draft, self.target, max_positions, device) if draft is not None else None
-        if getattr(self.draft, "target_hidden", None) == "aux":  # EAGLE-3: the target keeps those streams
-            self.target.aux_layer_ids = self.draft.aux_layer_ids
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
@@ -142,6 +140,8 @@ class Runtime:
                                             dc.num_key_value_heads, dc.head_dim, dtype, device)
             if self.draft.uses_target_hidden:
                 aux = self.draft.target_hidden == "aux"
+                if aux:  # EAGLE-3: the target keeps the residual streams the head reads
+                    self.target.aux_layer_ids = self.draft.aux_layer_ids
                 target_hidden = tcfg.hidden_size * (len(self.target.aux_layer_ids) if aux else 1)
                 draft_state = dc.hidden_size
         if simulate_acceptance_length is not None and self.draft is None:

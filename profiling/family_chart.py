@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from graphrt.profiling.attribution import Attribution, ProfilingError
 from graphrt.profiling.kernel_families import FAMILIES, kernel_family
-from graphrt.profiling.phases import ALL_PHASES, PREFILL
+from graphrt.profiling.phases import PREFILL, phase_order
 
 IDLE = "idle (gaps)"
 SEGMENTS = (*FAMILIES, IDLE)
@@ -32,8 +32,7 @@ def family_bars(result: Attribution) -> tuple[list[tuple[str, int | None]], dict
         for k in path.kernels:
             cell[kernel_family(k.name)] += k.exclusive_ns - k.gap_ns
             cell[IDLE] += k.gap_ns
-    order = {p: i for i, p in enumerate(ALL_PHASES)}
-    bars = sorted(ns, key=lambda c: (order.get(c[0], len(order)), c[0], c[1] is None, c[1] or 0))
+    bars = sorted(ns, key=lambda c: phase_order(*c))
     launches = {c: result.by_batch[c].launches for c in bars}
     return bars, {f: [ns[c][f] / launches[c] / 1e3 for c in bars] for f in SEGMENTS}
 

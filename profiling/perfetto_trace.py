@@ -25,7 +25,7 @@ from collections import defaultdict
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseRange, short_kernel_name
 from graphrt.profiling.critical_path import LaunchPath
 from graphrt.profiling.kernel_families import kernel_family
-from graphrt.profiling.phases import ALL_PHASES, PREFILL, TARGET_DECODE, TARGET_VERIFY
+from graphrt.profiling.phases import PREFILL, TARGET_DECODE, TARGET_VERIFY, phase_order
 
 GPU_PID, HOST_PID = 1, 2
 CYCLE_STARTS = (TARGET_VERIFY, TARGET_DECODE)  # the first phase of a cycle, with a draft or without
@@ -115,12 +115,11 @@ def _host_lanes(ranges: list[PhaseRange], cycles: dict) -> list[list[dict]]:
 def trace_events(result: Attribution) -> list[dict]:
     """The trace's events (ts and dur in microseconds, relative to the earliest record)."""
     cycles = cycle_numbers(result.ranges)
-    order = {p: i for i, p in enumerate(ALL_PHASES)}
     by_phase: dict[str, list[LaunchPath]] = defaultdict(list)
     for path in result.paths:
         by_phase[path.launch.name].append(path)
     gpu = {phase: _phase_lanes(by_phase[phase], cycles)
-           for phase in sorted(by_phase, key=lambda p: (order.get(p, len(order)), p))}
+           for phase in sorted(by_phase, key=phase_order)}
     stray = [k for k, r in result.assignment if r is None]
     if stray:
         gpu[UNATTRIBUTED] = _stray_lanes(stray)

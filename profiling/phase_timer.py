@@ -20,11 +20,9 @@ class PhaseTimer:
         self.cuda = torch.device(device).type == "cuda"
         self._free = [self._pair() for _ in range(prealloc)] if self.cuda else []
         self._pending: list[tuple[str, int | None, object, object]] = []
-        self.total_ms: dict[str, float] = defaultdict(float)
-        self.count: dict[str, int] = defaultdict(int)
-        # per (phase, batch size): what a profile's rows are keyed by
-        self.batch_total_ms: dict[tuple[str, int | None], float] = defaultdict(float)
-        self.batch_count: dict[tuple[str, int | None], int] = defaultdict(int)
+        # per (phase, batch size): what a profile's rows are keyed by; summary() sums over B
+        self.total_ms: dict[tuple[str, int | None], float] = defaultdict(float)
+        self.count: dict[tuple[str, int | None], int] = defaultdict(int)
 
     @staticmethod
     def _pair():
@@ -56,25 +54,25 @@ class PhaseTimer:
                 self._free.append((start, end))
             else:
                 ms = (end - start) * 1e3
-            self.total_ms[name] += ms
-            self.count[name] += 1
-            self.batch_total_ms[(name, b)] += ms
-            self.batch_count[(name, b)] += 1
+            self.total_ms[(name, b)] += ms
+            self.count[(name, b)] += 1
         self._pending = still
 
     def reset(self) -> None:
         self.collect(wait=True)
         self.total_ms.clear()
         self.count.clear()
-        self.batch_total_ms.clear()
-        self.batch_count.clear()
 
     def summary(self) -> dict[str, dict[str, float]]:
         self.collect(wait=True)
-        return {k: {"total_ms": v, "calls": self.count[k], "mean_us": 1e3 * v / self.count[k]}
-                for k, v in self.total_ms.items()}
+        total: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for key, ms in self.total_ms.items():
+            total[key[0]] += ms
+            calls[key[0]] += self.count[key]
+        return {k: {"total_ms": v, "calls": calls[k], "mean_us": 1e3 * v / calls[k]} for k, v in total.items()}
 
     def mean_us_by_batch(self) -> dict[tuple[str, int | None], float]:
         """Mean time per launch in microseconds, per (phase, batch size)."""
         self.collect(wait=True)
-        return {k: 1e3 * v / self.batch_count[k] for k, v in self.batch_total_ms.items()}
+        return {k: 1e3 * v / self.count[k] for k, v in self.total_ms.items()}

@@ -23,7 +23,7 @@ import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
 from graphrt.profiling.kernel_families import kernel_family
-from graphrt.profiling.phases import ALL_PHASES, PREFILL
+from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
 from graphrt.arg_types import int_list
@@ -53,9 +53,7 @@ def _num(x, fmt="{:.1f}") -> str:
 
 
 def _ordered(cells) -> list[PhaseStats]:
-    order = {p: i for i, p in enumerate(ALL_PHASES)}
-    return sorted(cells, key=lambda p: (order.get(p.name, len(order)), p.name, p.batch_size is None,
-                                        p.batch_size or 0))
+    return sorted(cells, key=lambda p: phase_order(p.name, p.batch_size))
 
 
 def _per_launch(c: PhaseStats, expected_nodes: dict | None) -> str:
