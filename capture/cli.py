@@ -32,6 +32,8 @@ def cli_main(args) -> int:
     with tqdm(total=len(phases) * len(rt.buckets), desc="capture", unit="graph") as bar:
         records = rt.capture(progress=lambda r: bar.update(1))
     total_s = time.perf_counter() - t0
+    graphs = rt.cycle.graphs
+    print(f"precompile: {graphs.precompiled} kernel variants in {graphs.precompile_s:.1f} s")
 
     # Validate with real state: a few requests decoded for a few cycles, then every bucket's
     # phases replayed and re-run eagerly from the same buffers.
@@ -67,5 +69,6 @@ def cli_main(args) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"target": str(target), "draft": desc, "num_draft_tokens": rt.K, "total_s": total_s,
+                       "precompiled": graphs.precompiled, "precompile_s": graphs.precompile_s,
                        "pool_bytes": pool, "all_bit_exact": all_exact, "graphs": rows}, f, indent=2)
     return 0 if all_exact else 1

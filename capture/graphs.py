@@ -44,9 +44,12 @@ class CycleGraphs:
         self.buckets = tuple(sorted(set(buckets), reverse=True))
         self.graphs: dict[tuple[str, int], CapturedGraph] = {}
         self.pool = None
+        self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
 
-    def capture(self, progress=None, inspect_kernels: bool = True) -> list[CapturedGraph]:
+    def capture(self, progress=None, inspect_kernels: bool = True,
+                precompile_kernels: bool = True) -> list[CapturedGraph]:
         from graphrt.capture.inspect import kernel_names
+        from graphrt.capture.precompile import precompile
 
         s = self.cycle.s
         saved_slots, saved_ndrafts = s.batch_slots.clone(), s.batch_num_drafts.clone()
@@ -61,6 +64,11 @@ class CycleGraphs:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
+            if precompile_kernels:
+                t0 = time.perf_counter()
+                self.precompiled = precompile(lambda: [fn(B) for B in self.buckets for _, fn in self.cycle.phases()],
+                                              self._configuration())
+                self.precompile_s = time.perf_counter() - t0
             with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
                 for B in self.buckets:
                     for _, fn in self.cycle.phases():
@@ -94,6 +102,13 @@ class CycleGraphs:
             s.batch_num_drafts.copy_(saved_ndrafts)
             s.reset_scratch()
         return list(self.graphs.values())
+
+    def _configuration(self) -> str:
+        """What decides which kernel variants the captures compile (for capture/precompile.py)."""
+        c, s = self.cycle, self.cycle.s
+        kv = [(tuple(p.k[0].shape), p.k[0].dtype) for p in (c.target_kv, c.draft_kv) if p is not None and p.k]
+        return repr((c.target.cfg, getattr(c.draft, "cfg", None), c.K, self.buckets, kv,
+                     tuple(s.block_tables.shape), str(s.num_tokens.device)))
 
     def get(self, phase: str, batch_size: int):
         rec = self.graphs.get((phase, batch_size))
