@@ -1,13 +1,14 @@
-"""Compile every Triton kernel variant the captures need at once, on a thread pool, before the
+"""Compile every Triton kernel variant the captures need at once, in worker processes, before the
 warm-up runs the phases one kernel at a time.
 
 A cold capture is almost all Triton compiling: each phase x bucket meets a few new specialisations,
-and the eager warm-up compiles them one after another, each waiting on its ptxas and launcher
-builds. Here every phase of every bucket is first recorded into a throw-away CUDA graph with each
-Triton launch turned into a compile-only warm-up (triton's AsyncCompileMode hands the compile to
-the pool and returns at once). Recording, not running, matters: with the Triton kernels skipped,
-the torch kernels between them would read uninitialised indices; a recorded graph never runs.
-When the pool has drained, the compiled modules are loaded on the device from the pool too.
+and the eager warm-up compiles them one after another. Threads do not help: most of a compile
+holds the GIL. So every phase of every bucket is first recorded into a throw-away CUDA graph while
+triton's jit_cache_hook notes each variant that would compile and skips it (no compile, no launch).
+Recording, not running, matters: with the Triton kernels skipped, the torch kernels between them
+would read uninitialised indices; a recorded graph never runs. Worker processes then compile the
+variants into Triton's disk cache (JITFunction.preload) and build their launchers, and the
+warm-up that follows finds every one there.
 
 Best effort: any failure leaves the remaining kernels to the ordinary warm-up, which compiles
 whatever is missing, so capture never depends on this step. Once it has run for a configuration,
@@ -19,27 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
-
-
-@contextlib.contextmanager
-def _launches_compile_only():
-    from triton.runtime.jit import JITFunction
-
-    run = JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        return run(self, *args, grid=grid, warmup=True, **kwargs)
-
-    JITFunction.run = compile_only
-    try:
-        yield
-    finally:
-        JITFunction.run = run
 
 
 def _marker(configuration: str) -> str:
@@ -64,56 +53,112 @@ def _marker(configuration: str) -> str:
     return os.path.join(cache, "graphrt-precompiled", h.hexdigest())
 
 
+@contextlib.contextmanager
+def _recording_variants(variants: dict):
+    """While active, a Triton launch that would compile records (module, name, specialisation) in
+    variants and returns without compiling or launching."""
+    from triton import knobs
+
+    def hook(*, fn, compile, **_):
+        variants[compile["specialization_data"]] = (fn.module, fn.name)
+        return True  # skip the compile
+
+    saved = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_cache_hook = saved
+
+
+def stable_cache_keys(modules: list[str]) -> None:
+    """Give every Triton function of the named modules the cache key a complete dependency walk
+    gives. Triton folds a callee's global constants into its caller's key only if the callee's own
+    key was computed before, so a kernel's key depends on what the process happened to launch
+    first, and a variant compiled by one process is missed in the disk cache by the next.
+    Recomputing every key until none changes removes that order; the compiled code is unchanged."""
+    from triton.runtime.jit import JITFunction
+
+    fns = []
+    for name in sorted(modules):
+        module = importlib.import_module(name)
+        fns += [v for _, v in sorted(vars(module).items())
+                if isinstance(v, JITFunction) and v.__module__ == name]
+    keys = None
+    for _ in range(8):
+        if keys == (keys := [fn.cache_key for fn in fns]):
+            return
+        for fn in fns:
+            fn.hash = None
+    [fn.cache_key for fn in fns]
+
+
+def kernel_modules() -> list[str]:
+    """The graphrt kernel modules this process has imported."""
+    return sorted(name for name in sys.modules if name.startswith("graphrt.kernels."))
+
+
 def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     """run_all(): launches every phase of every bucket, as the warm-up does. configuration: a
     description of everything that decides which kernel variants run (model configs, K, buckets,
     cache shapes, device). Returns how many kernel variants were compiled here (0 when skipped,
     unavailable or failed)."""
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # older triton: the warm-up compiles serially
-        return 0
+    modules = kernel_modules()
+    stable_cache_keys(modules)
     marker = _marker(f"{configuration}|{torch.cuda.get_device_name()}")
     if os.path.exists(marker):
         return 0
-    submitted = []
-
-    class _Recording(AsyncCompileMode):
-        def submit(self, key, *fns):
-            fk = super().submit(key, *fns)
-            submitted.append(fk)
-            return fk
-
-    workers = workers or min(32, os.cpu_count() or 1)
-    device = torch.cuda.current_device()
-    pool = torch.cuda.graph_pool_handle()
-    recorded = False
-    with ThreadPoolExecutor(workers) as ex:
-        try:
-            with _Recording(ex), _launches_compile_only():
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="relaxed"):
-                    run_all()
-                del graph
-            recorded = True
-        except Exception as e:  # noqa: BLE001 - an optimisation only; the warm-up compiles the rest
-            warnings.warn(f"graphrt: parallel kernel precompile stopped early ({e}); "
-                          "the warm-up compiles the remaining kernels", stacklevel=2)
-        kernels = list({id(fk): fk.kernel for fk in submitted if fk.kernel is not None}.values())
-
-        def load(kernel):
-            torch.cuda.set_device(device)
-            init = getattr(kernel, "_init_handles", None)
-            if init is not None:
-                init()
-
-        try:
-            list(ex.map(load, kernels))
-        except Exception:  # noqa: BLE001 - loading on first launch instead
-            pass
-    torch.cuda.synchronize()
-    if recorded:
+    variants: dict[str, tuple[str, str]] = {}
+    jobs, procs, error = [], [], None
+    try:
+        # The workers start first, so that their imports overlap the recording pass.
+        for _ in range(workers or min(os.cpu_count() or 1, 32)):
+            log = tempfile.TemporaryFile()
+            procs.append((subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"],
+                                           stdin=subprocess.PIPE, stderr=log, text=True), log))
+        with _recording_variants(variants):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="relaxed"):
+                run_all()
+            del graph
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the throw-away graph's pool
+        jobs = [(module, name, spec) for spec, (module, name) in variants.items()]
+    except Exception as e:  # noqa: BLE001 - an optimisation only; the warm-up compiles the rest
+        error, jobs = e, []
+    for i, (p, _) in enumerate(procs):  # round robin: variants of one kernel spread over the workers
         with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "w").close()
-    return len(kernels)
+            p.stdin.write(json.dumps({"modules": modules, "jobs": jobs[i::len(procs)]}))
+            p.stdin.close()
+    for p, log in procs:
+        if p.wait() != 0 and error is None:
+            log.seek(0)
+            error = RuntimeError(log.read()[-2000:].decode(errors="replace"))
+        log.close()
+    if error is not None:
+        warnings.warn(f"graphrt: parallel kernel precompile failed ({error}); the warm-up compiles serially",
+                      stacklevel=2)
+        return 0
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        open(marker, "w").close()
+    return len(jobs)
+
+
+def _worker() -> None:
+    """Compile the variants read from stdin ({"modules": [...], "jobs": [(module, name,
+    specialisation)]}) into Triton's disk cache, each with its launcher (a cached shared library)
+    built too."""
+    import graphrt.kernels  # noqa: F401 - the slow imports, done while the parent records
+
+    work = json.load(sys.stdin)
+    stable_cache_keys(work["modules"])
+    for module, name, spec in work["jobs"]:
+        kernel = getattr(importlib.import_module(module), name).preload(spec)
+        init = getattr(kernel, "_init_handles", None)
+        if init is not None:
+            init()
+
+
+if __name__ == "__main__":
+    _worker()

@@ -24,6 +24,31 @@ print(json.dumps({"precompiled": rt.cycle.graphs.precompiled, "exact": not any(d
 """
 
 
+_KEYS = """
+import json, sys
+import graphrt.kernels.attention, graphrt.kernels.argmax, graphrt.kernels.rejection, graphrt.kernels.qkv_rotary
+from graphrt.capture.precompile import kernel_modules, stable_cache_keys
+from triton.runtime.jit import JITFunction
+
+modules = kernel_modules()
+fns = [v for m in modules for v in vars(sys.modules[m]).values() if isinstance(v, JITFunction)]
+for fn in (fns if sys.argv[1] == "forward" else fns[::-1]):
+    fn.cache_key  # what launching them in this order would compute
+stable_cache_keys(modules)
+print(json.dumps({f"{fn.__module__}.{fn._fn_name}": fn.cache_key for fn in fns}))
+"""
+
+
+def test_cache_keys_do_not_depend_on_launch_order():
+    # Without stable_cache_keys, Triton 3.6 gave a kernel a key that depended on which kernels the
+    # process had touched first, and workers' compiles missed the parent's disk cache.
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # real JITFunctions; computing keys needs no GPU
+    keys = [json.loads(subprocess.run([sys.executable, "-c", _KEYS, order], env=env, capture_output=True, text=True,
+                                      check=True, timeout=300).stdout) for order in ("forward", "reverse")]
+    assert len(keys[0]) > 20 and keys[0] == keys[1]
+
+
 def test_marker_names_configuration_and_sources():
     from graphrt.capture.precompile import _marker
 
@@ -36,12 +61,14 @@ def test_marker_names_configuration_and_sources():
 def test_cold_capture_precompiles_then_warm_capture_skips(tmp_path):
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
     env.pop("TRITON_INTERPRET", None)
-    runs = []
+    runs, entries = [], []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _CAPTURE], env=env, capture_output=True, text=True,
                              timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
         assert out.returncode == 0, out.stderr[-3000:]
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        entries.append(set(os.listdir(tmp_path / "triton")))
     assert runs[0]["precompiled"] > 5 and runs[0]["exact"]
     assert runs[1]["precompiled"] == 0 and runs[1]["exact"]
+    assert entries[1] == entries[0], "the warm capture compiled again"
     assert os.listdir(tmp_path / "triton" / "graphrt-precompiled")
