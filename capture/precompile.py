@@ -98,6 +98,20 @@ def kernel_modules() -> list[str]:
     return sorted(name for name in sys.modules if name.startswith("graphrt.kernels."))
 
 
+def _balanced(jobs: list[tuple[str, str, str]], n: int) -> list[list]:
+    """Split jobs over n workers, longest first onto the least loaded, taking a kernel's source
+    length as its compile time: the slowest worker decides when the pass ends."""
+    def cost(job):
+        return len(getattr(importlib.import_module(job[0]), job[1]).src)
+
+    shares, loads = [[] for _ in range(n)], [0] * n
+    for job in sorted(jobs, key=cost, reverse=True):
+        i = loads.index(min(loads))
+        shares[i].append(job)
+        loads[i] += cost(job)
+    return shares
+
+
 def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     """run_all(): launches every phase of every bucket, as the warm-up does. configuration: a
     description of everything that decides which kernel variants run (model configs, K, buckets,
@@ -126,9 +140,9 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
         jobs = [(module, name, spec) for spec, (module, name) in variants.items()]
     except Exception as e:  # noqa: BLE001 - an optimisation only; the warm-up compiles the rest
         error, jobs = e, []
-    for i, (p, _) in enumerate(procs):  # round robin: variants of one kernel spread over the workers
+    for p, share in zip(procs, _balanced(jobs, len(procs))):
         with contextlib.suppress(OSError):
-            p.stdin.write(json.dumps({"modules": modules, "jobs": jobs[i::len(procs)]}))
+            p.stdin.write(json.dumps({"modules": modules, "jobs": share}))
             p.stdin.close()
     for p, log in procs:
         if p.wait() != 0 and error is None:

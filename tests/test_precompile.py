@@ -72,3 +72,17 @@ def test_cold_capture_precompiles_then_warm_capture_skips(tmp_path):
     assert runs[1]["precompiled"] == 0 and runs[1]["exact"]
     assert entries[1] == entries[0], "the warm capture compiled again"
     assert os.listdir(tmp_path / "triton" / "graphrt-precompiled")
+
+
+def test_jobs_are_split_longest_first_each_once():
+    import graphrt.kernels.argmax
+    import graphrt.kernels.attention  # noqa: F401
+    from graphrt.capture.precompile import _balanced
+
+    long, short = ("graphrt.kernels.attention", "_paged_attn_partial_kernel"), ("graphrt.kernels.argmax",
+                                                                             "_argmax_combine_kernel")
+    jobs = [(*long, f"l{i}") for i in range(3)] + [(*short, f"s{i}") for i in range(6)]
+    shares = _balanced(jobs, 3)
+    assert sorted(j for s in shares for j in s) == sorted(jobs)
+    assert all(s[0][1] == long[1] for s in shares)  # each worker starts on one of the slow kernels
+    assert _balanced([], 2) == [[], []]
