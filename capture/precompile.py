@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -102,7 +103,7 @@ def _balanced(jobs: list[tuple[str, str, str]], n: int) -> list[list]:
     """Split jobs over n workers, longest first onto the least loaded, taking a kernel's source
     length as its compile time: the slowest worker decides when the pass ends."""
     def cost(job):
-        return len(getattr(importlib.import_module(job[0]), job[1]).src)
+        return len(inspect.getsource(getattr(importlib.import_module(job[0]), job[1]).fn))
 
     shares, loads = [[] for _ in range(n)], [0] * n
     for job in sorted(jobs, key=cost, reverse=True):
