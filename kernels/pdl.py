@@ -14,9 +14,9 @@ Settled memory. With dependents released before the wait, a kernel that starts g
 that its predecessors on the stream have *started*, back to the nearest node whose incoming edge
 is not programmatic (a torch kernel, say): that one started only after everything before it had
 finished and its writes were visible. Memory written before that fence is settled and may be read
-before the wait. The attention kernels read seq_lens and block_tables early
-(paged_attention_triton(early=...)): the cycle computes both with torch kernels before the
-forward's first kernel, the embedding gather, itself a torch kernel and so the fence.
+before the wait. The attention kernels read seq_lens and block_tables before it: the cycle
+computes both with torch kernels before the forward's first kernel, the embedding gather, itself a
+torch kernel and so the fence.
 tests/test_capture.py checks that in every captured graph (capture/inspect.launch_chain).
 """
 
