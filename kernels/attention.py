@@ -24,7 +24,6 @@ defends against it says so.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -318,18 +317,14 @@ def _split_len(seq_cap, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, stride_kb, stride_ks, stride_vb,
                          stride_vs, ELEM_BITS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PF_LINES: tl.constexpr,
-                         PAST_L1: tl.constexpr):
+                         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PF_LINES: tl.constexpr):
     """L2 prefetch of the K and V rows of this split's first KV step, before the PDL wait. The
-    table entries are read past L1 (PAST_L1, .cg) when they may not be settled, so nothing stale
-    stays in L1 for the reads after the wait; otherwise into L1, where those reads then hit."""
+    table is settled (kernels/pdl.py), so its entries load into L1, where the reads after the wait
+    hit."""
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
     offs_n = split * _split_len(seq_cap, NUM_SPLITS, BLOCK_N) + tl.arange(0, BLOCK_N)
     ok = offs_n < seq_cap
-    if PAST_L1:
-        blk = tl.load(bt_row + offs_n // PAGE, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
-    else:
-        blk = tl.load(bt_row + offs_n // PAGE, mask=ok, other=0).to(tl.int64)
+    blk = tl.load(bt_row + offs_n // PAGE, mask=ok, other=0).to(tl.int64)
     line = tl.arange(0, PF_LINES) * (128 // (ELEM_BITS // 8))
     m = ok[:, None] & (line < HEAD_DIM)[None, :]
     tok = (offs_n % PAGE)[:, None]
@@ -376,7 +371,6 @@ def _paged_attn_partial_kernel(
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
     PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
-    EARLY: tl.constexpr = False,  # seq_lens and the table are settled (kernels/pdl.py): read them first
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -386,23 +380,16 @@ def _paged_attn_partial_kernel(
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kvh * stride_kh
     v_head = v_cache_ptr + kvh * stride_vh
-    if EARLY:
-        # Settled (kernels/pdl.py): read once, before the wait.
-        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    # Settled (kernels/pdl.py): read once, before the wait.
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     if USE_PDL:
         if PF_LINES > 0:
             # This split's first KV step into L2 while the producer (the K/V store) finishes: a
-            # one-step split's DRAM round trip leaves the critical path. Without EARLY the addresses
-            # come from seq_lens and the table read past L1 and are used for nothing else, so a
-            # value the producer were still writing would only cost a useless prefetch.
-            if not EARLY:
-                seq_len = tl.load(seq_lens_ptr + b, cache_modifier=".cg").to(tl.int32)
+            # one-step split's DRAM round trip leaves the critical path.
             _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, stride_kb, stride_ks,
                                  stride_vb, stride_vs, k_cache_ptr.dtype.element_ty.primitive_bitwidth, HEAD_DIM,
-                                 PAGE, BLOCK_N, NUM_SPLITS, PF_LINES, PAST_L1=not EARLY)
+                                 PAGE, BLOCK_N, NUM_SPLITS, PF_LINES)
         wait_for_producer()  # a programmatic dependent: what is not settled is read after this
-    if not EARLY:
-        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
 
     q_start = q_tile * BLOCK_Q
@@ -516,17 +503,14 @@ def _paged_attn_merge_kernel(
     BLOCK_H: tl.constexpr,  # query heads per program
     BLOCK_DM: tl.constexpr,  # head_dim slice per program
     USE_PDL: tl.constexpr = False,
-    EARLY: tl.constexpr = False,  # settled seq_lens (kernels/pdl.py): read before the wait
 ):
-    if USE_PDL and not EARLY:  # a programmatic dependent: nothing before this line touches memory
-        wait_for_producer()
     row = tl.program_id(0)
     h_tile = tl.program_id(1)
     d_tile = tl.program_id(2)
     b = row // query_len
     t = row % query_len
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    if USE_PDL and EARLY:  # the partials come from the producer
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)  # settled (kernels/pdl.py): before the wait
+    if USE_PDL:  # the partials come from the producer
         wait_for_producer()
     seq_cap = _seq_cap(seq_len, max_blocks, PAGE)
     pos = seq_len - query_len + t
@@ -646,7 +630,6 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    early: bool | None = None,
 ) -> torch.Tensor:
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
@@ -656,9 +639,9 @@ def paged_attention_triton(
     num_splits: override the heuristic (tests, tuning). workspace: preallocated
       attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
       (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
-    early: read seq_lens and block_tables before the PDL wait (default: on unless
-      GRAPHRT_ATTN_EARLY=0, read per call). The caller vouches for the rule in kernels/pdl.py: no
-      kernel that may still run when this one starts writes either of them.
+    Under PDL both kernels read seq_lens and block_tables before waiting for their producer: the
+    caller vouches for the rule in kernels/pdl.py ("Settled memory"), that no kernel that may still
+    run when they start writes either of them.
     """
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
@@ -721,8 +704,6 @@ def paged_attention_triton(
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
-    if early is None:
-        early = os.environ.get("GRAPHRT_ATTN_EARLY", "1") != "0"
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
         query,
         k_cache,
@@ -762,7 +743,6 @@ def paged_attention_triton(
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
         USE_PDL=pdl,
-        EARLY=early,
         # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
         PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
         num_warps=num_warps,
@@ -795,8 +775,7 @@ def paged_attention_triton(
             BLOCK_H=merge_h,
             BLOCK_DM=merge_d,
             USE_PDL=pdl,
-            EARLY=early,
-            num_warps=4,
+                num_warps=4,
             **pdl_launch(pdl),
         )
     return out

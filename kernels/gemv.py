@@ -657,18 +657,9 @@ def row_fma_config(m: int, n: int, k: int) -> dict | None:
     return cfg
 
 
-def epilogues_enabled(kind: str) -> bool:
-    """Whether the M = 1 GEMV fusion `kind` is on: "mlp" (SiLU·mul after gate_up), "qkv"
-    (kernels/qkv_rotary.py after qkv) or "norm" (the RMSNorm before qkv and gate_up, in their
-    prologue). GRAPHRT_GEMV_EPILOGUE: 1 (all, the default), 0 (none) or a comma list of kinds; read
-    per call, so a benchmark can time each in one process."""
-    value = os.environ.get("GRAPHRT_GEMV_EPILOGUE", "1")
-    return value == "1" or kind in value.split(",")
-
-
 def norm_fusable(x) -> bool:
     """Whether a consumer given x (a tensor or a PendingNorm) takes the norm in its prologue."""
-    return isinstance(x, PendingNorm) and epilogues_enabled("norm") and x.fusable()
+    return isinstance(x, PendingNorm) and x.fusable()
 
 
 def materialized(x) -> torch.Tensor:
@@ -685,7 +676,7 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     its prologue; elsewhere [the norm,] linear, then silu_and_mul, which give the same bits.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
-    if (epilogues_enabled("mlp") and w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None)
+    if (w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None)
             and row_fma_config(xt.shape[0], *w_gate_up.shape) is not None):
         if norm_fusable(x):
             return gemv_triton(xt, w_gate_up, gated=True, norm=x)

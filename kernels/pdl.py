@@ -14,9 +14,9 @@ Settled memory. With dependents released before the wait, a kernel that starts g
 that its predecessors on the stream have *started*, back to the nearest node whose incoming edge
 is not programmatic (a torch kernel, say): that one started only after everything before it had
 finished and its writes were visible. Memory written before that fence is settled and may be read
-before the wait. The attention kernels read seq_lens and block_tables early
-(paged_attention_triton(early=...)): the cycle computes both with torch kernels before the
-forward's first kernel, the embedding gather, itself a torch kernel and so the fence.
+before the wait. The attention kernels read seq_lens and block_tables before it: the cycle
+computes both with torch kernels before the forward's first kernel, the embedding gather, itself a
+torch kernel and so the fence.
 tests/test_capture.py checks that in every captured graph (capture/inspect.launch_chain).
 """
 
@@ -47,23 +47,18 @@ def wait_for_producer():
         tl.extra.cuda.gdc_wait()
 
 
-# L2 prefetches before the wait (GRAPHRT_PDL_PREFETCH=0 turns them off; read at import).
-_PREFETCH = tl.constexpr(os.environ.get("GRAPHRT_PDL_PREFETCH", "1") != "0")
-
-
 @triton.jit
 def prefetch_l2(ptrs, mask):
     """Bring the cache lines at ptrs (where mask) into L2, for a dependent that is about to wait
     for its producer: the DRAM latency then passes while the producer finishes. Safe on any
     address, even one the producer is still writing: a prefetch changes no value anyone can read
     (L2 is the GPU's point of coherence; nothing lands in registers or L1). Nothing under the
-    interpreter or with GRAPHRT_PDL_PREFETCH=0."""
+    interpreter."""
     if not _INTERPRETED:
-        if _PREFETCH:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
 
 
 @functools.cache

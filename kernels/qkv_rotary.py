@@ -29,7 +29,6 @@ from graphrt.kernels.gemv import (
     _fma_normed,
     _fma_step,
     _fma_zeros,
-    epilogues_enabled,
     linear,
     materialized,
     norm_fusable,
@@ -200,10 +199,9 @@ def _qkv_rotary_kernel(
 
 def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
     """Whether the one-launch path applies: CUDA, no q/k norm, bf16/fp16 throughout, contiguous
-    operands, a one-row-per-program FMA configuration for this many tokens, the switch on
-    (kernels/gemv.epilogues_enabled)."""
+    operands, a one-row-per-program FMA configuration for this many tokens."""
     return (
-        epilogues_enabled("qkv") and x.is_cuda and x.dim() == 2 and not has_qk_norm
+        x.is_cuda and x.dim() == 2 and not has_qk_norm
         and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
         and (bias is None or bias.dtype == x.dtype)
         and x.stride(1) == 1 and w_qkv.is_contiguous() and row_fma_config(x.shape[0], *w_qkv.shape) is not None

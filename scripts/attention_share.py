@@ -2,7 +2,7 @@
 the L2 prefetch before the wait), against its KV-read floor.
 
     python scripts/attention_share.py [--presets llama-8b-shape] [--prompt-len 4064] [--out f.json]
-        [--variants 'default;w8:num_warps=8;nomerge:merge=0;off:env.GRAPHRT_ATTN_EARLY=0']
+        [--variants 'default;w8:num_warps=8;nomerge:merge=0;off:env.GRAPHRT_PDL=0']
 
 Plain decode (no draft) of B requests with a long prompt; TARGET_DECODE's graph time per step
 (CUDA events around each replay) is measured twice over: with the real paged attention, and with
@@ -48,7 +48,7 @@ class _NoLaunch:
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
-    """'default;w8:num_warps=8;off:env.GRAPHRT_ATTN_EARLY=0' -> [(name, settings)]: integer
+    """'default;w8:num_warps=8;off:env.GRAPHRT_PDL=0' -> [(name, settings)]: integer
     paged_attention_triton keywords, environment variables (env.NAME, set for the capture), and
     merge=0, which skips the merge launch (a timing probe only: the output is then wrong)."""
     out = []

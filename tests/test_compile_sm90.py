@@ -78,18 +78,18 @@ CASES = {
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True), dict(num_warps=1)),
     "attn-decode-split-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True, PF_LINES=2), dict(num_warps=4)),
-    "attn-decode-split-pdl-early": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
-        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=64, USE_PDL=True, PF_LINES=2, EARLY=True), dict(num_warps=4)),
+    "attn-decode-split64-pdl-noprefetch": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
+        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=64, USE_PDL=True), dict(num_warps=4)),
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
                                                                       seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, BLOCK_N=128, NUM_SPLITS=32, SPLITS_P2=32, BLOCK_H=2, BLOCK_DM=64,
         USE_PDL=True), dict(num_warps=4)),
-    "attn-merge-pdl-early": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
+    "attn-merge-pdl-d128": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
                                                                             seq_lens_ptr="*i32"), dict(
         NUM_Q_HEADS=32, HEAD_DIM=128, PAGE=16, BLOCK_N=64, NUM_SPLITS=64, SPLITS_P2=64, BLOCK_H=1, BLOCK_DM=64,
-        USE_PDL=True, EARLY=True), dict(num_warps=4)),
+        USE_PDL=True), dict(num_warps=4)),
     # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
     "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
@@ -165,7 +165,5 @@ def test_kernel_compiles_for_sm90(compiled, name):
     # the L2 prefetch before the wait, where a case asks for it
     assert res["prefetch"] == (constexprs.get("PF_LINES", 0) > 0 and constexprs.get("USE_PDL", False))
     if name.startswith("attn") and res["griddepcontrol"]:
-        # early: seq_lens (and the prefetch's table entries) read before the wait; otherwise only
-        # the prefetch's address reads (.cg) come before it
-        early = constexprs.get("EARLY", False)
-        assert (res["loads_before_wait"] > 0) == (early or constexprs.get("PF_LINES", 0) > 0), res
+        # seq_lens (and the prefetch's table entries) are settled: read before the wait
+        assert res["loads_before_wait"] > 0, res

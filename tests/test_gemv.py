@@ -303,6 +303,22 @@ def test_gpu_runtime_bf16_graphs_match_eager(cuda):
         assert got[True] == got[False], f"draft={d is not None}"
 
 
+def _unfused(monkeypatch):
+    """The layers' projections without their GEMV prologue and epilogue fusions: [the norm,] the
+    GEMV, then SiLU·mul or rotary + KV store, each its own launch."""
+    import graphrt.kernels.gemv as gemv_mod
+    from graphrt.kernels.activation import silu_and_mul
+    from graphrt.kernels.qkv_rotary import qkv_rotary_store_reference
+
+    import graphrt.models.layers as layers
+
+    monkeypatch.setattr(gemv_mod, "norm_fusable", lambda x: False)
+    monkeypatch.setattr(layers, "linear_silu_mul",
+                        lambda x, w: silu_and_mul(gemv_mod.linear(gemv_mod.materialized(x), w)))
+    monkeypatch.setattr(layers, "qkv_rotary_store",
+                        lambda x, *a, **k: qkv_rotary_store_reference(gemv_mod.materialized(x), *a, **k))
+
+
 @pytest.mark.gpu
 def test_gpu_runtime_epilogue_fusions_do_not_change_tokens(cuda, monkeypatch):
     # The one-token steps (plain decode, draft decode) take the fused qkv + rotary and gate_up +
@@ -316,11 +332,13 @@ def test_gpu_runtime_epilogue_fusions_do_not_change_tokens(cuda, monkeypatch):
     sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
     for d in (None, draft):
         got = {}
-        for switch in ("0", "1"):
-            monkeypatch.setenv("GRAPHRT_GEMV_EPILOGUE", switch)
-            rt = Runtime(target, d, device=cuda, max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
-            got[switch] = [rt.generate([p], sp)[0].token_ids for p in ([3, 4, 5, 6], [7] * 9)]
-        assert got["0"] == got["1"], f"draft={d is not None}"
+        for fused in (True, False):
+            with monkeypatch.context() as m:
+                if not fused:
+                    _unfused(m)
+                rt = Runtime(target, d, device=cuda, max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
+                got[fused] = [rt.generate([p], sp)[0].token_ids for p in ([3, 4, 5, 6], [7] * 9)]
+        assert got[False] == got[True], f"draft={d is not None}"
 
 
 def test_env_switch_sends_everything_to_cublas():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from graphrt.kernels.activation import silu_and_mul
-from graphrt.kernels.gemv import epilogues_enabled, gemv_triton, linear_silu_mul, norm_fusable, row_fma_config
+from graphrt.kernels.gemv import gemv_triton, linear_silu_mul, norm_fusable, row_fma_config
 from graphrt.kernels.norm import PendingNorm, add_rms_norm_reference, add_rms_norm_triton, rms_norm_triton
 from graphrt.kernels.qkv_rotary import qkv_rotary_store, qkv_rotary_store_triton
 
@@ -125,12 +125,6 @@ def test_cpu_consumers_materialize_the_reference_norm():
     assert torch.equal(pending.stream, stream)
     # no residual: the stream is x itself
     assert PendingNorm(x, None, g, 1e-6).stream is x
-
-
-def test_switch_takes_a_list_of_kinds(monkeypatch):
-    for value, on in (("1", {"mlp", "qkv", "norm"}), ("0", set()), ("mlp,qkv", {"mlp", "qkv"}), ("norm", {"norm"})):
-        monkeypatch.setenv("GRAPHRT_GEMV_EPILOGUE", value)
-        assert {k for k in ("mlp", "qkv", "norm") if epilogues_enabled(k)} == on, value
 
 
 @pytest.mark.gpu
