@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
@@ -310,10 +309,9 @@ def cli_main(args) -> int:
         if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
             raise ProfilingError("in-process kernel attribution needs a CUDA device (kernel records come from "
                                  "CUPTI); on a machine without one, read an Nsight export with --from-sqlite FILE")
-        # On by default: measured on an H200 (torch 2.11, CUDA 13), without it the profiler counted one
-        # kernel more per TARGET_VERIFY replay than the graph has (192 vs 191 at B = 1), with it
-        # every phase matched its graph's node count. GRAPHRT_CUPTI_GRAPH_WARMUP=0 turns it off.
-        w = Workload(args, cupti_warmup=os.environ.get("GRAPHRT_CUPTI_GRAPH_WARMUP", "1") != "0")
+        # Without the CUPTI warm-up a profiler attached after capture can miscount graph-replay
+        # kernels; with it every phase matches its graph's node count.
+        w = Workload(args, cupti_warmup=True)
         w.warm_up()
         print(f"graphrt profile: {w.desc}; batch sizes {w.batch_sizes}, {w.max_new} new tokens per request",
               file=sys.stderr)
