@@ -40,6 +40,7 @@ from graphrt.checkpoint import (
     canonical_name,
     expected_shapes,
     load_checkpoint,
+    stored_name,
 )
 from graphrt.checkpoint_config import load_config
 from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids
@@ -282,15 +283,6 @@ def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format
         "model.safetensors.index.json" if file_format == "safetensors" else "pytorch_model.bin.index.json"
     )
     (path / index_name).write_text(json.dumps(index, indent=2) + "\n")
-
-
-def stored_name(canonical: str, kind: str) -> str:
-    """Canonical name -> the name published checkpoints store it under (inverse of canonical_name)."""
-    if kind == "lm":
-        return canonical if canonical == "lm_head.weight" else "model." + canonical
-    if kind == "eagle3" and canonical.startswith("layers.0."):
-        return "midlayer." + canonical[len("layers.0.") :]
-    return canonical
 
 
 def _write_config(path: Path, cfg: ModelConfig) -> None:
