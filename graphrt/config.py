@@ -46,15 +46,11 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "flo
                "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 # ModelConfig.architecture -> (architectures[0], model_type) written by to_hf_dict.
-_HF_NAMES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    # The published EAGLE-1/2 heads (yuhuili/EAGLE-*) say LlamaForCausalLM; the loader tells them
-    # apart by their weights, so the writer keeps the published spelling.
-    "eagle": ("LlamaForCausalLM", "llama"),
-    "eagle3": ("LlamaForCausalLMEagle3", "llama"),
-}
+# The published EAGLE-1/2 heads (yuhuili/EAGLE-*) say LlamaForCausalLM; the loader tells them apart
+# by their weights, so the writer keeps the published spelling.
+_HF_NAMES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+             "qwen3": ("Qwen3ForCausalLM", "qwen3"), "eagle": ("LlamaForCausalLM", "llama"),
+             "eagle3": ("LlamaForCausalLMEagle3", "llama")}
 
 
 def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]:

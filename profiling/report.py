@@ -163,14 +163,9 @@ def _clean(x):
 def _stats_json(result: Attribution, p: PhaseStats, top: int | None) -> dict:
     has_wall = p.name != UNATTRIBUTED
     return {
-        "phase": p.name,
-        "batch_size": p.batch_size,
-        "launches": p.launches,
-        "kernels": p.kernels,
-        "kernels_per_launch": _clean(p.kernels_per_launch),
-        "total_ns": p.total_ns,
-        "mean_ns_per_launch": _clean(p.mean_ns_per_launch),
-        "wall_ns": p.wall_ns if has_wall else None,
+        "phase": p.name, "batch_size": p.batch_size, "launches": p.launches, "kernels": p.kernels,
+        "kernels_per_launch": _clean(p.kernels_per_launch), "total_ns": p.total_ns,
+        "mean_ns_per_launch": _clean(p.mean_ns_per_launch), "wall_ns": p.wall_ns if has_wall else None,
         "mean_wall_ns_per_launch": _clean(p.mean_wall_ns_per_launch) if has_wall else None,
         "share": _clean(result.share(p)),
         "top_kernels": [{"name": k.name, "family": kernel_family(k.name), "count": k.count, "total_ns": k.total_ns,
@@ -191,10 +186,8 @@ def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = No
         cell["wall_over_events"] = wall_over_events(c, events)
         by_batch.append(cell)
     out = {
-        "source": result.source,
-        "definitions": {"per_launch": WALL_DEFINITION, "kernels": KERNEL_COLUMNS},
-        "total_ns": result.total_ns,
-        "total_kernels": result.total_kernels,
+        "source": result.source, "definitions": {"per_launch": WALL_DEFINITION, "kernels": KERNEL_COLUMNS},
+        "total_ns": result.total_ns, "total_kernels": result.total_kernels,
         "tracing_overhead": tracing_overhead(result, events),
         "phases": [_stats_json(result, p, top) for p in _ordered(result.phases.values())],
         "unattributed": {**_stats_json(result, result.unattributed, top), "reasons": result.reasons},
