@@ -12,6 +12,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from graphrt.arg_types import device_and_dtype
 from graphrt.errors import GraphrtError
 from graphrt.floors import lm_bytes, phase_bytes
 from graphrt.params import SamplingParams
@@ -72,10 +73,8 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
 def main(args) -> list[dict]:
     from graphrt.presets import default_checkpoints
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device, dtype = device_and_dtype(args)
     on_cuda = device.type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
-        args.dtype, torch.bfloat16 if on_cuda else torch.float32)
     batch_sizes = args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64] if on_cuda else [1, 4])
     max_new = args.max_new_tokens or (128 if on_cuda else 32)
     if args.target is None:
