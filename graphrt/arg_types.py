@@ -11,3 +11,12 @@ def int_list(text: str) -> list[int]:
         return [int(x) for x in text.replace(",", " ").split()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def device_and_dtype(args):
+    """--device and --dtype as torch objects: CUDA when there is one; bf16 on CUDA, fp32 elsewhere."""
+    import torch
+
+    device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    return device, dtypes.get(getattr(args, "dtype", None), torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -12,6 +12,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from graphrt.arg_types import device_and_dtype
 from graphrt.errors import GraphrtError
 from graphrt.floors import lm_bytes, phase_bytes
 from graphrt.params import SamplingParams
@@ -54,18 +55,10 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     gens = [rt.get_generation(r) for r in rids]
     decoded = sum(len(x.token_ids) - 1 for x in gens)  # the first token of each came from prefill
     gpu_cycles = sum(x.num_cycles for x in gens) / len(gens)
-    return {
-        "batch_size": batch_size,
-        "tokens": decoded,
-        "seconds": elapsed,
-        "tokens_per_s": decoded / elapsed,
-        "cycles": cycles,
-        "cycle_ms": 1e3 * elapsed / max(cycles, 1),
-        "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1),
-        "host_us_per_cycle": host_us,
-        "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1),
-        "phases": phases,
-    }
+    return {"batch_size": batch_size, "tokens": decoded, "seconds": elapsed, "tokens_per_s": decoded / elapsed,
+            "cycles": cycles, "cycle_ms": 1e3 * elapsed / max(cycles, 1),
+            "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1), "host_us_per_cycle": host_us,
+            "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1), "phases": phases}
 
 
 def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
@@ -80,10 +73,8 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
 def main(args) -> list[dict]:
     from graphrt.presets import default_checkpoints
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device, dtype = device_and_dtype(args)
     on_cuda = device.type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
-        args.dtype, torch.bfloat16 if on_cuda else torch.float32)
     batch_sizes = args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64] if on_cuda else [1, 4])
     max_new = args.max_new_tokens or (128 if on_cuda else 32)
     if args.target is None:
@@ -302,14 +293,8 @@ def write_sweep_png(rows: list[dict], path, *, title: str = "") -> None:
     for (K, b), pts in speedup_curves(rows).items():
         ax.plot(*zip(*pts), marker="o", linestyle="-" if K == 3 else "--", label=f"K = {K}, B = {b}")
     ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_xlabel("acceptance length L (tokens per cycle, simulated; as measured)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(title, fontsize=8)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, title, "acceptance length L (tokens per cycle, simulated; as measured)",
+            "speedup over plain decoding", legend_size=7)
 
 
 def _pyplot():
@@ -323,6 +308,17 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, ax, path, title, xlabel, ylabel, *, legend_size, which="major") -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8)
+    ax.grid(True, which=which, alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_png(results: list[dict], path, *, title: str = "") -> None:
     """Tokens/s against batch size, one line per mode."""
     plt = _pyplot()
@@ -334,11 +330,4 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
     ax.set_yscale("log")
     sizes = sorted({r["batch_size"] for r in results})
     ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(title, fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, title, "batch size", "decode tokens/s", legend_size=8, which="both")

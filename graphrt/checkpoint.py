@@ -51,6 +51,7 @@ with expected vs found shape where it applies.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import struct
@@ -69,26 +70,14 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 # Stored tensors that carry no parameters (buffers some exporters saved); dropped silently.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
-_ST_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
 for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
     if hasattr(torch, _attr):
         _ST_DTYPES[_name] = getattr(torch, _attr)
-_FP8 = tuple(
-    getattr(torch, a)
-    for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    if hasattr(torch, a)
-)
+_FP8 = tuple(getattr(torch, a) for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+             if hasattr(torch, a))
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -128,9 +117,8 @@ def _read_safetensors_header(file: str) -> dict[str, _Stored]:
                 raise CheckpointError(f"{file}: truncated safetensors file ({size} bytes, no header length)")
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, 100 * 2**20):
-                raise CheckpointError(
-                    f"{file}: corrupt or truncated safetensors file (header length {n} > file size {size})"
-                )
+                raise CheckpointError(f"{file}: corrupt or truncated safetensors file (header length {n} > "
+                                      f"file size {size})")
             raw = f.read(n)
     except OSError as exc:
         raise CheckpointError(f"{file}: cannot read ({exc})") from exc
@@ -153,19 +141,11 @@ def _read_safetensors_header(file: str) -> dict[str, _Stored]:
             raise CheckpointError(f"{file}: corrupt safetensors header entry for tensor {name!r}") from exc
         dtype = _ST_DTYPES.get(dtype_name)
         if end > data_len or start > end:
-            raise CheckpointError(
-                f"{file}: truncated or corrupt safetensors file: tensor {name!r} needs bytes "
-                f"[{start}, {end}) of the data section, which holds {data_len}"
-            )
-        if dtype is not None:
-            numel = 1
-            for x in shape:
-                numel *= x
-            if (end - start) != numel * dtype.itemsize:
-                raise CheckpointError(
-                    f"{file}: corrupt safetensors header: tensor {name!r} of shape {list(shape)} "
-                    f"{dtype_name} spans {end - start} bytes"
-                )
+            raise CheckpointError(f"{file}: truncated or corrupt safetensors file: tensor {name!r} needs bytes "
+                                  f"[{start}, {end}) of the data section, which holds {data_len}")
+        if dtype is not None and (end - start) != math.prod(shape) * dtype.itemsize:
+            raise CheckpointError(f"{file}: corrupt safetensors header: tensor {name!r} of shape {list(shape)} "
+                                  f"{dtype_name} spans {end - start} bytes")
         out[name] = _Stored(name, file, shape, dtype, dtype_name)
     return out
 
@@ -187,16 +167,13 @@ def _torch_load(file: str) -> dict[str, torch.Tensor]:
         # names what the pickle asked for (e.g. "Unsupported global: GLOBAL os.system").
         lines = [ln.strip() for ln in str(exc).splitlines() if "nsupported" in ln or "WeightsUnpickler" in ln]
         what = (lines[0] if lines else "a pickled object that is not a tensor").split(". Please")[0]
-        raise CheckpointError(
-            f"{file}: refused: the pickle holds more than tensors ({what}); graphrt reads .bin files only "
-            "with torch.load(weights_only=True) and never runs code from a checkpoint. Convert it to "
-            "safetensors in an environment you trust."
-        ) from exc
+        raise CheckpointError(f"{file}: refused: the pickle holds more than tensors ({what}); graphrt reads .bin "
+                              "files only with torch.load(weights_only=True) and never runs code from a "
+                              "checkpoint. Convert it to safetensors in an environment you trust.") from exc
     except Exception as exc:  # EOFError / RuntimeError for truncated or corrupt files, ...
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(
-            f"{file}: unreadable .bin (torch.load(weights_only=True) failed: {type(exc).__name__}: {first})"
-        ) from exc
+        raise CheckpointError(f"{file}: unreadable .bin (torch.load(weights_only=True) failed: "
+                              f"{type(exc).__name__}: {first})") from exc
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{file}: expected a state dict (name -> tensor), found {type(obj).__name__}")
     for k, v in obj.items():
@@ -216,9 +193,7 @@ def _read_index(index_file: str) -> dict[str, str]:
         raise CheckpointError(f"{index_file}: field 'weight_map' must map tensor names to file names")
     for shard in set(wm.values()):
         if os.path.isabs(shard) or os.path.normpath(shard).startswith(".."):
-            raise CheckpointError(
-                f"{index_file}: field 'weight_map' names a file outside the folder: {shard!r}"
-            )
+            raise CheckpointError(f"{index_file}: field 'weight_map' names a file outside the folder: {shard!r}")
     return wm
 
 
@@ -236,33 +211,24 @@ def _index_weights(path: str) -> dict[str, _Stored]:
         for shard in sorted(set(wm.values())):
             shard_file = os.path.join(path, shard)
             if not os.path.exists(shard_file):
-                raise CheckpointError(
-                    f"{index_file}: field 'weight_map' names {shard!r}, which does not exist"
-                )
+                raise CheckpointError(f"{index_file}: field 'weight_map' names {shard!r}, which does not exist")
             stored = _read_file(shard_file)
             for name in stored:
                 if wm.get(name) != shard and not name.endswith(IGNORED_SUFFIXES):
-                    raise CheckpointError(
-                        f"{shard_file}: holds tensor {name!r}, which {os.path.basename(index_file)} "
-                        f"maps to {wm.get(name)!r}"
-                    )
-            for name, s in stored.items():
-                out[name] = s
+                    raise CheckpointError(f"{shard_file}: holds tensor {name!r}, which "
+                                          f"{os.path.basename(index_file)} maps to {wm.get(name)!r}")
+            out.update(stored)
         for name, shard in wm.items():
             if name not in out:
-                raise CheckpointError(
-                    f"{os.path.join(path, shard)}: tensor {name!r} listed in "
-                    f"{os.path.basename(index_file)} is not in the file"
-                )
+                raise CheckpointError(f"{os.path.join(path, shard)}: tensor {name!r} listed in "
+                                      f"{os.path.basename(index_file)} is not in the file")
         return out
     files = [n for n in names if n.endswith(".safetensors")]
     if not files:
         files = [n for n in names if n.startswith("pytorch_model") and n.endswith(".bin")]
     if not files:
-        raise CheckpointError(
-            f"{path}: no weights found (expected model.safetensors, sharded *.safetensors with "
-            f"{SAFETENSORS_INDEX}, or pytorch_model.bin)"
-        )
+        raise CheckpointError(f"{path}: no weights found (expected model.safetensors, sharded *.safetensors "
+                              f"with {SAFETENSORS_INDEX}, or pytorch_model.bin)")
     out = {}
     for n in files:
         for name, s in _read_file(os.path.join(path, n)).items():
@@ -275,11 +241,8 @@ def _index_weights(path: str) -> dict[str, _Stored]:
 def _read_file(file: str) -> dict[str, _Stored]:
     if file.endswith(".safetensors"):
         return _read_safetensors_header(file)
-    sd = _torch_load(file)
-    return {
-        k: _Stored(k, file, tuple(v.shape), v.dtype, str(v.dtype).replace("torch.", ""), tensor=v)
-        for k, v in sd.items()
-    }
+    return {k: _Stored(k, file, tuple(v.shape), v.dtype, str(v.dtype).replace("torch.", ""), tensor=v)
+            for k, v in _torch_load(file).items()}
 
 
 def scan_weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
@@ -298,31 +261,30 @@ def canonical_name(stored: str, kind: str) -> str:
     return name
 
 
+def stored_name(canonical: str, kind: str) -> str:
+    """Canonical name -> the name published checkpoints store it under (inverse of canonical_name)."""
+    if kind == "lm":
+        return canonical if canonical == "lm_head.weight" else "model." + canonical
+    if kind == "eagle3" and canonical.startswith("layers.0."):
+        return "midlayer." + canonical[len("layers.0.") :]
+    return canonical
+
+
 def _layer_shapes(cfg: ModelConfig, i: int, in_features: int, *, input_norm: bool) -> dict[str, tuple]:
     H, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    p = f"layers.{i}."
-    out = {
-        p + "self_attn.q_proj.weight": (q, in_features),
-        p + "self_attn.k_proj.weight": (kv, in_features),
-        p + "self_attn.v_proj.weight": (kv, in_features),
-        p + "self_attn.o_proj.weight": (H, q),
-        p + "post_attention_layernorm.weight": (H,),
-        p + "mlp.gate_proj.weight": (inter, H),
-        p + "mlp.up_proj.weight": (inter, H),
-        p + "mlp.down_proj.weight": (H, inter),
-    }
+    shapes = {"self_attn.q_proj.weight": (q, in_features), "self_attn.k_proj.weight": (kv, in_features),
+              "self_attn.v_proj.weight": (kv, in_features), "self_attn.o_proj.weight": (H, q),
+              "post_attention_layernorm.weight": (H,), "mlp.gate_proj.weight": (inter, H),
+              "mlp.up_proj.weight": (inter, H), "mlp.down_proj.weight": (H, inter)}
     if input_norm:
-        out[p + "input_layernorm.weight"] = (H,)
+        shapes["input_layernorm.weight"] = (H,)
     if cfg.attention_bias:
-        out[p + "self_attn.q_proj.bias"] = (q,)
-        out[p + "self_attn.k_proj.bias"] = (kv,)
-        out[p + "self_attn.v_proj.bias"] = (kv,)
+        shapes.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
     if cfg.o_proj_bias:
-        out[p + "self_attn.o_proj.bias"] = (H,)
+        shapes["self_attn.o_proj.bias"] = (H,)
     if cfg.qk_norm:
-        out[p + "self_attn.q_norm.weight"] = (cfg.head_dim,)
-        out[p + "self_attn.k_norm.weight"] = (cfg.head_dim,)
-    return out
+        shapes.update({"self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,)})
+    return {f"layers.{i}.{k}": v for k, v in shapes.items()}
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -366,13 +328,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 # -- load -------------------------------------------------------------------------------------------
 
 
-def load_checkpoint(
-    path: str | os.PathLike,
-    *,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-    kind: str | None = None,
-) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                    device: str | torch.device = "cpu", kind: str | None = None) -> Checkpoint:
     """Load and strictly validate a local HF checkpoint folder, or a GGUF file (a `.gguf` path, or a
     folder holding one .gguf and no config.json: graphrt/gguf_checkpoint.py).
 
@@ -400,9 +357,8 @@ def load_checkpoint(
             continue
         c = canonical_name(name, kind)
         if c in by_canon:
-            raise CheckpointError(
-                f"{s.file}: tensors {by_canon[c].name!r} and {name!r} both map to canonical name {c!r}"
-            )
+            raise CheckpointError(f"{s.file}: tensors {by_canon[c].name!r} and {name!r} both map to canonical "
+                                  f"name {c!r}")
         by_canon[c] = s
 
     expected = expected_shapes(cfg)
@@ -414,17 +370,13 @@ def load_checkpoint(
 
     for name, shape in expected.items():
         if name not in by_canon:
-            raise CheckpointError(
-                f"{_missing_where(path, stored)}: missing tensor {name!r} "
-                f"({_stored_spelling(name, kind)}; expected shape {list(shape)} for "
-                f"{cfg.architecture} config)"
-            )
+            raise CheckpointError(f"{_missing_where(path, stored)}: missing tensor {name!r} (stored as "
+                                  f"{stored_name(name, kind)!r}; expected shape {list(shape)} for "
+                                  f"{cfg.architecture} config)")
     for name, s in by_canon.items():
         if name not in expected and name not in special:
-            raise CheckpointError(
-                f"{s.file}: unexpected tensor {s.name!r} (canonical {name!r}) for a {cfg.architecture} "
-                f"checkpoint with this config"
-            )
+            raise CheckpointError(f"{s.file}: unexpected tensor {s.name!r} (canonical {name!r}) for a "
+                                  f"{cfg.architecture} checkpoint with this config")
     for name, shape in expected.items():
         s = by_canon[name]
         _check_shape(s, name, shape)
@@ -432,51 +384,35 @@ def load_checkpoint(
 
     if kind == "eagle3":
         Vd, V = cfg.draft_vocab_size, cfg.vocab_size
-        if "d2t" in by_canon:
-            _check_shape(by_canon["d2t"], "d2t", (Vd,))
-            if by_canon["d2t"].dtype not in _INT_DTYPES:
-                raise CheckpointError(
-                    f"{by_canon['d2t'].file}: tensor 'd2t' has dtype {by_canon['d2t'].dtype_name}, "
-                    "expected an integer dtype (int64)"
-                )
-        elif Vd != V:
-            raise CheckpointError(
-                f"{_missing_where(path, stored)}: missing tensor 'd2t' (draft_vocab_size {Vd} != vocab_size "
-                f"{V}, so the draft->target id map is needed)"
-            )
-        if "t2d" in by_canon:
-            _check_shape(by_canon["t2d"], "t2d", (V,))
-            if by_canon["t2d"].dtype not in (torch.bool,) + _INT_DTYPES:
-                raise CheckpointError(
-                    f"{by_canon['t2d'].file}: tensor 't2d' has dtype {by_canon['t2d'].dtype_name}, "
-                    "expected bool"
-                )
+        if "d2t" not in by_canon and Vd != V:
+            raise CheckpointError(f"{_missing_where(path, stored)}: missing tensor 'd2t' (draft_vocab_size {Vd} "
+                                  f"!= vocab_size {V}, so the draft->target id map is needed)")
+        for name, n, dtypes, want in (("d2t", Vd, _INT_DTYPES, "an integer dtype (int64)"),
+                                      ("t2d", V, (torch.bool, *_INT_DTYPES), "bool")):
+            if name in by_canon:
+                s = by_canon[name]
+                _check_shape(s, name, (n,))
+                if s.dtype not in dtypes:
+                    raise CheckpointError(f"{s.file}: tensor {name!r} has dtype {s.dtype_name}, expected {want}")
 
     # read, cast, place
     weights: dict[str, torch.Tensor] = {}
     files: dict[str, str] = {}
     handles: dict[str, Any] = {}
+    fixed = {"d2t": torch.int64, "t2d": torch.bool}
     try:
         for name, s in by_canon.items():
             t = _read_tensor(s, handles)
-            if name == "d2t":
-                t = t.to(device=device, dtype=torch.int64)
-            elif name == "t2d":
-                t = t.to(device=device, dtype=torch.bool)
-            else:
-                t = t.to(device=device, dtype=dtype if dtype is not None else t.dtype)
-            weights[name] = t
+            weights[name] = t.to(device=device, dtype=fixed.get(name, dtype if dtype is not None else t.dtype))
             files[name] = s.file
     finally:
         handles.clear()
 
-    if kind == "lm" and cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and (kind == "lm" or (kind == "eagle3" and cfg.has_embed_tokens
+                                                     and "lm_head.weight" not in weights)):
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
         files["lm_head.weight"] = files["embed_tokens.weight"]
     if kind == "eagle3":
-        if cfg.tie_word_embeddings and cfg.has_embed_tokens and "lm_head.weight" not in weights:
-            weights["lm_head.weight"] = weights["embed_tokens.weight"]
-            files["lm_head.weight"] = files["embed_tokens.weight"]
         if "d2t" not in weights:
             weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=device)
             files["d2t"] = "(identity: synthesised)"
@@ -506,24 +442,24 @@ def _check_shape(s: _Stored, name: str, shape: tuple[int, ...]) -> None:
 
 def _check_float(s: _Stored, name: str) -> None:
     if s.dtype is None or not s.dtype.is_floating_point:
-        raise CheckpointError(
-            f"{s.file}: tensor {s.name!r} has dtype {s.dtype_name}, expected a floating dtype "
-            "(float32, float16 or bfloat16)"
-        )
+        raise CheckpointError(f"{s.file}: tensor {s.name!r} has dtype {s.dtype_name}, expected a floating dtype "
+                              "(float32, float16 or bfloat16)")
     if s.dtype in _FP8:
-        raise CheckpointError(
-            f"{s.file}: tensor {s.name!r} is stored as {s.dtype_name}; "
-            "quantized checkpoints are not supported"
-        )
+        raise CheckpointError(f"{s.file}: tensor {s.name!r} is stored as {s.dtype_name}; quantized checkpoints "
+                              "are not supported")
+
+
+def _d2t_targets(d2t: torch.Tensor) -> torch.Tensor:
+    """The target id of every draft id: draft_id + d2t[draft_id]."""
+    return torch.arange(d2t.numel(), device=d2t.device, dtype=torch.int64) + d2t.to(torch.int64)
 
 
 def _check_d2t_range(d2t: torch.Tensor, vocab: int, file: str) -> None:
-    tgt = torch.arange(d2t.numel(), device=d2t.device, dtype=torch.int64) + d2t
+    tgt = _d2t_targets(d2t)
     if d2t.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= vocab):
         bad = int(((tgt < 0) | (tgt >= vocab)).nonzero()[0, 0])
-        raise CheckpointError(
-            f"{file}: tensor 'd2t' maps draft id {bad} to target id {int(tgt[bad])}, outside [0, {vocab})"
-        )
+        raise CheckpointError(f"{file}: tensor 'd2t' maps draft id {bad} to target id {int(tgt[bad])}, outside "
+                              f"[0, {vocab})")
 
 
 def _missing_where(path: str, stored: dict[str, _Stored]) -> str:
@@ -534,24 +470,11 @@ def _missing_where(path: str, stored: dict[str, _Stored]) -> str:
     return files[0] if len(files) == 1 else path
 
 
-def _stored_spelling(name: str, kind: str) -> str:
-    if kind == "lm":
-        return "stored as 'lm_head.weight'" if name == "lm_head.weight" else f"stored as 'model.{name}'"
-    if kind == "eagle3" and name.startswith("layers.0."):
-        return f"stored as 'midlayer.{name[len('layers.0.') :]}'"
-    return f"stored as {name!r}"
-
-
 # -- target/draft compatibility --------------------------------------------------------------------
 
 
-def check_draft_compatible(
-    target: ModelConfig | Checkpoint,
-    draft: ModelConfig | Checkpoint,
-    kind: str | None = None,
-    *,
-    d2t: torch.Tensor | None = None,
-) -> None:
+def check_draft_compatible(target: ModelConfig | Checkpoint, draft: ModelConfig | Checkpoint,
+                           kind: str | None = None, *, d2t: torch.Tensor | None = None) -> None:
     """Raise ConfigMismatchError (naming the field and both values) if `draft` cannot serve `target`.
 
     Standalone LM draft: same vocab_size. EAGLE-1/2: hidden_size equal to the target's (fc reads the
@@ -565,94 +488,40 @@ def check_draft_compatible(
     if d2t is None and isinstance(draft, Checkpoint):
         d2t = draft.weights.get("d2t")
     kind = kind or dcfg.kind
-    src = dcfg.source or "draft"
-    tsrc = tcfg.source or "target"
+    src, tsrc = dcfg.source or "draft", tcfg.source or "target"
 
-    def mismatch(fld: str, dv, tv, why: str) -> ConfigMismatchError:
-        return ConfigMismatchError(
-            f"draft {src} does not fit target {tsrc}: field {fld!r}: draft {dv} vs target {tv} ({why})"
-        )
+    def check(ok: bool, fld: str, dv, tv, why: str) -> None:
+        if not ok:
+            raise ConfigMismatchError(f"draft {src} does not fit target {tsrc}: field {fld!r}: draft {dv} vs "
+                                      f"target {tv} ({why})")
 
     if tcfg.kind != "lm":
         raise ConfigMismatchError(f"target {tsrc}: field 'architectures' says {tcfg.architecture}, not an LM")
     if kind not in ("lm", "eagle", "eagle3"):
         raise ConfigMismatchError(f"draft {src}: kind {kind!r} is not lm, eagle or eagle3")
     if kind != dcfg.kind:
-        raise ConfigMismatchError(
-            f"draft {src}: field 'architectures' says {dcfg.architecture} (kind {dcfg.kind}), "
-            f"asked for {kind}"
-        )
+        raise ConfigMismatchError(f"draft {src}: field 'architectures' says {dcfg.architecture} (kind "
+                                  f"{dcfg.kind}), asked for {kind}")
+    dv, tv = dcfg.vocab_size, tcfg.vocab_size
     if kind == "lm":
-        if dcfg.vocab_size != tcfg.vocab_size:
-            raise mismatch(
-                "vocab_size", dcfg.vocab_size, tcfg.vocab_size, "a draft LM must share the vocabulary"
-            )
+        check(dv == tv, "vocab_size", dv, tv, "a draft LM must share the vocabulary")
         return
     if kind == "eagle":
-        if dcfg.hidden_size != tcfg.hidden_size:
-            raise mismatch(
-                "hidden_size",
-                dcfg.hidden_size,
-                tcfg.hidden_size,
-                "an EAGLE-1/2 head reads the target's hidden state and feeds the target's lm_head",
-            )
-        if dcfg.has_embed_tokens and dcfg.vocab_size != tcfg.vocab_size:
-            raise mismatch(
-                "vocab_size",
-                dcfg.vocab_size,
-                tcfg.vocab_size,
-                "the head's embed_tokens must index the target vocabulary",
-            )
+        check(dcfg.hidden_size == tcfg.hidden_size, "hidden_size", dcfg.hidden_size, tcfg.hidden_size,
+              "an EAGLE-1/2 head reads the target's hidden state and feeds the target's lm_head")
+        check(not dcfg.has_embed_tokens or dv == tv, "vocab_size", dv, tv,
+              "the head's embed_tokens must index the target vocabulary")
         return
-    # eagle3
-    if dcfg.target_hidden_size != tcfg.hidden_size:
-        raise mismatch(
-            "target_hidden_size",
-            dcfg.target_hidden_size,
-            tcfg.hidden_size,
-            f"fc.weight in_features {3 * dcfg.target_hidden_size} must be 3 x target hidden_size",
-        )
-    if not dcfg.has_embed_tokens and dcfg.hidden_size != tcfg.hidden_size:
-        raise mismatch(
-            "hidden_size",
-            dcfg.hidden_size,
-            tcfg.hidden_size,
-            "the head has no embed_tokens.weight, so it embeds with the target's table",
-        )
-    if dcfg.vocab_size != tcfg.vocab_size:
-        raise mismatch(
-            "vocab_size",
-            dcfg.vocab_size,
-            tcfg.vocab_size,
-            "an EAGLE-3 head's vocab_size is the target vocabulary (t2d, embeddings)",
-        )
+    check(dcfg.target_hidden_size == tcfg.hidden_size, "target_hidden_size", dcfg.target_hidden_size,
+          tcfg.hidden_size, f"fc.weight in_features {3 * dcfg.target_hidden_size} must be 3 x target hidden_size")
+    check(dcfg.has_embed_tokens or dcfg.hidden_size == tcfg.hidden_size, "hidden_size", dcfg.hidden_size,
+          tcfg.hidden_size, "the head has no embed_tokens.weight, so it embeds with the target's table")
+    check(dv == tv, "vocab_size", dv, tv, "an EAGLE-3 head's vocab_size is the target vocabulary (t2d, embeddings)")
     ids = dcfg.aux_layer_ids_for(tcfg)
-    for i in ids:
-        if not 0 <= i <= tcfg.num_hidden_layers:
-            raise mismatch(
-                "eagle_aux_hidden_state_layer_ids",
-                list(ids),
-                tcfg.num_hidden_layers,
-                "every id must name a target layer boundary in [0, num_hidden_layers]",
-            )
+    check(all(0 <= i <= tcfg.num_hidden_layers for i in ids), "eagle_aux_hidden_state_layer_ids", list(ids),
+          tcfg.num_hidden_layers, "every id must name a target layer boundary in [0, num_hidden_layers]")
     if d2t is not None and d2t.numel():
-        tgt = torch.arange(d2t.numel(), device=d2t.device, dtype=torch.int64) + d2t.to(torch.int64)
+        tgt = _d2t_targets(d2t)
         lo, hi = int(tgt.min()), int(tgt.max())
-        if lo < 0 or hi >= tcfg.vocab_size:
-            raise mismatch(
-                "d2t",
-                f"target ids in [{lo}, {hi}]",
-                f"vocab_size {tcfg.vocab_size}",
-                "draft_id + d2t[draft_id] must be a target token id",
-            )
-
-
-__all__ = [
-    "Checkpoint",
-    "load_checkpoint",
-    "check_draft_compatible",
-    "expected_shapes",
-    "canonical_name",
-    "scan_weight_shapes",
-    "IGNORED_SUFFIXES",
-]
+        check(lo >= 0 and hi < tv, "d2t", f"target ids in [{lo}, {hi}]", f"vocab_size {tv}",
+              "draft_id + d2t[draft_id] must be a target token id")

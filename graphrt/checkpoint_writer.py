@@ -40,36 +40,24 @@ from graphrt.checkpoint import (
     canonical_name,
     expected_shapes,
     load_checkpoint,
+    stored_name,
 )
 from graphrt.checkpoint_config import load_config
 from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError
 from graphrt.gguf_checkpoint import find_gguf
 
-_LLAMA3_8K = {
-    "rope_type": "llama3",
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-_TINY = dict(
-    architecture="llama",
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)
+_LLAMA3_8K = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+_TINY = dict(architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+             max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,))
 _TINY_QWEN = {**_TINY, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "bos_token_id": None}
+# Llama-3.2-1B's and Llama-3.1-8B's shapes (meta-llama's config.json files)
+_LLAMA_1B = dict(architecture="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                 num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                 rope_theta=500000.0, rope_scaling={**_LLAMA3_8K, "factor": 32.0}, max_position_embeddings=131072,
+                 tie_word_embeddings=True, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))
 
 # name -> ModelConfig fields. "tiny*" run a whole speculative cycle on a CPU in milliseconds; the
 # variants differ from "tiny" only where their architecture does.
@@ -79,55 +67,14 @@ PRESETS: dict[str, dict] = {
                   "rope_scaling": {**_LLAMA3_8K, "factor": 32.0, "original_max_position_embeddings": 1024}},
     "tiny-qwen2": {**_TINY_QWEN, "architecture": "qwen2", "tie_word_embeddings": True, "attention_bias": True},
     "tiny-qwen3": {**_TINY_QWEN, "architecture": "qwen3", "head_dim": 32, "qk_norm": True},
-    # Llama-3.2-1B's shapes (meta-llama/Llama-3.2-1B config.json).
-    "llama-1b-shape": dict(
-        architecture="llama",
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_8K, "factor": 32.0},
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
-    # Llama-3.1-8B's shapes (meta-llama/Llama-3.1-8B config.json).
-    "llama-8b-shape": dict(
-        architecture="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_8K, "factor": 8.0},
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        bos_token_id=128000,
-        eos_token_ids=(128001, 128008, 128009),
-    ),
+    "llama-1b-shape": _LLAMA_1B,
+    "llama-8b-shape": {**_LLAMA_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                       "head_dim": 128, "rope_scaling": {**_LLAMA3_8K, "factor": 8.0}, "tie_word_embeddings": False},
 }
 
 _DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_ST_NAME = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.bool: "BOOL",
-    torch.uint8: "U8",
-    torch.float64: "F64",
-}
+_ST_NAME = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+            torch.int32: "I32", torch.bool: "BOOL", torch.uint8: "U8", torch.float64: "F64"}
 _POOL_SIZE = 1 << 22
 _CHUNK = 1 << 20
 
@@ -151,9 +98,8 @@ def _as_config(x, what: str) -> ModelConfig:
         return preset_config(x)
     if isinstance(x, (str, os.PathLike)) and os.path.isdir(x):
         return load_config(x)
-    raise CheckpointError(
-        f"{what}: {x!r} is neither a preset ({', '.join(PRESETS)}), a ModelConfig, nor a checkpoint folder"
-    )
+    raise CheckpointError(f"{what}: {x!r} is neither a preset ({', '.join(PRESETS)}), a ModelConfig, nor a "
+                          "checkpoint folder")
 
 
 # -- entries and the streaming writers -------------------------------------------------------------
@@ -219,11 +165,7 @@ def _write_safetensors(file: str, entries: list[_Entry]) -> None:
     header: dict = {"__metadata__": {"format": "pt"}}
     off = 0
     for e in entries:
-        header[e.name] = {
-            "dtype": _ST_NAME[e.dtype],
-            "shape": list(e.shape),
-            "data_offsets": [off, off + e.nbytes],
-        }
+        header[e.name] = {"dtype": _ST_NAME[e.dtype], "shape": list(e.shape), "data_offsets": [off, off + e.nbytes]}
         off += e.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -241,22 +183,19 @@ def _write_safetensors(file: str, entries: list[_Entry]) -> None:
 
 
 def _write_bin(file: str, entries: list[_Entry]) -> None:
-    sd = {}
-    for e in entries:
-        sd[e.name] = torch.cat([p.to(e.dtype).reshape(-1) for p in e.chunks()]).reshape(e.shape).clone()
-    torch.save(sd, file)
+    torch.save({e.name: torch.cat([p.to(e.dtype).reshape(-1) for p in e.chunks()]).reshape(e.shape).clone()
+                for e in entries}, file)
 
 
 def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format: str) -> None:
     if file_format not in ("safetensors", "bin"):
         raise ValueError(f"file_format must be 'safetensors' or 'bin', got {file_format!r}")
     num_shards = max(1, min(int(num_shards), len(entries)))
-    writer = _write_safetensors if file_format == "safetensors" else _write_bin
+    st = file_format == "safetensors"
+    writer = _write_safetensors if st else _write_bin
+    stem, ext = ("model", "safetensors") if st else ("pytorch_model", "bin")
     if num_shards == 1:
-        writer(
-            str(path / ("model.safetensors" if file_format == "safetensors" else "pytorch_model.bin")),
-            entries,
-        )
+        writer(str(path / f"{stem}.{ext}"), entries)
         return
     # contiguous split balanced by bytes; every shard gets at least one tensor
     total = sum(e.nbytes for e in entries)
@@ -270,7 +209,6 @@ def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format
         shards[-1].append(e)
         cur += e.nbytes
     n = len(shards)
-    stem, ext = ("model", "safetensors") if file_format == "safetensors" else ("pytorch_model", "bin")
     weight_map = {}
     for k, shard in enumerate(shards):
         fname = f"{stem}-{k + 1:05d}-of-{n:05d}.{ext}"
@@ -278,19 +216,7 @@ def _write_files(path: Path, entries: list[_Entry], num_shards: int, file_format
         for e in shard:
             weight_map[e.name] = fname
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    index_name = (
-        "model.safetensors.index.json" if file_format == "safetensors" else "pytorch_model.bin.index.json"
-    )
-    (path / index_name).write_text(json.dumps(index, indent=2) + "\n")
-
-
-def stored_name(canonical: str, kind: str) -> str:
-    """Canonical name -> the name published checkpoints store it under (inverse of canonical_name)."""
-    if kind == "lm":
-        return canonical if canonical == "lm_head.weight" else "model." + canonical
-    if kind == "eagle3" and canonical.startswith("layers.0."):
-        return "midlayer." + canonical[len("layers.0.") :]
-    return canonical
+    (path / f"{stem}.{ext}.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _write_config(path: Path, cfg: ModelConfig) -> None:
@@ -301,83 +227,39 @@ def _write_config(path: Path, cfg: ModelConfig) -> None:
 # -- public ----------------------------------------------------------------------------------------
 
 
-def draft_config(
-    base: ModelConfig,
-    target: ModelConfig,
-    kind: str,
-    *,
-    num_layers: int | None = None,
-    draft_vocab_size: int | None = None,
-    fc_bias: bool = False,
-    include_embed: bool | None = None,
-    torch_dtype: str | None = None,
-) -> ModelConfig:
+def draft_config(base: ModelConfig, target: ModelConfig, kind: str, *, num_layers: int | None = None,
+                 draft_vocab_size: int | None = None, fc_bias: bool = False, include_embed: bool | None = None,
+                 torch_dtype: str | None = None) -> ModelConfig:
     """The config of an EAGLE-1/2 ("eagle") or EAGLE-3 ("eagle3") head with `base`'s layer shapes
     serving `target` (vocab from the target; EAGLE-3 fc width from the target's hidden size)."""
-    common = dict(
-        vocab_size=target.vocab_size,
-        hidden_size=base.hidden_size,
-        intermediate_size=base.intermediate_size,
-        num_hidden_layers=num_layers or 1,
-        num_attention_heads=base.num_attention_heads,
-        num_key_value_heads=base.num_key_value_heads,
-        head_dim=base.head_dim,
-        rms_norm_eps=base.rms_norm_eps,
-        rope_theta=base.rope_theta,
-        rope_scaling=base.rope_scaling,
-        max_position_embeddings=base.max_position_embeddings,
-        tie_word_embeddings=False,
-        torch_dtype=torch_dtype,
-        bos_token_id=target.bos_token_id,
-        eos_token_ids=target.eos_token_ids,
-    )
+    common = {name: getattr(base, name) for name in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings")}
+    common.update(vocab_size=target.vocab_size, num_hidden_layers=num_layers or 1, tie_word_embeddings=False,
+                  torch_dtype=torch_dtype, bos_token_id=target.bos_token_id, eos_token_ids=target.eos_token_ids)
     if kind == "eagle":
         if base.hidden_size != target.hidden_size:
-            raise CheckpointError(
-                f"EAGLE-1/2 head hidden_size {base.hidden_size} must equal the target's {target.hidden_size}"
-            )
-        return ModelConfig(
-            architecture="eagle",
-            eagle_fc_bias=fc_bias,
-            has_input_layernorm=False,
-            has_embed_tokens=True if include_embed is None else include_embed,
-            **common,
-        )
+            raise CheckpointError(f"EAGLE-1/2 head hidden_size {base.hidden_size} must equal the target's "
+                                  f"{target.hidden_size}")
+        return ModelConfig(architecture="eagle", eagle_fc_bias=fc_bias, has_input_layernorm=False,
+                           has_embed_tokens=True if include_embed is None else include_embed, **common)
     if kind == "eagle3":
-        V = target.vocab_size
-        dv = draft_vocab_size or (32000 if V >= 64000 else max(1, V // 2))
+        V, L = target.vocab_size, target.num_hidden_layers
         # Pin the aux layers only where the published default (2, L//2, L-3) does not fit the target.
-        L = target.num_hidden_layers
-        aux = (
-            None if default_eagle3_aux_layer_ids(L) == (2, L // 2, L - 3) else default_eagle3_aux_layer_ids(L)
-        )
-        return ModelConfig(
-            architecture="eagle3",
-            eagle_aux_layer_ids=aux,
-            target_hidden_size=target.hidden_size,
-            draft_vocab_size=dv,
-            has_embed_tokens=False if include_embed is None else include_embed,
-            **common,
-        )
+        aux = default_eagle3_aux_layer_ids(L)
+        return ModelConfig(architecture="eagle3", eagle_aux_layer_ids=None if aux == (2, L // 2, L - 3) else aux,
+                           target_hidden_size=target.hidden_size,
+                           draft_vocab_size=draft_vocab_size or (32000 if V >= 64000 else max(1, V // 2)),
+                           has_embed_tokens=False if include_embed is None else include_embed, **common)
     raise ValueError(f"kind must be 'eagle' or 'eagle3' here, got {kind!r}")
 
 
-def write_random_checkpoint(
-    path: str | os.PathLike,
-    preset_or_config: str | ModelConfig | dict,
-    *,
-    kind: str = "lm",
-    dtype: torch.dtype = torch.bfloat16,
-    seed: int = 0,
-    num_shards: int = 1,
-    target: str | os.PathLike | ModelConfig | None = None,
-    num_layers: int | None = None,
-    draft_vocab_size: int | None = None,
-    init_std: float = 0.02,
-    file_format: str = "safetensors",
-    fc_bias: bool = False,
-    include_embed: bool | None = None,
-) -> ModelConfig:
+def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | ModelConfig | dict, *,
+                            kind: str = "lm", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                            num_shards: int = 1, target: str | os.PathLike | ModelConfig | None = None,
+                            num_layers: int | None = None, draft_vocab_size: int | None = None,
+                            init_std: float = 0.02, file_format: str = "safetensors", fc_bias: bool = False,
+                            include_embed: bool | None = None) -> ModelConfig:
     """Write a random checkpoint folder and return its ModelConfig (as the loader will read it).
 
     preset_or_config: a PRESETS name, a ModelConfig, or a dict of ModelConfig fields. For kind="lm"
@@ -405,16 +287,8 @@ def write_random_checkpoint(
             cfg = base.with_(torch_dtype=tname)
         else:
             tcfg = _as_config(target, "target") if target is not None else base
-            cfg = draft_config(
-                base,
-                tcfg,
-                kind,
-                num_layers=num_layers,
-                draft_vocab_size=draft_vocab_size,
-                fc_bias=fc_bias,
-                include_embed=include_embed,
-                torch_dtype=tname,
-            )
+            cfg = draft_config(base, tcfg, kind, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
+                               fc_bias=fc_bias, include_embed=include_embed, torch_dtype=tname)
     else:
         raise ValueError(f"kind must be 'lm', 'eagle' or 'eagle3', got {kind!r}")
 
@@ -447,15 +321,8 @@ def random_d2t(vocab_size: int, draft_vocab_size: int, seed: int = 0) -> tuple[t
     return d2t, t2d
 
 
-def self_draft(
-    target_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    num_layers: int,
-    kind: str = "lm",
-    *,
-    fc_init: str = "embed",
-    num_shards: int = 1,
-) -> ModelConfig:
+def self_draft(target_dir: str | os.PathLike, out_dir: str | os.PathLike, num_layers: int, kind: str = "lm", *,
+               fc_init: str = "embed", num_shards: int = 1) -> ModelConfig:
     """Build a draft from the target's first `num_layers` layers, sharing its embeddings and LM head.
     `target_dir` may be a GGUF file (the draft is then written dequantized, in float32).
 
@@ -499,9 +366,7 @@ def self_draft(
 
     dtype_of = src("embed_tokens.weight").dtype
     if kind == "lm":
-        cfg = tcfg.with_(
-            num_hidden_layers=num_layers, torch_dtype=_DTYPE_NAME.get(dtype_of, tcfg.torch_dtype)
-        )
+        cfg = tcfg.with_(num_hidden_layers=num_layers, torch_dtype=_DTYPE_NAME.get(dtype_of, tcfg.torch_dtype))
         entries = []
         for name, shape in expected_shapes(cfg).items():
             t = src(name)
@@ -509,15 +374,8 @@ def self_draft(
     elif kind == "eagle":
         if fc_init not in ("embed", "hidden"):
             raise ValueError(f"fc_init must be 'embed' or 'hidden', got {fc_init!r}")
-        cfg = draft_config(
-            tcfg,
-            tcfg,
-            "eagle",
-            num_layers=num_layers,
-            include_embed=False,
-            torch_dtype=_DTYPE_NAME.get(dtype_of),
-        )
-        cfg = cfg.with_(has_input_layernorm=(fc_init == "embed"))
+        cfg = draft_config(tcfg, tcfg, "eagle", num_layers=num_layers, include_embed=False,
+                           torch_dtype=_DTYPE_NAME.get(dtype_of)).with_(has_input_layernorm=(fc_init == "embed"))
         H = tcfg.hidden_size
         eye, zero = torch.eye(H, dtype=dtype_of), torch.zeros(H, H, dtype=dtype_of)
         fc = torch.cat([eye, zero] if fc_init == "embed" else [zero, eye], dim=1)
@@ -527,9 +385,7 @@ def self_draft(
                 t = fc
             else:
                 t = src(name)
-                if fc_init == "hidden" and name.endswith(
-                    ("o_proj.weight", "down_proj.weight", "o_proj.bias")
-                ):
+                if fc_init == "hidden" and name.endswith(("o_proj.weight", "down_proj.weight", "o_proj.bias")):
                     t = torch.zeros_like(t)
             entries.append(_Entry(stored_name(name, "eagle"), shape, t.dtype, _const_chunks(t)))
     else:
@@ -538,13 +394,3 @@ def self_draft(
     _write_files(out, entries, num_shards, "safetensors")
     return cfg.with_(source=str(out))
 
-
-__all__ = [
-    "PRESETS",
-    "preset_config",
-    "draft_config",
-    "write_random_checkpoint",
-    "random_d2t",
-    "self_draft",
-    "stored_name",
-]

@@ -36,37 +36,21 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "eagle", "eagle3")
 KINDS = ("lm", "eagle", "eagle3")
 
 # HF `architectures[0]` spellings graphrt accepts, by what they mean.
-LM_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+LM_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM", "LlamaForCausalLMEagle")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # model_type values that may accompany LlamaForCausalLM (mistral-style configs without a sliding window).
 LLAMA_MODEL_TYPES = ("llama", "mistral")
 
-DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
+               "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 # ModelConfig.architecture -> (architectures[0], model_type) written by to_hf_dict.
-_HF_NAMES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-    # The published EAGLE-1/2 heads (yuhuili/EAGLE-*) say LlamaForCausalLM; the loader tells them
-    # apart by their weights, so the writer keeps the published spelling.
-    "eagle": ("LlamaForCausalLM", "llama"),
-    "eagle3": ("LlamaForCausalLMEagle3", "llama"),
-}
+# The published EAGLE-1/2 heads (yuhuili/EAGLE-*) say LlamaForCausalLM; the loader tells them apart
+# by their weights, so the writer keeps the published spelling.
+_HF_NAMES = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+             "qwen3": ("Qwen3ForCausalLM", "qwen3"), "eagle": ("LlamaForCausalLM", "llama"),
+             "eagle3": ("LlamaForCausalLMEagle3", "llama")}
 
 
 def default_eagle3_aux_layer_ids(num_target_layers: int) -> tuple[int, int, int]:
@@ -153,62 +137,42 @@ class ModelConfig:
     def __post_init__(self):
         where = _where(self.source)
         s = object.__setattr__
+
+        def fail(msg):
+            raise CheckpointError(f"{where}: {msg}")
+
         if self.architecture not in ARCHITECTURES:
-            raise CheckpointError(
-                f"{where}: architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}"
-            )
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "max_position_embeddings",
-        ):
+            fail(f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings"):
             _check_pos_int(where, name, getattr(self, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                raise CheckpointError(
-                    f"{where}: field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
-                    f"hidden_size ({self.hidden_size}) and no head_dim is given"
-                )
+                fail(f"field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
+                     f"hidden_size ({self.hidden_size}) and no head_dim is given")
             s(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
             s(self, "num_key_value_heads", self.num_attention_heads)
         _check_pos_int(where, "num_key_value_heads", self.num_key_value_heads)
         if self.num_attention_heads % self.num_key_value_heads:
-            raise CheckpointError(
-                f"{where}: field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
-                f"num_attention_heads ({self.num_attention_heads})"
-            )
+            fail(f"field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
+                 f"num_attention_heads ({self.num_attention_heads})")
         _check_pos_int(where, "head_dim", self.head_dim)
         if self.head_dim % 2:
-            raise CheckpointError(f"{where}: field 'head_dim' must be even for RoPE, found {self.head_dim}")
+            fail(f"field 'head_dim' must be even for RoPE, found {self.head_dim}")
         for name in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise CheckpointError(f"{where}: field {name!r} must be a positive number, found {v!r}")
+                fail(f"field {name!r} must be a positive number, found {v!r}")
             s(self, name, float(v))
-        for name in (
-            "tie_word_embeddings",
-            "attention_bias",
-            "o_proj_bias",
-            "qk_norm",
-            "eagle_fc_bias",
-            "has_input_layernorm",
-            "has_embed_tokens",
-            "norm_before_residual",
-        ):
+        for name in ("tie_word_embeddings", "attention_bias", "o_proj_bias", "qk_norm", "eagle_fc_bias",
+                     "has_input_layernorm", "has_embed_tokens", "norm_before_residual"):
             if not isinstance(getattr(self, name), bool):
-                raise CheckpointError(
-                    f"{where}: field {name!r} must be true or false, found {getattr(self, name)!r}"
-                )
+                fail(f"field {name!r} must be true or false, found {getattr(self, name)!r}")
         if self.hidden_act != "silu":
-            raise CheckpointError(
-                f"{where}: field 'hidden_act' is {self.hidden_act!r}; graphrt runs SiLU-gated MLPs only"
-            )
+            fail(f"field 'hidden_act' is {self.hidden_act!r}; graphrt runs SiLU-gated MLPs only")
         if self.torch_dtype is not None and self.torch_dtype not in ("float32", "float16", "bfloat16"):
-            raise CheckpointError(f"{where}: field 'torch_dtype' {self.torch_dtype!r} is not a float dtype")
+            fail(f"field 'torch_dtype' {self.torch_dtype!r} is not a float dtype")
         if self.rope_scaling is not None:
             s(self, "rope_scaling", _normalise_rope_scaling(dict(self.rope_scaling), where, "rope_scaling"))
         if self.bos_token_id is not None:
@@ -225,23 +189,18 @@ class ModelConfig:
             _check_pos_int(where, "target_hidden_size", self.target_hidden_size)
             _check_pos_int(where, "draft_vocab_size", self.draft_vocab_size)
             if self.draft_vocab_size > self.vocab_size:
-                raise CheckpointError(
-                    f"{where}: field 'draft_vocab_size' ({self.draft_vocab_size}) exceeds vocab_size "
-                    f"({self.vocab_size})"
-                )
+                fail(f"field 'draft_vocab_size' ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
         else:
             for name in ("target_hidden_size", "draft_vocab_size"):
                 if getattr(self, name) is not None:
-                    raise CheckpointError(
-                        f"{where}: field {name!r} is only meaningful for an EAGLE-3 head, "
-                        f"not architecture {self.architecture!r}"
-                    )
+                    fail(f"field {name!r} is only meaningful for an EAGLE-3 head, "
+                         f"not architecture {self.architecture!r}")
         if self.eagle_aux_layer_ids is not None:
             ids = tuple(self.eagle_aux_layer_ids)
             if self.architecture != "eagle3":
-                raise CheckpointError(f"{where}: field 'eagle_aux_layer_ids' is only meaningful for EAGLE-3")
+                fail("field 'eagle_aux_layer_ids' is only meaningful for EAGLE-3")
             if not ids:
-                raise CheckpointError(f"{where}: field 'eagle_aux_hidden_state_layer_ids' is empty")
+                fail("field 'eagle_aux_hidden_state_layer_ids' is empty")
             for i in ids:
                 _check_nonneg_int(where, "eagle_aux_hidden_state_layer_ids", i)
             s(self, "eagle_aux_layer_ids", ids)
@@ -281,47 +240,42 @@ class ModelConfig:
     # -- HF dict conversion -------------------------------------------------------------------------
 
     @classmethod
-    def from_hf_dict(
-        cls,
-        d: Mapping[str, Any],
-        path: str | os.PathLike | None = None,
-        *,
-        weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
-        kind: str | None = None,
-    ) -> ModelConfig:
+    def from_hf_dict(cls, d: Mapping[str, Any], path: str | os.PathLike | None = None, *,
+                     weight_shapes: Mapping[str, tuple[int, ...]] | None = None, kind: str | None = None
+                     ) -> ModelConfig:
         """Normalise a parsed HF config.json.
 
         path: the checkpoint folder or the config.json path (for messages).
-        weight_shapes: {stored tensor name: shape} of the checkpoint, used to tell EAGLE heads from
-            one-layer Llamas and to read what only the weights say (fc bias, layer-0 input norm,
+        weight_shapes: {stored tensor name: shape} of the checkpoint, which tells EAGLE heads from
+            one-layer Llamas and says what only the weights say (fc bias, layer-0 input norm,
             EAGLE-3 fc width, whether the draft carries embeddings).
         kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it.
         """
-        where = _where(None if path is None else str(path))
         src = None if path is None else str(path)
+        where = _where(src)
+
+        def fail(msg):
+            raise CheckpointError(f"{where}: {msg}")
+
         if not isinstance(d, Mapping):
-            raise CheckpointError(f"{where}: expected a JSON object at top level, found {type(d).__name__}")
+            fail(f"expected a JSON object at top level, found {type(d).__name__}")
         if kind is not None and kind not in KINDS:
-            raise CheckpointError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+            fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         shapes = dict(weight_shapes or {})
-        names = set(shapes)
-        stripped = {n[len("model.") :] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
+        stripped = {n[len("model."):] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
 
         archs = d.get("architectures")
         if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
-            raise CheckpointError(
-                f"{where}: field 'architectures' must be a list of strings, found {archs!r}"
-            )
+            fail(f"field 'architectures' must be a list of strings, found {archs!r}")
         arch0 = archs[0] if archs else None
         model_type = d.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
-            raise CheckpointError(f"{where}: field 'model_type' must be a string, found {model_type!r}")
-
-        architecture = _detect_architecture(where, arch0, model_type, d, names, stripped, kind)
+            fail(f"field 'model_type' must be a string, found {model_type!r}")
+        architecture = _detect_architecture(where, arch0, model_type, d, set(shapes), stripped, kind)
 
         def req(name):
             if name not in d or d[name] is None:
-                raise CheckpointError(f"{where}: required field {name!r} is missing")
+                fail(f"required field {name!r} is missing")
             return d[name]
 
         def opt(name, default):
@@ -331,111 +285,63 @@ class ModelConfig:
         hidden = req("hidden_size")
         rope_theta, rope_scaling = _read_rope(d, where)
         eos = d.get("eos_token_id")
-        if eos is None:
-            eos_ids: tuple = ()
-        elif isinstance(eos, list):
-            eos_ids = tuple(eos)
-        else:
-            eos_ids = (eos,)
-        dtype_raw = d.get("torch_dtype", None)
-        if dtype_raw is None:
-            dtype_raw = d.get("dtype", None)
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+        dtype_raw = d.get("torch_dtype") if d.get("torch_dtype") is not None else d.get("dtype")
         torch_dtype = None
         if dtype_raw is not None:
             if not isinstance(dtype_raw, str) or dtype_raw.replace("torch.", "") not in DTYPE_NAMES:
-                raise CheckpointError(f"{where}: field 'torch_dtype' {dtype_raw!r} is not a float dtype")
+                fail(f"field 'torch_dtype' {dtype_raw!r} is not a float dtype")
             torch_dtype = DTYPE_NAMES[dtype_raw.replace("torch.", "")]
-
         if d.get("mlp_bias"):
-            raise CheckpointError(f"{where}: field 'mlp_bias' is true; graphrt supports bias-free MLPs only")
+            fail("field 'mlp_bias' is true; graphrt supports bias-free MLPs only")
         if d.get("use_sliding_window") or (architecture == "llama" and d.get("sliding_window") is not None):
-            raise CheckpointError(
-                f"{where}: field 'use_sliding_window'/'sliding_window' asks for sliding-window attention, "
-                "which graphrt does not run"
-            )
-        for name in ("pretraining_tp",):
-            if d.get(name) not in (None, 1):
-                raise CheckpointError(f"{where}: field {name!r} must be 1, found {d.get(name)!r}")
-
+            fail("field 'use_sliding_window'/'sliding_window' asks for sliding-window attention, which graphrt "
+                 "does not run")
+        if d.get("pretraining_tp") not in (None, 1):
+            fail(f"field 'pretraining_tp' must be 1, found {d.get('pretraining_tp')!r}")
         att_bias = opt("attention_bias", False)
-        if architecture == "qwen2":
-            qkv_bias, o_bias = True, False
-        else:
-            qkv_bias, o_bias = att_bias, att_bias
+        qkv_bias, o_bias = (True, False) if architecture == "qwen2" else (att_bias, att_bias)
 
         extra: dict[str, Any] = {}
         if architecture == "eagle":
             extra["eagle_fc_bias"] = ("fc.bias" in stripped) if shapes else bool(opt("bias", True))
-            extra["has_input_layernorm"] = (
-                ("layers.0.input_layernorm.weight" in stripped) if shapes else False
-            )
+            extra["has_input_layernorm"] = ("layers.0.input_layernorm.weight" in stripped) if shapes else False
             extra["has_embed_tokens"] = ("embed_tokens.weight" in stripped) if shapes else True
         elif architecture == "eagle3":
             th = d.get("target_hidden_size")
             fc = stripped.get("fc.weight")
             if th is None and fc is not None and len(fc) == 2 and fc[1] % 3 == 0:
                 th = fc[1] // 3  # the config pins none: the fc width says it
-            extra["target_hidden_size"] = th
-            dv = d.get("draft_vocab_size")
-            extra["draft_vocab_size"] = dv
-            extra["has_embed_tokens"] = ("embed_tokens.weight" in stripped) if shapes else False
-            extra["eagle_aux_layer_ids"] = _read_aux_ids(d, where)
-            extra["norm_before_residual"] = bool(opt("norm_before_residual", False))
-
+            extra.update(target_hidden_size=th, draft_vocab_size=d.get("draft_vocab_size"),
+                         has_embed_tokens=("embed_tokens.weight" in stripped) if shapes else False,
+                         eagle_aux_layer_ids=_read_aux_ids(d, where),
+                         norm_before_residual=bool(opt("norm_before_residual", False)))
         try:
-            return cls(
-                architecture=architecture,
-                vocab_size=req("vocab_size"),
-                hidden_size=hidden,
-                intermediate_size=req("intermediate_size"),
-                num_hidden_layers=req("num_hidden_layers"),
-                num_attention_heads=req("num_attention_heads"),
-                num_key_value_heads=d.get("num_key_value_heads"),
-                head_dim=d.get("head_dim"),
-                rms_norm_eps=opt("rms_norm_eps", 1e-6),
-                rope_theta=rope_theta,
-                rope_scaling=rope_scaling,
-                max_position_embeddings=opt("max_position_embeddings", 2048),
-                tie_word_embeddings=opt("tie_word_embeddings", False),
-                attention_bias=qkv_bias,
-                o_proj_bias=o_bias,
-                qk_norm=architecture == "qwen3",
-                hidden_act=opt("hidden_act", "silu"),
-                torch_dtype=torch_dtype,
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                source=src,
-                **extra,
-            )
+            return cls(architecture=architecture, vocab_size=req("vocab_size"), hidden_size=hidden,
+                       intermediate_size=req("intermediate_size"), num_hidden_layers=req("num_hidden_layers"),
+                       num_attention_heads=req("num_attention_heads"),
+                       num_key_value_heads=d.get("num_key_value_heads"), head_dim=d.get("head_dim"),
+                       rms_norm_eps=opt("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+                       max_position_embeddings=opt("max_position_embeddings", 2048),
+                       tie_word_embeddings=opt("tie_word_embeddings", False), attention_bias=qkv_bias,
+                       o_proj_bias=o_bias, qk_norm=architecture == "qwen3", hidden_act=opt("hidden_act", "silu"),
+                       torch_dtype=torch_dtype, bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
+                       source=src, **extra)
         except TypeError as exc:  # pragma: no cover - defensive: a field of a type we did not expect
             raise CheckpointError(f"{where}: malformed field ({exc})") from exc
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """An HF-style config.json dict that `from_hf_dict` reads back to an equal ModelConfig.
-
-        Written in the published (transformers 4) spelling: `torch_dtype`, `rope_theta`,
-        `rope_scaling`; transformers 5 reads these too.
-        """
+        """An HF-style config.json dict that `from_hf_dict` reads back to an equal ModelConfig, in the
+        published (transformers 4) spelling: `torch_dtype`, `rope_theta`, `rope_scaling`; transformers
+        5 reads these too."""
         arch_name, model_type = _HF_NAMES[self.architecture]
-        d: dict[str, Any] = {
-            "architectures": [arch_name],
-            "model_type": model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": self.hidden_act,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None if self.rope_scaling is None else dict(self.rope_scaling),
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "initializer_range": 0.02,
-            "use_cache": True,
-        }
+        d: dict[str, Any] = {"architectures": [arch_name], "model_type": model_type}
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta"):
+            d[name] = getattr(self, name)
+        d.update(rope_scaling=None if self.rope_scaling is None else dict(self.rope_scaling),
+                 max_position_embeddings=self.max_position_embeddings,
+                 tie_word_embeddings=self.tie_word_embeddings, initializer_range=0.02, use_cache=True)
         if self.architecture != "qwen2":
             d["attention_bias"] = self.attention_bias
         if self.architecture in ("qwen2", "qwen3"):
@@ -446,9 +352,7 @@ class ModelConfig:
         if self.bos_token_id is not None:
             d["bos_token_id"] = self.bos_token_id
         if self.eos_token_ids:
-            d["eos_token_id"] = (
-                self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
-            )
+            d["eos_token_id"] = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
         if self.architecture == "eagle":
             d["bias"] = self.eagle_fc_bias  # the EAGLE repo's name for the fc bias switch
         if self.architecture == "eagle3":
@@ -468,19 +372,15 @@ def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
     cfg_file = path if path.endswith(".json") else os.path.join(path, "config.json")
     d = _read_json(cfg_file, required=True)
     gen_file = os.path.join(os.path.dirname(cfg_file), "generation_config.json")
-    g = _read_json(gen_file, required=False)
-    if g:
-        extra = g.get("eos_token_id")
-        if extra is not None:
-            base = d.get("eos_token_id")
-            base_l = [] if base is None else (list(base) if isinstance(base, list) else [base])
-            extra_l = list(extra) if isinstance(extra, list) else [extra]
-            for t in extra_l:
-                if not isinstance(t, int) or isinstance(t, bool):
-                    raise CheckpointError(f"{gen_file}: field 'eos_token_id' holds {t!r}, not a token id")
-            merged = base_l + [t for t in extra_l if t not in base_l]
-            d = dict(d)
-            d["eos_token_id"] = merged
+    extra = (_read_json(gen_file, required=False) or {}).get("eos_token_id")
+    if extra is not None:
+        base = d.get("eos_token_id")
+        base_l = [] if base is None else (list(base) if isinstance(base, list) else [base])
+        extra_l = list(extra) if isinstance(extra, list) else [extra]
+        for t in extra_l:
+            if not isinstance(t, int) or isinstance(t, bool):
+                raise CheckpointError(f"{gen_file}: field 'eos_token_id' holds {t!r}, not a token id")
+        d = {**d, "eos_token_id": base_l + [t for t in extra_l if t not in base_l]}
     return d
 
 
@@ -514,59 +414,39 @@ def _check_nonneg_int(where: str, name: str, v: Any) -> None:
 
 def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> str:
     """Decide llama / qwen2 / qwen3 / eagle / eagle3 from the config and (if given) the weight names."""
-    has_midlayer = any(n.startswith("midlayer.") or n.startswith("model.midlayer.") for n in names)
-    has_d2t = "d2t" in stripped
-    fc = stripped.get("fc.weight")
-    hidden = d.get("hidden_size")
-    eagle3_by_weights = has_midlayer or has_d2t
-    eagle3_by_config = arch0 in EAGLE3_ARCHITECTURES or (
-        arch0 == "LlamaForCausalLM" and "draft_vocab_size" in d and not names
-    )
-    eagle_by_weights = (
-        fc is not None and isinstance(hidden, int) and len(fc) == 2 and tuple(fc) == (hidden, 2 * hidden)
-    )
-    eagle_by_config = arch0 in EAGLE_ARCHITECTURES
-
-    if kind == "eagle3" or (kind is None and (eagle3_by_weights or eagle3_by_config)):
+    fc, hidden = stripped.get("fc.weight"), d.get("hidden_size")
+    eagle3 = (any(n.startswith(("midlayer.", "model.midlayer.")) for n in names) or "d2t" in stripped
+              or arch0 in EAGLE3_ARCHITECTURES or (arch0 == "LlamaForCausalLM" and "draft_vocab_size" in d
+                                                   and not names))
+    eagle = (arch0 in EAGLE_ARCHITECTURES or (fc is not None and isinstance(hidden, int) and len(fc) == 2
+                                              and tuple(fc) == (hidden, 2 * hidden)))
+    if kind == "eagle3" or (kind is None and eagle3):
         if arch0 is not None and arch0 not in EAGLE3_ARCHITECTURES and arch0 != "LlamaForCausalLM":
-            raise CheckpointError(
-                f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-3 Llama head "
-                f"({', '.join(EAGLE3_ARCHITECTURES)} or LlamaForCausalLM with midlayer.* weights)"
-            )
+            raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-3 Llama head "
+                                  f"({', '.join(EAGLE3_ARCHITECTURES)} or LlamaForCausalLM with midlayer.* weights)")
         return "eagle3"
-    if kind == "eagle" or (kind is None and (eagle_by_weights or eagle_by_config)):
+    if kind == "eagle" or (kind is None and eagle):
         if arch0 is not None and arch0 not in EAGLE_ARCHITECTURES and arch0 != "LlamaForCausalLM":
-            raise CheckpointError(
-                f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-1/2 Llama head"
-            )
+            raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-1/2 Llama head")
         return "eagle"
-    if arch0 is None:
-        # No architectures list: fall back on model_type (some hand-written configs).
+    if arch0 is None:  # no architectures list: model_type decides (some hand-written configs)
         by_type = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
         if model_type in by_type:
             return by_type[model_type]
         raise CheckpointError(
             f"{where}: field 'architectures' is missing and model_type {model_type!r} is not one graphrt "
-            f"runs (supported: {', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 and EAGLE-3 Llama heads)"
-        )
+            f"runs (supported: {', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 and EAGLE-3 Llama heads)")
     if arch0 not in LM_ARCHITECTURES:
         raise CheckpointError(
-            f"{where}: field 'architectures' is {archs_repr(arch0)}, which graphrt does not run "
-            f"(supported: {', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 heads, "
-            f"{', '.join(EAGLE3_ARCHITECTURES)})"
-        )
+            f"{where}: field 'architectures' is {[arch0]!r}, which graphrt does not run (supported: "
+            f"{', '.join(LM_ARCHITECTURES)}, EAGLE-1/2 heads, {', '.join(EAGLE3_ARCHITECTURES)})")
     arch = LM_ARCHITECTURES[arch0]
     if arch == "llama" and model_type is not None and model_type not in LLAMA_MODEL_TYPES:
-        raise CheckpointError(
-            f"{where}: field 'model_type' is {model_type!r} but architectures says LlamaForCausalLM"
-        )
+        raise CheckpointError(f"{where}: field 'model_type' is {model_type!r} but architectures says "
+                              "LlamaForCausalLM")
     # kind="lm" forced on an EAGLE head's folder reads it as a Llama; the weight check then names
     # the tensors that do not fit.
     return arch
-
-
-def archs_repr(arch0: str) -> str:
-    return repr([arch0])
 
 
 def _read_rope(d: Mapping[str, Any], where: str) -> tuple[float, dict | None]:
@@ -576,16 +456,12 @@ def _read_rope(d: Mapping[str, Any], where: str) -> tuple[float, dict | None]:
         if not isinstance(rp, dict):
             raise CheckpointError(f"{where}: field 'rope_parameters' must be an object, found {rp!r}")
         if rp and all(isinstance(v, dict) for v in rp.values()):
-            raise CheckpointError(
-                f"{where}: field 'rope_parameters' holds per-layer-type RoPE settings "
-                f"({', '.join(rp)}); graphrt runs one RoPE for every layer"
-            )
-        theta = rp.get("rope_theta", d.get("rope_theta", 10000.0))
-        scaling = _normalise_rope_scaling(dict(rp), where, "rope_parameters")
-        return theta, scaling
+            raise CheckpointError(f"{where}: field 'rope_parameters' holds per-layer-type RoPE settings "
+                                  f"({', '.join(rp)}); graphrt runs one RoPE for every layer")
+        return rp.get("rope_theta", d.get("rope_theta", 10000.0)), _normalise_rope_scaling(dict(rp), where,
+                                                                                          "rope_parameters")
     theta = d.get("rope_theta")
-    if theta is None:
-        theta = 10000.0
+    theta = 10000.0 if theta is None else theta
     rs = d.get("rope_scaling")
     if rs is None:
         return theta, None
@@ -598,33 +474,23 @@ def _normalise_rope_scaling(rs: dict, where: str, field_name: str) -> dict | Non
     rope_type = rs.get("rope_type", rs.get("type", "default"))
     if rope_type in (None, "default"):
         return None
+    at = f"{where}: field '{field_name}"
     if rope_type != "llama3":
-        raise CheckpointError(
-            f"{where}: field '{field_name}.rope_type' is {rope_type!r}; "
-            "graphrt supports 'default' and 'llama3'"
-        )
+        raise CheckpointError(f"{at}.rope_type' is {rope_type!r}; graphrt supports 'default' and 'llama3'")
     out: dict[str, Any] = {"rope_type": "llama3"}
-    for key, typ in (
-        ("factor", float),
-        ("low_freq_factor", float),
-        ("high_freq_factor", float),
-        ("original_max_position_embeddings", int),
-    ):
+    for key, typ in (("factor", float), ("low_freq_factor", float), ("high_freq_factor", float),
+                     ("original_max_position_embeddings", int)):
         v = rs.get(key)
         if v is None:
-            raise CheckpointError(f"{where}: field '{field_name}.{key}' is missing (needed by llama3 RoPE)")
+            raise CheckpointError(f"{at}.{key}' is missing (needed by llama3 RoPE)")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise CheckpointError(
-                f"{where}: field '{field_name}.{key}' must be a positive number, found {v!r}"
-            )
+            raise CheckpointError(f"{at}.{key}' must be a positive number, found {v!r}")
         if typ is int and v != int(v):
-            raise CheckpointError(f"{where}: field '{field_name}.{key}' must be an integer, found {v!r}")
+            raise CheckpointError(f"{at}.{key}' must be an integer, found {v!r}")
         out[key] = typ(v)
     if out["high_freq_factor"] <= out["low_freq_factor"]:
-        raise CheckpointError(
-            f"{where}: field '{field_name}.high_freq_factor' ({out['high_freq_factor']}) must exceed "
-            f"low_freq_factor ({out['low_freq_factor']})"
-        )
+        raise CheckpointError(f"{at}.high_freq_factor' ({out['high_freq_factor']}) must exceed "
+                              f"low_freq_factor ({out['low_freq_factor']})")
     return out
 
 
@@ -639,37 +505,24 @@ def _read_aux_ids(d: Mapping[str, Any], where: str) -> tuple[int, ...] | None:
         (vLLM's gpu_model_runner also reads this nested key but without the +1: the stacks disagree;
         graphrt follows the writer of the key.)
     """
+    def ints(ids, key):
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise CheckpointError(f"{where}: field {key!r} must be a list of ints")
+        return tuple(ids)
+
     top = d.get("eagle_aux_hidden_state_layer_ids")
     if top:
-        if not isinstance(top, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in top):
-            raise CheckpointError(f"{where}: field 'eagle_aux_hidden_state_layer_ids' must be a list of ints")
-        return tuple(top)
+        return ints(top, "eagle_aux_hidden_state_layer_ids")
     ec = d.get("eagle_config")
     if isinstance(ec, dict) and ec.get("eagle_aux_hidden_state_layer_ids"):
-        ids = ec["eagle_aux_hidden_state_layer_ids"]
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise CheckpointError(
-                f"{where}: field 'eagle_config.eagle_aux_hidden_state_layer_ids' must be a list of ints"
-            )
+        ids = ints(ec["eagle_aux_hidden_state_layer_ids"], "eagle_config.eagle_aux_hidden_state_layer_ids")
         return tuple(i + 1 for i in ids)
     if isinstance(ec, dict) and ec.get("use_aux_hidden_state") is False:
-        raise CheckpointError(
-            f"{where}: field 'eagle_config.use_aux_hidden_state' is false; graphrt runs EAGLE-3 heads "
-            "that fuse three target layers"
-        )
+        raise CheckpointError(f"{where}: field 'eagle_config.use_aux_hidden_state' is false; graphrt runs "
+                              "EAGLE-3 heads that fuse three target layers")
     return None
 
 
 def config_fields() -> tuple[str, ...]:
     """Names of ModelConfig's fields (the keys a PRESETS entry may set)."""
     return tuple(f.name for f in fields(ModelConfig) if f.name != "source")
-
-
-__all__ = [
-    "ARCHITECTURES",
-    "KINDS",
-    "ModelConfig",
-    "read_config_json",
-    "default_eagle3_aux_layer_ids",
-    "config_fields",
-]

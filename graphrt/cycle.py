@@ -185,7 +185,7 @@ class Cycle:
         if s.draft_state is not None:
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather
-            # before it writes every byte (BENCHMARKS.md, Reliability).
+            # before it writes every byte (docs/notes/benchmarks-history.md, Reliability).
             state = torch.index_select(state, 0, last, out=s.draft_state[:B])
         else:
             state = state[last]

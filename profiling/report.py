@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
@@ -164,14 +163,9 @@ def _clean(x):
 def _stats_json(result: Attribution, p: PhaseStats, top: int | None) -> dict:
     has_wall = p.name != UNATTRIBUTED
     return {
-        "phase": p.name,
-        "batch_size": p.batch_size,
-        "launches": p.launches,
-        "kernels": p.kernels,
-        "kernels_per_launch": _clean(p.kernels_per_launch),
-        "total_ns": p.total_ns,
-        "mean_ns_per_launch": _clean(p.mean_ns_per_launch),
-        "wall_ns": p.wall_ns if has_wall else None,
+        "phase": p.name, "batch_size": p.batch_size, "launches": p.launches, "kernels": p.kernels,
+        "kernels_per_launch": _clean(p.kernels_per_launch), "total_ns": p.total_ns,
+        "mean_ns_per_launch": _clean(p.mean_ns_per_launch), "wall_ns": p.wall_ns if has_wall else None,
         "mean_wall_ns_per_launch": _clean(p.mean_wall_ns_per_launch) if has_wall else None,
         "share": _clean(result.share(p)),
         "top_kernels": [{"name": k.name, "family": kernel_family(k.name), "count": k.count, "total_ns": k.total_ns,
@@ -192,10 +186,8 @@ def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = No
         cell["wall_over_events"] = wall_over_events(c, events)
         by_batch.append(cell)
     out = {
-        "source": result.source,
-        "definitions": {"per_launch": WALL_DEFINITION, "kernels": KERNEL_COLUMNS},
-        "total_ns": result.total_ns,
-        "total_kernels": result.total_kernels,
+        "source": result.source, "definitions": {"per_launch": WALL_DEFINITION, "kernels": KERNEL_COLUMNS},
+        "total_ns": result.total_ns, "total_kernels": result.total_kernels,
         "tracing_overhead": tracing_overhead(result, events),
         "phases": [_stats_json(result, p, top) for p in _ordered(result.phases.values())],
         "unattributed": {**_stats_json(result, result.unattributed, top), "reasons": result.reasons},
@@ -310,10 +302,9 @@ def cli_main(args) -> int:
         if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
             raise ProfilingError("in-process kernel attribution needs a CUDA device (kernel records come from "
                                  "CUPTI); on a machine without one, read an Nsight export with --from-sqlite FILE")
-        # On by default: measured on an H200 (torch 2.11, CUDA 13), without it the profiler counted one
-        # kernel more per TARGET_VERIFY replay than the graph has (192 vs 191 at B = 1), with it
-        # every phase matched its graph's node count. GRAPHRT_CUPTI_GRAPH_WARMUP=0 turns it off.
-        w = Workload(args, cupti_warmup=os.environ.get("GRAPHRT_CUPTI_GRAPH_WARMUP", "1") != "0")
+        # Without the CUPTI warm-up a profiler attached after capture can miscount graph-replay
+        # kernels; with it every phase matches its graph's node count.
+        w = Workload(args, cupti_warmup=True)
         w.warm_up()
         print(f"graphrt profile: {w.desc}; batch sizes {w.batch_sizes}, {w.max_new} new tokens per request",
               file=sys.stderr)

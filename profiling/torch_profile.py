@@ -87,9 +87,8 @@ def init_cupti_for_cuda_graphs() -> bool:
     torch.profiler._utils._init_for_cuda_graphs does). Some driver/CUDA stacks need it for a
     profiler attached after capture to see graph replays; on others (reported for CUDA 13 with
     torch 2.13) the empty session leaves kernel collection dead. `graphrt profile` calls it before
-    capturing unless GRAPHRT_CUPTI_GRAPH_WARMUP=0: on an H200 (torch 2.11, CUDA 13) a profiler
-    attached without it counted one kernel more per TARGET_VERIFY replay than the graph holds.
-    Returns whether it ran."""
+    capturing: without it a profiler attached later can count graph-replay kernels the graph does
+    not hold. Returns whether it ran."""
     try:
         from torch.profiler._utils import _init_for_cuda_graphs
     except ImportError:
@@ -127,5 +126,5 @@ def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attr
         raise ProfilingError(
             "the PyTorch profiler recorded phase ranges but no CUDA kernel: CUPTI collected nothing "
             "(another CUPTI client such as nsys or a profiler session opened before graph capture can do "
-            "this). Try GRAPHRT_CUPTI_GRAPH_WARMUP=0, --eager, or --nsys.")
+            "this). Try --eager or --nsys.")
     return result

@@ -27,15 +27,12 @@ class Workload:
     def __init__(self, args, *, cupti_warmup: bool = False):
         """cupti_warmup: open an empty profiler session before capturing (in-process profiling only;
         under nsys a second CUPTI client would compete with nsys's)."""
-        import torch
-
+        from graphrt.arg_types import device_and_dtype
         from graphrt.presets import default_checkpoints
         from graphrt.runtime import Runtime
 
-        self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device, dtype = device_and_dtype(args)
         on_cuda = self.device.type == "cuda"
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
-            getattr(args, "dtype", None), torch.bfloat16 if on_cuda else torch.float32)
         self.batch_sizes = list(getattr(args, "batch_sizes", None) or ([1, 8, 64] if on_cuda else [1, 4]))
         self.prompt_len = getattr(args, "prompt_len", 32)
         self.max_new = getattr(args, "max_new_tokens", None) or (32 if on_cuda else 8)

@@ -8,8 +8,8 @@ time_in_graph (CUDA graph replay, weights rotated over enough copies to exceed t
 prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s,
 and the dispatcher's time (graphrt.kernels.gemv.linear: Triton or cuBLAS as select_config says).
 Every config's output is also checked against F.linear (max error relative to max |y|).
-All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) takes
-under ~2.5 min on an H200; past --budget-s the remaining Triton configs are skipped.
+All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) fits one
+device call; past --budget-s the remaining Triton configs are skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.gemv import _split_for, gemv_triton, linear, select_config
 from graphrt.kernels.timing import time_in_graph
 
-PEAK_GBS = 4300.0  # H200 sustained read bandwidth
+PEAK_GBS = 4300.0  # the read bandwidth the "% of peak" column divides by
 
 SHAPES = [  # (name, N, K)
     ("1b.qkv", 3072, 2048), ("1b.o", 2048, 2048), ("1b.gate_up", 16384, 2048), ("1b.down", 2048, 8192),
@@ -33,7 +33,7 @@ SHAPES = [  # (name, N, K)
 ]
 MS = [1, 2, 4, 8, 16]
 
-# FMA (M <= 2; at M = 4 it measured 2-3x slower than cuBLAS: M x-loads and conversions per weight
+# FMA (M <= 2; at M = 4 it is slower than cuBLAS: M x-loads and conversions per weight
 # load): (block_n, block_k, num_warps, reduce_each). 16-byte loads per thread per step =
 # block_n * block_k / (8 * 32 * warps); reduce_each frees the per-element accumulators for more.
 FMA_TILES = [(4, 512, 4, False), (4, 1024, 4, False), (2, 2048, 4, False), (16, 512, 4, False),

@@ -23,7 +23,7 @@
 # from torch.empty and are documented as "every slot a later kernel reads is written by an earlier
 # one" (kernels/rejection.py, kernels/argmax.py, kernels/attention.py merge); a report on one of
 # them is a real bug, not noise. The log names the kernel and address: record any report you judge
-# benign in BENCHMARKS.md (RELIABILITY) with the kernel name and the reason, do not filter it here.
+# benign in docs/notes/benchmarks-history.md (Reliability) with the kernel name and the reason, do not filter it here.
 # One class is initcheck's own blind spot, shown in isolation by scripts/initcheck_probe.py: it does
 # not see the stores of cuBLAS's sm90 bf16 GEMMs (nvjet kernels), so every read of their output is
 # reported (none after an fp32 cuBLAS GEMM or a Triton GEMV writing the same tensor). initcheck

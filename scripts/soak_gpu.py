@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""GPU soak (issue 7, item 2): >= 20,000 decode cycles under CUDA graphs with requests arriving and
+"""GPU soak: >= 20,000 decode cycles under CUDA graphs with requests arriving and
 finishing at random, then memory, KV-pool and reproducibility checks.
 
-    python scripts/soak_gpu.py --cycles 20000            # ~1-3 minutes on an H100/H200
+    python scripts/soak_gpu.py --cycles 20000
 
 Choice of model: the `tiny` preset (V = 512, 2 layers, H = 64) in fp32 with a self-draft (default)
 or an EAGLE-1 head, K = 3, written at random into a temp folder. A captured cycle of it replays in

@@ -9,7 +9,7 @@ vllm/triton_utils that exports triton, tl, tldevice and HAS_TRITON (the real one
         --platform manylinux_2_28_x86_64 vllm==0.33.0 -d /tmp/vllm
     unzip the wheel's vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py,
         vllm/v1/worker/gpu/sample/{gumbel,watermark}.py, vllm/v1/spec_decode/fly.py,
-        vllm/v1/watermarking/prfs/{philox,base}.py into .vllm_src/  (see BENCHMARKS.md)
+        vllm/v1/watermarking/prfs/{philox,base}.py into .vllm_src/  (see docs/notes/benchmarks-history.md)
 
     PYTHONPATH=.vllm_src python scripts/vllm_rejection_peer.py [--json F]
 

@@ -22,7 +22,7 @@ def test_llama_1b_shape_with_eagle3_head():
     fc = 2 * 3 * H * H
     assert phase_bytes(t, d, 3) == {"TARGET_DECODE": target, "TARGET_VERIFY": target, "DRAFT_EXTEND": step + fc,
                                     "DRAFT_DECODE": 2 * step}
-    assert abs(target / 2**30 - 2.30) < 0.01  # the 2.30 GiB BENCHMARKS quotes
+    assert abs(target / 2**30 - 2.30) < 0.01  # the 2.30 GiB the benchmark history quotes
 
 
 def test_llama_8b_shape_with_eagle_head_and_k1():

@@ -1,4 +1,4 @@
-"""Checkpoint loading safety (issue 7, item 4): the cases tests/test_checkpoint.py does not cover.
+"""Checkpoint loading safety: the cases tests/test_checkpoint.py does not cover.
 
 Covered there: missing / unexpected / wrong-shape / wrong-dtype tensors, truncated safetensors,
 missing shards, malformed config fields, a .bin whose pickle names a callable. Here: code in the

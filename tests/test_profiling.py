@@ -871,7 +871,7 @@ def test_gpu_in_process_attribution(tmp_path):
     for (phase, b), n in w.graph_nodes.items():  # a replay runs exactly its graph's kernel nodes
         cell = r.by_batch[(phase, b)]
         # Holds because conftest opens the CUPTI warm-up session before any graph is captured; without
-        # it (H200, torch 2.11, CUDA 13) TARGET_VERIFY replays were counted with 1-4 extra kernels.
+        # it some driver stacks count extra kernels per TARGET_VERIFY replay.
         assert cell.kernels == n * cell.launches, (phase, b, cell.kernels / cell.launches, n, sorted(
             (k.count / cell.launches, name) for name, k in cell.kernels_by_name.items()))
 

@@ -1,4 +1,4 @@
-"""Soak under churn (issue 7, item 2, the CPU version; scripts/soak_gpu.py runs it on CUDA with graphs).
+"""Soak under churn (the CPU version; scripts/soak_gpu.py runs it on CUDA with graphs).
 
 One Runtime serves requests that arrive and finish at random (prompt lengths, max_new_tokens,
 temperatures, seeds, stop tokens, greedy and sampled mixed) through add_request/step, with a KV

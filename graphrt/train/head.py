@@ -29,13 +29,8 @@ from torch import nn
 
 from graphrt.checkpoint_writer import draft_config, stored_name
 from graphrt.config import ModelConfig
+from graphrt.kernels.norm import rms_norm_reference as _rms
 from graphrt.models.layers import rope_inv_freq
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # as graphrt's rms_norm_reference: normalise in fp32, cast back, then scale
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -79,21 +74,11 @@ class Eagle3Trainable(nn.Module):
 
     # -- published layout ---------------------------------------------------------------------------
 
-    _CANONICAL = {
-        "fc": "fc.weight",
-        "input_norm": "layers.0.input_layernorm.weight",
-        "hidden_norm": "layers.0.hidden_norm.weight",
-        "q_proj": "layers.0.self_attn.q_proj.weight",
-        "k_proj": "layers.0.self_attn.k_proj.weight",
-        "v_proj": "layers.0.self_attn.v_proj.weight",
-        "o_proj": "layers.0.self_attn.o_proj.weight",
-        "post_norm": "layers.0.post_attention_layernorm.weight",
-        "gate_proj": "layers.0.mlp.gate_proj.weight",
-        "up_proj": "layers.0.mlp.up_proj.weight",
-        "down_proj": "layers.0.mlp.down_proj.weight",
-        "norm": "norm.weight",
-        "lm_head": "lm_head.weight",
-    }
+    _CANONICAL = {"fc": "fc.weight", "input_norm": "layers.0.input_layernorm.weight",
+                  "hidden_norm": "layers.0.hidden_norm.weight", "post_norm": "layers.0.post_attention_layernorm.weight",
+                  **{p: f"layers.0.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+                  **{p: f"layers.0.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")},
+                  "norm": "norm.weight", "lm_head": "lm_head.weight"}
 
     def state_dict_canonical(self) -> dict[str, torch.Tensor]:
         out = {}
