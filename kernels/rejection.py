@@ -73,7 +73,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
-from graphrt.kernels.counters import capturing, counters
+from graphrt.kernels.counters import capturing
 from graphrt.kernels.pdl import pdl_available, pdl_enabled, pdl_launch
 from graphrt.kernels.rng import (
     CHUNK_STREAM,
@@ -106,7 +106,6 @@ _ROW_WARPS = 4
 _RACE_BLOCK_V = 1024
 _RACE_WARPS = 4
 _RACE_PROGRAMS = 1024
-_FUSE_FINISH = False
 # One-hot (H100, K=3, V=128256, scripts/rejection_sweep.py): 1024-entry row tiles (B=256 greedy
 # 104.7 -> 99.4 us, one-hot 114.7 -> 110.2). The walk's race over a chunk: below B=128 each request's
 # program is alone with its latency, so the whole chunk is one unpruned tile on 16 warps (the prune
@@ -550,8 +549,6 @@ def _row_stats_kernel(
     nd_ptr,  # [B] int32/int64 num_draft_tokens (HAS_ND only)
     fstat_ptr,  # [_NUM_FPLANES, B*(K+1), SPLITS] fp32 stat planes
     istat_ptr,  # [2, B*(K+1), SPLITS] int32: raw argmax, race winner
-    # FUSED_WALK only: the last program of a request runs the walk (same arguments as _walk_kernel)
-    tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr, race_f_ptr, ctr_ptr,
     stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
     R, V, SPLITS, TILES_PER_SPLIT,
     HAS_ND: tl.constexpr,
@@ -562,14 +559,6 @@ def _row_stats_kernel(
     PRUNE: tl.constexpr = False,
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
-    FUSED_WALK: tl.constexpr = False,
-    HAS_COUNTS: tl.constexpr = False,
-    R_POW2: tl.constexpr = 1,
-    SPLITS_POW2: tl.constexpr = 1,
-    CHUNK: tl.constexpr = 1,  # one-hot: two-level race chunk (SPC splits each)
-    SPC: tl.constexpr = 1,
-    NC_POW2: tl.constexpr = 1,
-    RACE_BLOCK_V: tl.constexpr = 1,  # tile of the walk's race over one chunk
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
 ):
     _pdl_start(PDL)
@@ -683,19 +672,6 @@ def _row_stats_kernel(
         tl.store(fstat_ptr + _P_RACE * plane + o, kmax)
         tl.store(fstat_ptr + _P_RACE_X * plane + o, kx)
         tl.store(istat_ptr + plane + o, kidx)
-    if FUSED_WALK:
-        # Last program of request b to finish runs its walk: a release/acquire counter per request
-        # (reset by that program, so it is zero again for the next call or graph replay).
-        tl.debug_barrier()
-        done = tl.atomic_add(ctr_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if done == R * SPLITS - 1:
-            tl.atomic_xchg(ctr_ptr + b, 0, sem="relaxed", scope="gpu")
-            _walk_body(b, plane, logits_ptr,
-                       draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
-                       fstat_ptr, istat_ptr, tok_ptr, nemit_ptr, lp_ptr, counts_ptr, race_i_ptr,
-                       race_f_ptr, stride_lb, stride_lj, stride_db, stride_dk,
-                       R, V, SPLITS, HAS_ND, HAS_COUNTS, FULL_Q, FUSE_RACE, R_POW2, SPLITS_POW2,
-                       CHUNK, SPC, NC_POW2, RACE_BLOCK_V, VEC, PRUNE, FAST)
 
 
 @triton.jit
@@ -931,14 +907,11 @@ def _race_kernel(
     part_k_ptr,  # [2, B, SPLITS] fp32 out: best key per chunk (p race, residual race)
     part_i_ptr,  # [2, B, SPLITS] int32 out: its lowest index
     part_x_ptr,  # [2, B, SPLITS] fp32 out: its x
-    tok_ptr, lp_ptr, ctr_ptr,  # FUSED_FINISH only: the last program of a request runs the finish
     stride_lb, stride_lj, stride_qb, stride_qj,
     R, V, SPLITS, TILES_PER_SPLIT,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     VEC: tl.constexpr = 8,
     PDL: tl.constexpr = 0,
-    FUSED_FINISH: tl.constexpr = False,
-    SPLITS_POW2: tl.constexpr = 1,
 ):
     """Full q: the residual race (and the race over p, its fallback when p == q, and the bonus
     token's race) over one row per sampled request, one level: the residual needs every entry."""
@@ -998,13 +971,6 @@ def _race_kernel(
         tl.store(part_k_ptr + plane + o, rm)
         tl.store(part_i_ptr + plane + o, ri)
         tl.store(part_x_ptr + plane + o, rx)
-        if FUSED_FINISH:
-            tl.debug_barrier()
-            done = tl.atomic_add(ctr_ptr + b, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                tl.atomic_xchg(ctr_ptr + b, 0, sem="relaxed", scope="gpu")
-                _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_ptr,
-                             part_x_ptr, tok_ptr, lp_ptr, R, SPLITS, SPLITS_POW2)
 
 
 @triton.jit
@@ -1114,18 +1080,15 @@ def rejection_sample_triton(
     block_v: int | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
-    fused: bool | None = None,
     race_block_v: int | None = None,
     race_warps: int | None = None,
     target_programs: int | None = None,
     race_programs: int | None = None,
     prune: bool | None = None,
-    fuse_finish: bool | None = None,
     pdl: bool | int | None = None,
     pdl_race: bool = True,
     walk_warps: int | None = None,
     race_chunk: int | None = None,
-    _stop_after: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
@@ -1142,10 +1105,7 @@ def rejection_sample_triton(
     (programmatic dependent launch: 0/False off, 1/True early trigger, 2 late trigger;
     pdl_race=False launches the race pass without it),
     walk_warps, race_chunk (the two-level race's chunk; changes which tokens a seed draws, so the
-    reference must get the same),
-    fuse_finish (the race's last program per request runs the finish, through a per-request
-    counter: kernels/counters.py), fused (that, and the row pass's last program per request runs the
-    walk). _stop_after=n launches only the first n kernels (timing breakdowns).
+    reference must get the same).
     """
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
               num_draft_tokens, acceptance_counts, out)
@@ -1201,61 +1161,47 @@ def rejection_sample_triton(
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q)
-    fuse_finish = (_FUSE_FINISH if fuse_finish is None else fuse_finish) or bool(fused)
-    ctr = counters(dev, b) if (fused or fuse_finish) else None
-    if fused and ctr is None:
-        raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
-    fused = bool(fused) and ctr is not None
-    fuse_finish = fuse_finish and ctr is not None
-    ctr_arg = ctr if ctr is not None else nemit
     walk_args = (tok, nemit, lp, counts, race_i, race_f)
-    stages = _stop_after if _stop_after is not None else 4
     prune_args = dict(PRUNE=prune, FAST=fast)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
-        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, *walk_args, ctr_arg,
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
         r, v, splits, tiles_per_split,
-        FUSE_RACE=fuse_race, BLOCK_V=block_v, FUSED_WALK=fused, XSUM=not full_q,
-        HAS_COUNTS=acceptance_counts is not None,
-        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2,
-        num_warps=num_warps, enable_fp_fusion=False, PDL=pdl, **prune_args, **race_args, **common,
+        FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, num_warps=num_warps,
+        enable_fp_fusion=False, PDL=pdl, **prune_args, VEC=vec, **common,
         **launch,
     )
     if walk_warps is None:  # one-hot: the walk races a chunk for each sampled request
         walk_warps = (_WALK_RACE_WARPS[walk_prune] if not (full_q or fuse_race)
                       else 1 if r * splits <= 256 else 4)
-    if not fused and stages >= 2:
-        _walk_kernel[(b,)](
-            target_logits, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
-            target_logits.stride(0), target_logits.stride(1), *ids_strides,
-            r, v, splits,
-            HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
-            R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, PDL=pdl,
-            num_warps=walk_warps, enable_fp_fusion=False, **dict(prune_args, PRUNE=walk_prune), **race_args,
-            **common,
-            **launch,
-        )
-    if full_q and stages >= 3:
+    _walk_kernel[(b,)](
+        target_logits, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
+        target_logits.stride(0), target_logits.stride(1), *ids_strides,
+        r, v, splits,
+        HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
+        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, PDL=pdl,
+        num_warps=walk_warps, enable_fp_fusion=False, **dict(prune_args, PRUNE=walk_prune), **race_args,
+        **common,
+        **launch,
+    )
+    if full_q:
         rsplits, rtiles = _splits(b, v, race_block_v, num_splits, race_programs or _RACE_PROGRAMS)
         part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
         part_x = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         _race_kernel[(b, rsplits)](
             target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
-            tok, lp, ctr_arg,
             target_logits.stride(0), target_logits.stride(1), *q_strides,
-            r, v, rsplits, rtiles, BLOCK_V=race_block_v, VEC=vec, FUSED_FINISH=fuse_finish,
-            SPLITS_POW2=triton.next_power_of_2(rsplits), num_warps=race_warps, enable_fp_fusion=False,
+            r, v, rsplits, rtiles, BLOCK_V=race_block_v, VEC=vec, num_warps=race_warps, enable_fp_fusion=False,
             PDL=pdl if pdl_race else 0, **(launch if pdl_race else {}),
         )
-        if not fuse_finish and stages >= 4:
-            _finish_kernel[(b,)](
-                race_i, race_f, part_k, part_i, part_x, tok, lp, r, rsplits,
-                SPLITS_POW2=triton.next_power_of_2(rsplits), PDL=pdl,
-                num_warps=1 if rsplits <= 128 else 4, enable_fp_fusion=False, **launch,
-            )
+        _finish_kernel[(b,)](
+            race_i, race_f, part_k, part_i, part_x, tok, lp, r, rsplits,
+            SPLITS_POW2=triton.next_power_of_2(rsplits), PDL=pdl,
+            num_warps=1 if rsplits <= 128 else 4, enable_fp_fusion=False, **launch,
+        )
     return RejectionOutput(tok, nemit, lp)
 
 

@@ -138,8 +138,6 @@ def run_rejection(gen):
         ("onehot race pass", 3, 3, 1000, (0.0, 1.0), False, dict(fuse_race=False, block_v=256)),
         ("full q", 3, 3, 1000, (1.0, 0.0), True, {}),
         ("full q split", 4, 4, 333, (1.0,), True, dict(block_v=128, num_splits=3)),
-        ("fused walk", 3, 3, 1000, (0.0, 0.9), False, dict(fused=True, block_v=256)),
-        ("fused walk full q", 3, 3, 1000, (0.9,), True, dict(fused=True, block_v=256)),
         ("K=0", 3, 0, 1000, (0.0, 1.0), False, {}),
         ("K=1 V=1", 3, 1, 1, (0.0, 1.0), False, {}),
         ("B=9", 9, 3, 4099, (0.0, 1.0, 1e-6, 100.0), False, {}),

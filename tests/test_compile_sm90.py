@@ -93,14 +93,12 @@ CASES = {
     # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
     "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
-        HAS_COUNTS=True, R_POW2=4, SPLITS_POW2=16, XSUM=True, CHUNK=8192, SPC=1, NC_POW2=16,
-        RACE_BLOCK_V=1024), _NO_FUSION),
+        XSUM=True), _NO_FUSION),
     "rej-row-stats-fused-race-fullq": ("rejection", "_row_stats_kernel", _REJ, dict(
-        HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1, FUSED_WALK=True,
-        R_POW2=4, SPLITS_POW2=32), _NO_FUSION),
+        HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1), _NO_FUSION),
     "rej-row-stats-small": ("rejection", "_row_stats_kernel", _REJ, dict(
         HAS_ND=False, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True, PDL=0,
-        R_POW2=4, SPLITS_POW2=128, XSUM=True, CHUNK=8192, SPC=8, NC_POW2=16, FUSED_WALK=True), _NO_FUSION),
+        XSUM=True), _NO_FUSION),
     "rej-walk": ("rejection", "_walk_kernel", _REJ, dict(
         HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=2,
         CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True), _NO_FUSION),
@@ -108,7 +106,7 @@ CASES = {
         HAS_ND=False, HAS_COUNTS=False, FULL_Q=True, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=32, PDL=1),
         dict(num_warps=1, enable_fp_fusion=False)),
     "rej-race": ("rejection", "_race_kernel", _REJ, dict(
-        BLOCK_V=1024, VEC=8, PDL=1, FUSED_FINISH=True, SPLITS_POW2=32), _NO_FUSION),
+        BLOCK_V=1024, VEC=8, PDL=1), _NO_FUSION),
     "rej-finish": ("rejection", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
 }
 

@@ -184,7 +184,6 @@ def rejection_specs(draw, max_b=4, max_k=4, max_v=300, real=False):
         block_v=None if real else draw(st.sampled_from([None, 32, 64, 128])),
         num_splits=draw(st.sampled_from([None, 2, 3])),
         fuse_race=draw(st.sampled_from([None, True, False])),
-        fused=draw(st.sampled_from([False, False, True])),
         # the two-level race's chunk (one-hot): many chunks at small V, or the default
         race_chunk=None if real else draw(st.sampled_from([None, 8, 16, 64, 256])),
     )
@@ -281,7 +280,7 @@ def check_rejection(spec, device="cpu"):
                torch.full((b,), 99, dtype=torch.int32, device=device),
                torch.full((b, r), float("nan"), device=device))
     kw = {name: spec[name] for name in ("block_v", "num_splits", "fuse_race") if spec[name] is not None}
-    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, out=out, fused=spec["fused"], **kw,
+    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, out=out, **kw,
                                   **chunk)
     if out is not None:
         assert got.token_ids is out[0] and got.num_emitted is out[1] and got.logprobs is out[2]
