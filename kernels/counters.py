@@ -2,9 +2,10 @@
 program of a group to finish (an atomic counter per group) does the merge and resets the counter.
 
 Used by argmax (per row) and gemv's split-K (per output tile). Every such launch leaves each
-counter it used at zero again, so one buffer serves every call and every graph replay of both. Launches that run concurrently on different streams must not
-share it: graphrt runs a forward on one stream, and a programmatic dependent (kernels/pdl.py)
-touches counters only after waiting for the kernel before it.
+counter it used at zero again, so one buffer serves every call and every graph replay of both.
+Launches that run concurrently on different streams must not share it: graphrt runs a forward on
+one stream, and a programmatic dependent (kernels/pdl.py) touches counters only after waiting for
+the kernel before it.
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ first; done for every row there it would make that pass compute-bound.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -74,7 +75,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
 from graphrt.kernels.counters import capturing
-from graphrt.kernels.pdl import pdl_available, pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 from graphrt.kernels.rng import (
     CHUNK_STREAM,
     accept_uniform,
@@ -95,28 +96,6 @@ _TL_FLT_MAX = tl.constexpr(_FLT_MAX)
 _INT32_MAX = tl.constexpr(2**31 - 1)
 _NEG_INF = tl.constexpr(float("-inf"))
 _LOG2E = tl.constexpr(1.4426950408889634)
-_TARGET_PROGRAMS = 1024  # ~2 waves of a few programs per SM on a 132-SM H100/H200
-# Fused race (two logs per entry of every row) only while tiny: measured on an H200 (K=3, V=128256),
-# B=8 one-hot took 36 us fused vs 19 us with the separate race over one row per request.
-_FUSE_RACE_MAX_ROWS = 8
-# Launch defaults (scripts/rejection_sweep.py on an H200, K=3, V=128256 bf16).
-_ROW_BLOCK_V_SMALL = 1024  # B*(K+1) <= _FUSE_RACE_MAX_ROWS
-_ROW_BLOCK_V = 2048
-_ROW_WARPS = 4
-_RACE_BLOCK_V = 1024
-_RACE_WARPS = 4
-_RACE_PROGRAMS = 1024
-# One-hot (H100, K=3, V=128256, scripts/rejection_sweep.py): 1024-entry row tiles (B=256 greedy
-# 104.7 -> 99.4 us, one-hot 114.7 -> 110.2). The walk's race over a chunk: below B=128 each request's
-# program is alone with its latency, so the whole chunk is one unpruned tile on 16 warps (the prune
-# test is a block-wide reduction and branch per tile; B=8 14.9 -> 13.8, B=64 38.5 -> 36.6 us); from
-# B=128 the programs share SMs and pruned 2048-entry tiles on 8 warps do less work (B=256 109.9 vs
-# 112.6 us). The row pass's fused race (B*(K+1) <= 8) has one tile per split: pruning only costs
-# there (B=1 10.0 -> 9.5-9.7 us).
-_WALK_PRUNE_MIN_B = 128
-_WALK_RACE_WARPS = (16, 8)  # below / from _WALK_PRUNE_MIN_B
-_WALK_RACE_BLOCK_V = 2048  # from _WALK_PRUNE_MIN_B (below: the whole chunk)
-_PDL_EARLY_MAX_ROWS = 128  # PDL with an early trigger from 9 to 128 rows, a late one otherwise
 # Stat planes of the row pass workspace ([planes, rows, splits] fp32; x_d / y_d use split 0 only).
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
     tl.constexpr(i) for i in range(10))
@@ -140,6 +119,58 @@ class RejectionOutput(NamedTuple):
     token_ids: torch.Tensor  # [B, K+1] int64, -1 after the last emitted token
     num_emitted: torch.Tensor  # [B] int32 in [1, k_b + 1]
     logprobs: torch.Tensor  # [B, K+1] fp32, 0.0 after the last emitted token
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one call is launched; never what it draws (every config gives the same tokens).
+
+    block_v, num_warps: the row pass's tile (vocab entries) and warps. target_programs: how many
+    row pass programs to aim for (splits per row ~ target_programs / rows); num_splits: splits per
+    row instead (and full q's race pass splits). fuse_race (one-hot only): the row pass also races
+    every split, draft excluded, so the walk reads no logits. race_block_v: the tile of the one-hot
+    walk's race over a chunk (cut to the chunk) or of full q's race pass; race_warps,
+    race_programs: that race pass. prune: skip the one-hot race's tiles that cannot win
+    (_race_tile), wherever it runs. walk_warps: None picks 16 for the walk's chunk race (8 when
+    pruned), else 1 or 4 by the number of splits the walk merges. pdl: programmatic dependent
+    launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
+    row pass's and the race pass's hot loops; off where pdl_enabled is not.
+    """
+
+    block_v: int = 1024
+    num_warps: int = 4
+    target_programs: int = 1024
+    num_splits: int | None = None
+    fuse_race: bool = False
+    race_block_v: int = 1024
+    race_warps: int = 4
+    race_programs: int = 1024
+    prune: bool = False
+    walk_warps: int | None = None
+    pdl: int = 0
+
+
+def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
+    """The default launch by batch size and rows (B*(K+1)), from scripts/rejection_sweep.py at
+    K = 3, V = 128256 bf16 on the H100 and the H200.
+
+    - ~1024 row pass programs: about two waves of a few programs per SM.
+    - The row pass races too (fuse_race) only up to 8 rows: it costs two logs per entry of every
+      row, against one chunk per request in the walk.
+    - 1024-entry row tiles, except full q past 8 rows (2048: it reads two logit rows per tile).
+    - The walk's chunk race: below B = 128 each request's program is alone with its latency, so the
+      whole chunk is one unpruned tile on 16 warps (the prune test is a block-wide reduction and a
+      branch per tile); from B = 128 programs share SMs and pruned 2048-entry tiles on 8 warps do
+      less work. The fused race has one tile per split: pruning there only costs.
+    - PDL releases dependents at the start from 9 to 128 rows; otherwise late: at B = 1 the walk's
+      early launch only delays the row pass's programs, and at large B an early race launch holds
+      SM slots the row pass needs.
+    """
+    rows = batch * (k + 1)
+    prune = batch >= 128
+    return LaunchConfig(block_v=2048 if full_q and rows > 8 else 1024, fuse_race=rows <= 8 and not full_q,
+                        race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
+                        pdl=1 if 8 < rows <= 128 else 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1029,7 +1060,7 @@ def _finish_body(b, race_row, plane, race_i_ptr, race_f_ptr, part_k_ptr, part_i_
 
 
 def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None,
-            target_programs: int = _TARGET_PROGRAMS) -> tuple[int, int]:
+            target_programs: int) -> tuple[int, int]:
     tiles = triton.cdiv(vocab, block_v)
     splits = max(1, min(tiles, triton.cdiv(target_programs, rows))) if num_splits is None else num_splits
     tiles_per_split = triton.cdiv(tiles, max(1, min(splits, tiles)))
@@ -1049,20 +1080,8 @@ def _chunk_splits(rows: int, vocab: int, block_v: int, chunk: int, num_splits: i
 
 
 def _on_gpu(dev: torch.device) -> bool:
-    """A real CUDA launch (not the interpreter): inline PTX and PDL are available."""
+    """A real CUDA launch (not the interpreter): inline PTX is available."""
     return dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def _pdl_mode(dev: torch.device, pdl: bool | int | None, rows: int) -> int:
-    """0 (off), 1 (early trigger) or 2 (late trigger); None: the default where the device has it."""
-    if pdl is None:  # H200 K=3: late 7.1 vs early 8.0 us at B=1, early 10.4 vs 11.8 at B=8,
-        # late 127 vs 131 at B=256 one-hot (an early race launch holds SM slots the row pass needs)
-        if not pdl_enabled(dev):  # GRAPHRT_PDL=0 turns it off with the other kernels'
-            return 0
-        pdl = 1 if _FUSE_RACE_MAX_ROWS < rows <= _PDL_EARLY_MAX_ROWS else 2
-    if not pdl or not pdl_available(dev):
-        return 0
-    return 1 if pdl is True else int(pdl)
 
 
 def rejection_sample_triton(
@@ -1076,36 +1095,21 @@ def rejection_sample_triton(
     num_draft_tokens: torch.Tensor | None = None,
     acceptance_counts: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    fuse_race: bool | None = None,
-    block_v: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    race_block_v: int | None = None,
-    race_warps: int | None = None,
-    target_programs: int | None = None,
-    race_programs: int | None = None,
-    prune: bool | None = None,
-    pdl: bool | int | None = None,
-    pdl_race: bool = True,
-    walk_warps: int | None = None,
+    config: LaunchConfig | None = None,
     race_chunk: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
     Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
-    (stat planes [_NUM_FPLANES, B*(K+1), splits] fp32 + [2, ...] int32, race state [B, 3] int32 + [B, 3]
-    fp32, race partials) come
-    from torch's caching allocator; under capture they live in the graph's private pool and stay
-    fixed for every replay. Every workspace slot a later kernel reads is written by an earlier one
-    in the same call, so nothing needs zeroing.
-    The other keywords override the launch heuristics (tests use them to exercise every path and the
-    split logic at small V; scripts/rejection_sweep.py times them): fuse_race, block_v / num_warps /
-    target_programs (row pass), race_block_v / race_warps / race_programs (race pass), num_splits
-    (both), prune (race pruning; None: the walk's race from B = 128 only), pdl
-    (programmatic dependent launch: 0/False off, 1/True early trigger, 2 late trigger;
-    pdl_race=False launches the race pass without it),
-    walk_warps, race_chunk (the two-level race's chunk; changes which tokens a seed draws, so the
-    reference must get the same).
+    (stat planes [_NUM_FPLANES, B*(K+1), splits] fp32 + [2, B*(K+1), splits] int32; full q: race
+    state [B, 3] int32 + [B, 3] fp32 and race partials [2, B, race splits] fp32 / int32 / fp32)
+    come from torch's caching allocator; under capture they live in the graph's private pool and
+    stay fixed for every replay. Every workspace slot a later kernel reads is written by an earlier
+    one in the same call, so nothing needs zeroing.
+    config: the launch (launch_config(B, K, full q) by default; tests force every path with it,
+    scripts/rejection_sweep.py times variants). race_chunk: the two-level race's chunk (a power of
+    two, RACE_CHUNK by default); it changes which tokens a seed draws, so the reference must get
+    the same.
     """
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
               num_draft_tokens, acceptance_counts, out)
@@ -1114,37 +1118,25 @@ def rejection_sample_triton(
     dev = target_logits.device
     full_q = draft_logits is not None and k > 0
     rows = b * r
-    if fuse_race is None:
-        fuse_race = rows <= _FUSE_RACE_MAX_ROWS
-    fuse_race = fuse_race and not full_q  # the residual needs lse first
-    vec = 4 if target_logits.dtype == torch.float32 else 8  # 16-byte loads per lane
-    block_v = block_v or (_ROW_BLOCK_V_SMALL if rows <= _FUSE_RACE_MAX_ROWS or not full_q else _ROW_BLOCK_V)
+    cfg = config if config is not None else launch_config(b, k, full_q)
+    fuse_race = cfg.fuse_race and not full_q  # the residual needs lse first
     chunk = _check_race_chunk(race_chunk, v)
-    walk_prune = b >= _WALK_PRUNE_MIN_B if prune is None else prune
-    if race_block_v is None:  # small row tiles (tests' small V) shrink the race's with them
-        race_block_v = (block_v if block_v < _RACE_BLOCK_V else _RACE_BLOCK_V if full_q
-                        else _WALK_RACE_BLOCK_V if walk_prune else chunk)
+    block_v, race_block_v = cfg.block_v, cfg.race_block_v
     if not full_q:  # tiles and the walk's race tiles both lie inside one chunk
         block_v, race_block_v = min(block_v, chunk), min(race_block_v, chunk)
-    vec = min(vec, block_v, race_block_v)
-    if num_warps is None:
-        num_warps = _ROW_WARPS
-    if race_warps is None:
-        race_warps = _RACE_WARPS
-    prune = bool(prune)  # the fused race's splits are one tile each by default: nothing to prune
+    vec = min(4 if target_logits.dtype == torch.float32 else 8, block_v, race_block_v)  # 16-byte loads
     fast = _on_gpu(dev)
-    pdl = _pdl_mode(dev, pdl, rows)
+    pdl = cfg.pdl if pdl_enabled(dev) else 0
     launch = pdl_launch(bool(pdl))
     if full_q:
-        splits, tiles_per_split = _splits(rows, v, block_v, num_splits, target_programs or _TARGET_PROGRAMS)
+        splits, tiles_per_split = _splits(rows, v, block_v, cfg.num_splits, cfg.target_programs)
         spc = 1
     else:
-        splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, num_splits,
-                                                     target_programs or _TARGET_PROGRAMS)
+        splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, cfg.num_splits,
+                                                     cfg.target_programs)
     nc_pow2 = triton.next_power_of_2(triton.cdiv(splits, spc))
     # One-hot: the walk views a row's splits as [chunks, SPC] (a power of two >= splits).
     splits_pow2 = triton.next_power_of_2(splits) if full_q else nc_pow2 * spc
-    race_args = dict(CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2, RACE_BLOCK_V=race_block_v, VEC=vec)
     if out is None:
         out = (torch.empty((b, r), dtype=torch.int64, device=dev),
                torch.empty((b,), dtype=torch.int32, device=dev),
@@ -1160,42 +1152,37 @@ def rejection_sample_triton(
     counts = acceptance_counts if acceptance_counts is not None else seed
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
-    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q)
-    walk_args = (tok, nemit, lp, counts, race_i, race_f)
-    prune_args = dict(PRUNE=prune, FAST=fast)
+    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
         target_logits, q, ids, temperature, seed, position, nd, fstat, istat,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
         r, v, splits, tiles_per_split,
-        FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, num_warps=num_warps,
-        enable_fp_fusion=False, PDL=pdl, **prune_args, VEC=vec, **common,
-        **launch,
+        FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **common, **launch,
     )
-    if walk_warps is None:  # one-hot: the walk races a chunk for each sampled request
-        walk_warps = (_WALK_RACE_WARPS[walk_prune] if not (full_q or fuse_race)
-                      else 1 if r * splits <= 256 else 4)
+    walk_warps = cfg.walk_warps or ((8 if cfg.prune else 16) if not (full_q or fuse_race)
+                                    else 1 if r * splits <= 256 else 4)
     _walk_kernel[(b,)](
-        target_logits, ids, temperature, seed, position, nd, fstat, istat, *walk_args,
-        target_logits.stride(0), target_logits.stride(1), *ids_strides,
+        target_logits, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
+        race_i, race_f, target_logits.stride(0), target_logits.stride(1), *ids_strides,
         r, v, splits,
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
-        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, PDL=pdl,
-        num_warps=walk_warps, enable_fp_fusion=False, **dict(prune_args, PRUNE=walk_prune), **race_args,
-        **common,
-        **launch,
+        R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
+        RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, num_warps=walk_warps, enable_fp_fusion=False,
+        **common, **launch,
     )
     if full_q:
-        rsplits, rtiles = _splits(b, v, race_block_v, num_splits, race_programs or _RACE_PROGRAMS)
+        rsplits, rtiles = _splits(b, v, race_block_v, cfg.num_splits, cfg.race_programs)
         part_k = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         part_i = torch.empty((2, b, rsplits), dtype=torch.int32, device=dev)
         part_x = torch.empty((2, b, rsplits), dtype=torch.float32, device=dev)
         _race_kernel[(b, rsplits)](
             target_logits, q, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
             target_logits.stride(0), target_logits.stride(1), *q_strides,
-            r, v, rsplits, rtiles, BLOCK_V=race_block_v, VEC=vec, num_warps=race_warps, enable_fp_fusion=False,
-            PDL=pdl if pdl_race else 0, **(launch if pdl_race else {}),
+            r, v, rsplits, rtiles, BLOCK_V=race_block_v, VEC=vec, num_warps=cfg.race_warps,
+            enable_fp_fusion=False, PDL=pdl, **launch,
         )
         _finish_kernel[(b,)](
             race_i, race_f, part_k, part_i, part_x, tok, lp, r, rsplits,

@@ -11,7 +11,7 @@ rotating enough input sets to exceed L2. Every figure is graphrt.kernels.timing.
 (CUDA-graph replay, median us per call):
   - "call": the whole call, greedy / one-hot / full q (and the same for --baseline, a copy of an
     older kernels/rejection.py, so before/after come from one run);
-  - "knobs": the whole call with one launch knob of rejection_sample_triton changed.
+  - "knobs": the whole call with some fields of its default LaunchConfig changed.
 Stops adding knob rows once --budget seconds have passed (compiles dominate), and rewrites --out
 after every row so a cut-off run still leaves its results.
 """
@@ -19,12 +19,13 @@ after every row so a cut-off run still leaves its results.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import time
 
 import torch
-from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.rejection import launch_config, rejection_sample_triton
 from graphrt.kernels.timing import time_in_graph
 
 K, V = 3, 128256
@@ -58,7 +59,7 @@ def timed(fn, sets, **kw) -> float | str:
         return f"error: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-# (label, modes, batch sizes, kwargs) in priority order: the first rows matter most.
+# (label, modes, batch sizes, LaunchConfig fields) in priority order: the first rows matter most.
 KNOBS = [
     ("prune=False", ("onehot",), BS, dict(prune=False)),
     ("prune=False,race_block_v=4096", ("onehot",), (8, 64, 256), dict(prune=False, race_block_v=4096)),
@@ -116,7 +117,9 @@ def main() -> None:
                     res["cut_off_at"] = label
                     dump()
                     return
-                row = {"knob": label, "B": b, "mode": mode, "us": timed(rejection_sample_triton, sets[b, mode], **kw)}
+                config = dataclasses.replace(launch_config(b, K, mode == "fullq"), **kw)
+                us = timed(rejection_sample_triton, sets[b, mode], config=config)
+                row = {"knob": label, "B": b, "mode": mode, "us": us}
                 res["knobs"].append(row)
                 print(row, flush=True)
                 dump()

@@ -1,5 +1,6 @@
 """Rejection sampler: reference rules, Triton == reference token for token, sampling law per position."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels import rejection_sample
-from graphrt.kernels.rejection import rejection_sample_reference, rejection_sample_triton
+from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
 from graphrt.kernels.rng import tl_gumbel, tl_gumbel_upper_bound
 
 from tests.seeds import fresh_seed
@@ -60,6 +61,13 @@ def make_inputs(b, k, v, *, gen, temps, full_q=False, ragged=False, hazards=Fals
     nd = torch.randint(0, k + 1, (b,), generator=gen, dtype=torch.int64) if ragged else None
     return dict(target_logits=target, draft_token_ids=drafts, temperature=temperature, seed=seed,
                 position=position, draft_logits=qlogits if full_q else None, num_draft_tokens=nd)
+
+
+def forced(args, **fields):
+    """The default launch for these inputs' shape with some fields forced (tests' small tiles)."""
+    b, r, _ = args["target_logits"].shape
+    full_q = args.get("draft_logits") is not None and r > 1
+    return dataclasses.replace(launch_config(b, r - 1, full_q), **fields)
 
 
 def clone_args(args):
@@ -166,8 +174,9 @@ def test_triton_matches_reference(name):
     # 3-5 race chunks of 16-32 entries (1-2 splits each) at V = 75, or the default single chunk
     chunk = [16, 32, None][(seed // 3) % 3]
     ref = rejection_sample_reference(**args, acceptance_counts=counts_ref, race_chunk=chunk)
-    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, fuse_race=fuse, block_v=16,
-                                  num_splits=6, race_chunk=chunk)
+    fuse = {} if fuse is None else {"fuse_race": fuse}
+    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, race_chunk=chunk,
+                                  config=forced(args, block_v=16, race_block_v=16, num_splits=6, **fuse))
     msg = f"seed {seed} dtype {dtype} race_chunk {chunk}"
     assert torch.equal(got.token_ids, ref.token_ids), msg
     assert torch.equal(got.num_emitted, ref.num_emitted), msg
@@ -225,7 +234,8 @@ def test_triton_race_pruning_matches_reference(kind):
     ref = rejection_sample_reference(**args, race_chunk=128)
     for fuse in (False, True):
         # 4 chunks of 128; the separate race runs 4 tiles of 32 over the winning one
-        got = rejection_sample_triton(**args, fuse_race=fuse, prune=True, block_v=32, num_splits=2, race_chunk=128)
+        got = rejection_sample_triton(**args, race_chunk=128, config=forced(
+            args, fuse_race=fuse, prune=True, block_v=32, race_block_v=32, num_splits=2))
         msg = f"seed {seed} dtype {dtype} fuse {fuse}"
         assert torch.equal(got.token_ids, ref.token_ids), msg
         assert torch.equal(got.num_emitted, ref.num_emitted), msg
@@ -254,7 +264,7 @@ def test_gumbel_upper_bound():
 def test_triton_out_buffers_and_vocab_of_one():
     args = make_inputs(3, 2, 1, gen=torch.Generator().manual_seed(1), temps=[0.0, 1.0, 2.0])
     out = (torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int32), torch.empty(3, 3))
-    got = rejection_sample_triton(**args, out=out, block_v=16)
+    got = rejection_sample_triton(**args, out=out, config=forced(args, block_v=16, race_block_v=16))
     assert got.token_ids is out[0] and got.num_emitted is out[1] and got.logprobs is out[2]
     ref = rejection_sample_reference(**args)
     assert torch.equal(out[0], ref.token_ids) and torch.equal(out[1], ref.num_emitted)
@@ -274,7 +284,8 @@ def test_seeded_request_independent_of_batch_and_slot():
         for key in ("target_logits", "draft_token_ids", "temperature", "seed", "position"):
             batch[key][slot] = one[key][0]
         for fn in (rejection_sample_reference,
-                   lambda **a: rejection_sample_triton(**a, block_v=16, num_splits=2)):
+                   lambda **a: rejection_sample_triton(**a, config=forced(a, block_v=16, race_block_v=16,
+                                                                          num_splits=2))):
             res = fn(**batch)
             assert torch.equal(res.token_ids[slot], expected.token_ids[0]), f"seed {seed}"
             assert res.num_emitted[slot] == expected.num_emitted[0]
