@@ -75,7 +75,13 @@ import triton
 import triton.language as tl
 from graphrt.kernels.argmax import lowest_argmax
 from graphrt.kernels.counters import capturing
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import (
+    pdl_enabled,
+    pdl_launch,
+    release_dependents,
+    wait_for_producer,
+    wait_for_producer_release_later,
+)
 from graphrt.kernels.rng import (
     CHUNK_STREAM,
     accept_uniform,
@@ -436,20 +442,13 @@ def _inv_temperature(temp_ptr, b):
 
 
 @triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    """Programmatic dependent launch (PDL = 1: early trigger, 2: late trigger, 0: off): wait for
-    the previous kernel (its writes visible); every program runs this before touching memory.
-    PDL = 1 lets the next kernel be scheduled at once, 2 only from _pdl_late (after the hot loop)."""
+def _pdl_wait(PDL: tl.constexpr):
+    """Every program runs this before touching memory (LaunchConfig.pdl: 0 off, 1 dependents
+    released here, 2 released by the kernel itself after its hot loop, or when it exits)."""
     if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
-    if PDL != 0:
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _pdl_late(PDL: tl.constexpr):
+        wait_for_producer()
     if PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+        wait_for_producer_release_later()
 
 
 @triton.jit
@@ -592,7 +591,7 @@ def _row_stats_kernel(
     PDL: tl.constexpr = 0,
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
 ):
-    _pdl_start(PDL)
+    _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     b = row // R
@@ -674,7 +673,8 @@ def _row_stats_kernel(
                 y = tl.load(q_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
                 qbest, qbt, qs, _ = _stats_step(y, t, qbest, qbt, qs, qs, c, -1, toffs, False)
 
-    _pdl_late(PDL)
+    if PDL == 2:
+        release_dependents()
     plane = tl.num_programs(0).to(tl.int64) * SPLITS  # elements per plane
     o = row * SPLITS + split
     rm, ri = _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V, VEC)
@@ -916,7 +916,7 @@ def _walk_kernel(
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
-    _pdl_start(PDL)
+    _pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     _walk_body(b, tl.num_programs(0).to(tl.int64) * R * SPLITS, logits_ptr,
                draft_ptr, temp_ptr, seed_ptr, pos_ptr, nd_ptr,
@@ -946,7 +946,7 @@ def _race_kernel(
 ):
     """Full q: the residual race (and the race over p, its fallback when p == q, and the bonus
     token's race) over one row per sampled request, one level: the residual needs every entry."""
-    _pdl_start(PDL)
+    _pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     race_row = tl.load(race_i_ptr + b * 3).to(tl.int64)
@@ -991,7 +991,8 @@ def _race_kernel(
                 rbest_i = tl.where(rwin, offs, rbest_i)
                 rbest_x = tl.where(rwin, x, rbest_x)
             raw = raw_next
-        _pdl_late(PDL)
+        if PDL == 2:
+            release_dependents()
         o = b * SPLITS + split
         plane = tl.num_programs(0).to(tl.int64) * SPLITS
         km, ki, kx = _race_result(best, best_i, best_x)
@@ -1017,7 +1018,7 @@ def _finish_kernel(
     SPLITS_POW2: tl.constexpr,  # all race chunks of a request in one tile
     PDL: tl.constexpr = 0,
 ):
-    _pdl_start(PDL)
+    _pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     race_row = tl.load(race_i_ptr + b * 3).to(tl.int64)
     if race_row >= 0:
