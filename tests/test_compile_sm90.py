@@ -91,23 +91,23 @@ CASES = {
         NUM_Q_HEADS=32, HEAD_DIM=128, PAGE=16, BLOCK_N=64, NUM_SPLITS=64, SPLITS_P2=64, BLOCK_H=1, BLOCK_DM=64,
         USE_PDL=True, EARLY=True), dict(num_warps=4)),
     # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
-    "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
+    "rej-row-stats-prune-late": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
         XSUM=True), _NO_FUSION),
-    "rej-row-stats-fused-race-fullq": ("rejection", "_row_stats_kernel", _REJ, dict(
+    "rej-row-stats-fused-race-fullq": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
         HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1), _NO_FUSION),
-    "rej-row-stats-small": ("rejection", "_row_stats_kernel", _REJ, dict(
+    "rej-row-stats-small": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
         HAS_ND=False, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True, PDL=0,
         XSUM=True), _NO_FUSION),
-    "rej-walk": ("rejection", "_walk_kernel", _REJ, dict(
+    "rej-walk": ("rejection_kernels", "_walk_kernel", _REJ, dict(
         HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=2,
         CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True), _NO_FUSION),
-    "rej-walk-fullq": ("rejection", "_walk_kernel", _REJ, dict(
+    "rej-walk-fullq": ("rejection_kernels", "_walk_kernel", _REJ, dict(
         HAS_ND=False, HAS_COUNTS=False, FULL_Q=True, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=32, PDL=1),
         dict(num_warps=1, enable_fp_fusion=False)),
-    "rej-race": ("rejection", "_race_kernel", _REJ, dict(
+    "rej-race": ("rejection_fullq", "_race_kernel", _REJ, dict(
         BLOCK_V=1024, VEC=8, PDL=1), _NO_FUSION),
-    "rej-finish": ("rejection", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
+    "rej-finish": ("rejection_fullq", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
 }
 
 _SCRIPT = textwrap.dedent("""
