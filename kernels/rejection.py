@@ -73,14 +73,15 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - ~1024 row pass programs: about two waves of a few programs per SM.
     - The row pass races too (fuse_race) only up to 8 rows: it costs two logs per entry of every
       row, against one chunk per request in the walk.
-    - 1024-entry row tiles, except full q past 8 rows (2048: it reads two logit rows per tile).
+    - 1024-entry row tiles; full q past 8 rows keeps 2048 (the sweeps that favoured 1024 were of
+      greedy and one-hot).
     - The walk's chunk race: below B = 128 each request's program is alone with its latency, so the
       whole chunk is one unpruned tile on 16 warps (the prune test is a block-wide reduction and a
       branch per tile); from B = 128 programs share SMs and pruned 2048-entry tiles on 8 warps do
       less work. The fused race has one tile per split: pruning there only costs.
-    - PDL releases dependents at the start from 9 to 128 rows; otherwise late: at B = 1 the walk's
-      early launch only delays the row pass's programs, and at large B an early race launch holds
-      SM slots the row pass needs.
+    - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
+      B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
+      still needs.
     """
     rows = batch * (k + 1)
     prune = batch >= 128
@@ -111,11 +112,11 @@ def rejection_sample_triton(
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
     Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
-    (stat planes [_NUM_FPLANES, B*(K+1), splits] fp32 + [2, B*(K+1), splits] int32; full q: race
-    state [B, 3] int32 + [B, 3] fp32 and race partials [2, B, race splits] fp32 / int32 / fp32)
-    come from torch's caching allocator; under capture they live in the graph's private pool and
-    stay fixed for every replay. Every workspace slot a later kernel reads is written by an earlier
-    one in the same call, so nothing needs zeroing.
+    (stat planes [_NUM_FPLANES, B*(K+1), splits] fp32 + [2, B*(K+1), splits] int32, race state
+    [B, 3] int32 + [B, 3] fp32 (written in full q only), full q's race partials [2, B, race splits]
+    fp32 / int32 / fp32) come from torch's caching allocator; under capture they live in the
+    graph's private pool and stay fixed for every replay. Every workspace slot a later kernel reads
+    is written by an earlier one in the same call, so nothing needs zeroing.
     config: the launch (launch_config(B, K, full q) by default; tests force every path with it,
     scripts/rejection_sweep.py times variants). race_chunk: the two-level race's chunk (a power of
     two, RACE_CHUNK by default); it changes which tokens a seed draws, so the reference must get

@@ -92,8 +92,8 @@ def _stats_step(raw, t, best, bt, s, sx, c, xo, toffs, XSUM: tl.constexpr):
     best: the lane's running max of raw (NaN never counts: max() ignores it), bt: the tile where it
     was first reached (a strict `>`, so the lowest; _lowest_argmax finds the position in it), s:
     sum over the lane of exp((raw_i - best) * inv_t), c = inv_t * log2e. A NaN/-inf entry adds
-    exp2(max(NaN or -inf, -inf)) = 0. (Tracking the position here instead, a few ops per entry,
-    measured slower at every B on an H200, even with one tile per chunk.)
+    exp2(max(NaN or -inf, -inf)) = 0. (Tracking the position here instead costs a few ops per entry
+    and was slower at every batch size, even with one tile per chunk.)
     XSUM: sx is the same sum without the entry at tile position xo (the row's draft, which the
     correction's race excludes); summed apart, never subtracted, so "only the draft alive" gives 0.
     """
