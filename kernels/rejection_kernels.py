@@ -233,7 +233,8 @@ def _row_stats_kernel(
     d = tl.load(draft_ptr + b * stride_db + j * stride_dk, mask=j < K, other=-1).to(tl.int64)
     # Row j's correction excludes its draft; the bonus row (j == k_b) excludes nothing.
     excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
-    rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j)
+    if FUSE_RACE:  # only the fused race uses it, and the interpreter runs dead code too
+        rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j)
     need_q = (j < kb) & ~greedy
 
     row_ptr = logits_ptr + b * stride_lb + j * stride_lj
