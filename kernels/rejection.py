@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.rejection_filter import thresholds_triton
 from graphrt.kernels.rejection_fullq import race_and_finish
 from graphrt.kernels.rejection_kernels import (
     _NUM_FPLANES,
@@ -30,6 +31,8 @@ from graphrt.kernels.rejection_reference import (
     RejectionOutput,
     _check_race_chunk,
     _validate,
+    capturing,
+    check_filters,
     rejection_sample_reference,
 )
 
@@ -50,7 +53,9 @@ class LaunchConfig:
     (_race_tile), wherever it runs. walk_warps: None picks 16 for the walk's chunk race (8 when
     pruned), else 1 or 4 by the number of splits the walk merges. pdl: programmatic dependent
     launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
-    row pass's and the race pass's hot loops; off where pdl_enabled is not.
+    row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
+    filter_warps: the filters' threshold kernel (kernels/rejection_filter.py), launched only when
+    the call passes filters.
     """
 
     block_v: int = 1024
@@ -64,6 +69,8 @@ class LaunchConfig:
     prune: bool = False
     walk_warps: int | None = None
     pdl: int = 0
+    filter_block_v: int = 1024
+    filter_warps: int = 8
 
 
 def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
@@ -106,6 +113,9 @@ def rejection_sample_triton(
     num_draft_tokens: torch.Tensor | None = None,
     acceptance_counts: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
     race_chunk: int | None = None,
 ) -> RejectionOutput:
@@ -127,6 +137,7 @@ def rejection_sample_triton(
     b, r, v = target_logits.shape
     k = r - 1
     dev = target_logits.device
+    check_filters(b, dev, top_k, top_p, min_p, dev.type == "cpu" and not capturing())
     full_q = draft_logits is not None and k > 0
     rows = b * r
     cfg = config if config is not None else launch_config(b, k, full_q)
@@ -163,11 +174,17 @@ def rejection_sample_triton(
     counts = acceptance_counts if acceptance_counts is not None else seed
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
-    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl)
+    tau = None
+    if top_k is not None or top_p is not None or min_p is not None:
+        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, block_v=cfg.filter_block_v,
+                                num_warps=cfg.filter_warps, pdl=pdl)
+    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
+                  FILTER=tau is not None)
+    tau_arg = tau if tau is not None else race_f  # a valid pointer when unused
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
-        target_logits, q, ids, temperature, seed, position, nd, fstat, istat,
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
         r, v, splits, tiles_per_split,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
@@ -177,7 +194,7 @@ def rejection_sample_triton(
                                     else 1 if r * splits <= 256 else 4)
     _walk_kernel[(b,)](
         target_logits, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
-        race_i, race_f, target_logits.stride(0), target_logits.stride(1), *ids_strides,
+        race_i, race_f, tau_arg, target_logits.stride(0), target_logits.stride(1), *ids_strides,
         r, v, splits,
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
@@ -185,7 +202,7 @@ def rejection_sample_triton(
         **common, **launch,
     )
     if full_q:
-        race_and_finish(target_logits, q, temperature, seed, position, race_i, race_f, tok, lp,
+        race_and_finish(target_logits, q, temperature, seed, position, race_i, race_f, tok, lp, tau,
                         block_v=race_block_v, vec=vec, num_splits=cfg.num_splits,
                         race_programs=cfg.race_programs, num_warps=cfg.race_warps, pdl=pdl)
     return RejectionOutput(tok, nemit, lp)
@@ -202,23 +219,30 @@ def rejection_sample(
     num_draft_tokens: torch.Tensor | None = None,
     acceptance_counts: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
 ) -> RejectionOutput:
-    """Speculative rejection sampling (rules in the module docstring).
+    """Speculative rejection sampling (rules in kernels/rejection_reference.py).
 
     target_logits [B, K+1, V] bf16/fp16/fp32 (K >= 0; K = 0 samples one token from row 0),
     draft_token_ids [B, K] integer, temperature [B] fp32 (0 = greedy), seed [B] int64,
     position [B] int64 (absolute position of the token row 0 predicts), draft_logits [B, K, V]
     (full-q mode), num_draft_tokens [B] int32/int64 (ragged k_b <= K), acceptance_counts [K] int64
     (accumulated in place: += number of requests whose draft j was accepted), out = preallocated
-    (token_ids, num_emitted, logprobs).
+    (token_ids, num_emitted, logprobs), top_k [B] int32/int64 (0: off), top_p [B] fp32 (1: off),
+    min_p [B] fp32 (0: off): per request, applied to sampled rows after the temperature, in that
+    order (a value threshold per row; ties at it are all kept). None: off for every request.
     Returns RejectionOutput(token_ids [B, K+1] int64 (-1 after the last emitted),
     num_emitted [B] int32, logprobs [B, K+1] fp32 (0.0 after the last emitted)).
 
-    Value checks (temperature >= 0, 0 <= num_draft_tokens <= K) run only on CPU tensors outside
+    Value checks (temperature >= 0, 0 <= num_draft_tokens <= K, top_k >= 0, 0 < top_p <= 1,
+    0 <= min_p < 1) run only on CPU tensors outside
     graph capture: checking a CUDA tensor's values would sync the host. On the GPU a negative or
     NaN temperature is greedy and num_draft_tokens is clamped to [0, K].
     CUDA tensors run the Triton kernels, anything else the PyTorch reference.
     """
     fn = rejection_sample_triton if target_logits.is_cuda else rejection_sample_reference
     return fn(target_logits, draft_token_ids, temperature, seed, position, draft_logits=draft_logits,
-              num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out)
+              num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out,
+              top_k=top_k, top_p=top_p, min_p=min_p)

@@ -22,6 +22,7 @@ from graphrt.kernels.rejection_kernels import (
     _INT32_MAX,
     _NEG_INF,
     _inv_temperature,
+    _keep,
     _pdl_wait,
     _race_result,
     _scaled,
@@ -43,11 +44,13 @@ def _race_kernel(
     part_k_ptr,  # [2, B, SPLITS] fp32 out: best key per chunk (p race, residual race)
     part_i_ptr,  # [2, B, SPLITS] int32 out: its lowest index
     part_x_ptr,  # [2, B, SPLITS] fp32 out: its x
+    tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
     stride_lb, stride_lj, stride_qb, stride_qj,
     R, V, SPLITS, TILES_PER_SPLIT,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     VEC: tl.constexpr = 8,
     PDL: tl.constexpr = 0,
+    FILTER: tl.constexpr = False,  # entries under the race row's tau are -inf
 ):
     """Full q: the residual race (and the race over p, its fallback when p == q, and the bonus
     token's race) over one row per sampled request, one level: the residual needs every entry."""
@@ -60,6 +63,9 @@ def _race_kernel(
         lse_p = tl.load(race_f_ptr + b * 3)
         lse_q = tl.load(race_f_ptr + b * 3 + 1)
         _, inv_t = _inv_temperature(temp_ptr, b)
+        tau = inv_t
+        if FILTER:
+            tau = tl.load(tau_ptr + b * R + race_row)
         rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + race_row)
         row_ptr = logits_ptr + b * stride_lb + race_row * stride_lj
         q_ptr = qlogits_ptr + b * stride_qb + race_row * stride_qj
@@ -78,7 +84,7 @@ def _race_kernel(
             nxt = offs + BLOCK_V
             raw_next = tl.load(row_ptr + nxt, mask=nxt < lim, other=float("-inf")).to(tl.float32)
             inb = offs < V
-            x = _scaled(raw, inv_t)
+            x = _scaled(_keep(raw, tau, FILTER), inv_t)
             g = tl_race_gumbel(rkey, offs)
             key = tl.where(inb, x + g, _NEG_INF)
             win = key > best
@@ -158,12 +164,13 @@ def _finish_kernel(
         tl.store(lp_ptr + b * R + race_row, tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n))
 
 
-def race_and_finish(target_logits, draft_logits, temperature, seed, position, race_i, race_f, tok, lp, *,
+def race_and_finish(target_logits, draft_logits, temperature, seed, position, race_i, race_f, tok, lp, tau, *,
                     block_v, vec, num_splits, race_programs, num_warps, pdl):
     """Launch kernels 3 and 4 after the walk. target_logits [B, K+1, V] and draft_logits [B, K, V]
     bf16/fp16/fp32 (vocab dim contiguous), temperature [B] fp32, seed / position [B] int64,
     race_i [B, 3] int32 and race_f [B, 3] fp32 from the walk; writes tok [B, K+1] int64 and
-    lp [B, K+1] fp32 at each sampled request's race row. block_v: the race tile; splits per row
+    lp [B, K+1] fp32 at each sampled request's race row; tau [B*(K+1)] fp32: the filters'
+    thresholds (None: no filter). block_v: the race tile; splits per row
     num_splits, or about race_programs programs in all."""
     b, r, v = target_logits.shape
     dev = target_logits.device
@@ -174,9 +181,10 @@ def race_and_finish(target_logits, draft_logits, temperature, seed, position, ra
     launch = pdl_launch(bool(pdl))
     _race_kernel[(b, splits)](
         target_logits, draft_logits, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
-        target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1),
+        tau if tau is not None else race_f, target_logits.stride(0), target_logits.stride(1),
+        draft_logits.stride(0), draft_logits.stride(1),
         r, v, splits, tiles, BLOCK_V=block_v, VEC=vec, num_warps=num_warps, enable_fp_fusion=False,
-        PDL=pdl, **launch,
+        PDL=pdl, FILTER=tau is not None, **launch,
     )
     _finish_kernel[(b,)](
         race_i, race_f, part_k, part_i, part_x, tok, lp, r, splits,

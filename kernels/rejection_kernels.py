@@ -86,6 +86,14 @@ def _tile_offsets(BLOCK_V: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
+def _keep(raw, tau, FILTER: tl.constexpr):
+    """The filters (kernels/rejection_filter.py): entries under the row's threshold tau are -inf."""
+    if FILTER:
+        raw = tl.where(raw >= tau, raw, _NEG_INF)
+    return raw
+
+
+@triton.jit
 def _stats_step(raw, t, best, bt, s, sx, c, xo, toffs, XSUM: tl.constexpr):
     """One [lanes, VEC] tile of the raw-domain online stats: one rescale per lane, one exp2 per entry.
 
@@ -139,7 +147,8 @@ def _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V: tl.constexpr, VEC
 
 
 @triton.jit
-def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V: tl.constexpr):
+def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, tau, BLOCK_V: tl.constexpr,
+                     FILTER: tl.constexpr):
     """The reference's sanitised online logsumexp over a chunk (slow path, rare inputs only):
     (max, sum, sum without entry excl)."""
     offs0 = tl.arange(0, BLOCK_V)
@@ -148,7 +157,8 @@ def _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V: tl.
     sx_lane = tl.zeros([BLOCK_V], tl.float32)
     for t in range(n_tiles):
         offs = chunk_start + t * BLOCK_V + offs0
-        x = _scaled(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), inv_t)
+        x = _scaled(_keep(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), tau,
+                          FILTER), inv_t)
         m_new = tl.maximum(m_run, tl.max(x, axis=0))
         alpha = tl.exp(m_run - m_new)
         e = tl.exp(x - m_new)
@@ -207,6 +217,7 @@ def _row_stats_kernel(
     nd_ptr,  # [B] int32/int64 num_draft_tokens (HAS_ND only)
     fstat_ptr,  # [_NUM_FPLANES, B*(K+1), SPLITS] fp32 stat planes
     istat_ptr,  # [2, B*(K+1), SPLITS] int32: raw argmax, race winner
+    tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
     stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
     R, V, SPLITS, TILES_PER_SPLIT,
     HAS_ND: tl.constexpr,
@@ -218,6 +229,7 @@ def _row_stats_kernel(
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
+    FILTER: tl.constexpr = False,  # top_k / top_p / min_p: entries under tau are -inf
 ):
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -227,6 +239,9 @@ def _row_stats_kernel(
     K = R - 1
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     c = inv_t * _LOG2E
+    tau = inv_t
+    if FILTER:
+        tau = tl.load(tau_ptr + row)
     kb = K
     if HAS_ND:
         kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int64), 0), K)
@@ -247,7 +262,7 @@ def _row_stats_kernel(
     # The chunk holding the draft stores its logits for the walk (no dependent read there).
     dc = tl.minimum(tl.maximum(d, 0), V - 1)
     mine = (j < K) & (dc >= chunk_start) & (dc < chunk_start + n_tiles * BLOCK_V)
-    x_d = _scaled(tl.load(row_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
+    x_d = _scaled(_keep(tl.load(row_ptr + dc, mask=mine, other=0.0).to(tl.float32), tau, FILTER), inv_t)
     if FULL_Q:
         y_d = _scaled(tl.load(q_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
 
@@ -266,8 +281,8 @@ def _row_stats_kernel(
     # Whole tiles, two loads in flight before either is used.
     for t in range(0, n_full - 1, 2):
         offs_a = chunk_start + t * BLOCK_V + toffs
-        ra = tl.load(row_ptr + offs_a).to(tl.float32)
-        rb = tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32)
+        ra = _keep(tl.load(row_ptr + offs_a).to(tl.float32), tau, FILTER)
+        rb = _keep(tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32), tau, FILTER)
         xo = excl - chunk_start - t * BLOCK_V
         best, bt, s, sx = _stats_step(ra, t, best, bt, s, sx, c, xo, toffs, XSUM)
         best, bt, s, sx = _stats_step(rb, t + 1, best, bt, s, sx, c, xo - BLOCK_V, toffs, XSUM)
@@ -289,7 +304,7 @@ def _row_stats_kernel(
     for t in range(n_full - (n_full % 2), n_tiles):
         offs = chunk_start + t * BLOCK_V + toffs
         inb = offs < V
-        raw = tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        raw = _keep(tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), tau, FILTER)
         best, bt, s, sx = _stats_step(raw, t, best, bt, s, sx, c, excl - chunk_start - t * BLOCK_V,
                                       toffs, XSUM)
         if FUSE_RACE:
@@ -309,14 +324,16 @@ def _row_stats_kernel(
     rm, ri = _lowest_argmax(row_ptr, best, bt, chunk_start, V, BLOCK_V, VEC)
     m_run, s_run, sx_run, ok = _stats_finish(best, s, sx, inv_t, c)
     if ~ok:
-        m_run, s_run, sx_run = _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, BLOCK_V)
+        m_run, s_run, sx_run = _exact_lse_chunk(row_ptr, chunk_start, n_tiles, V, inv_t, excl, tau, BLOCK_V,
+                                                FILTER)
     qm_run = rm * 0.0 + _NEG_INF
     qs_run = rm * 0.0
     if FULL_Q:
         qm_run, qs_run, _, qok = _stats_finish(qbest, qs, qs, inv_t, c)
         if need_q:
             if ~qok:
-                qm_run, qs_run, _ = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, -1, BLOCK_V)
+                qm_run, qs_run, _ = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, -1, tau, BLOCK_V,
+                                                     False)
         tl.store(fstat_ptr + _P_YD * plane + row * SPLITS, y_d, mask=mine)
     tl.store(fstat_ptr + _P_XD * plane + row * SPLITS, x_d, mask=mine)
     tl.store(fstat_ptr + _P_RAW_MAX * plane + o, rm)
@@ -370,8 +387,8 @@ def _chunk_winner(rk, ri, rx, cw, NC_POW2: tl.constexpr, SPC: tl.constexpr):
 
 
 @triton.jit
-def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, V, CHUNK: tl.constexpr, RACE_BLOCK_V: tl.constexpr,
-                        VEC: tl.constexpr, PRUNE: tl.constexpr, FAST: tl.constexpr):
+def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, tau, V, CHUNK: tl.constexpr, RACE_BLOCK_V: tl.constexpr,
+                        VEC: tl.constexpr, PRUNE: tl.constexpr, FAST: tl.constexpr, FILTER: tl.constexpr):
     """Second level otherwise: race chunk cw's CHUNK entries of the row, excl left out.
     -> (winner, its x, its key; key -inf if none)"""
     toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
@@ -386,8 +403,8 @@ def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, V, CHUNK: tl.constexpr, 
         raw_next = tl.load(row_ptr + nxt, mask=(nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V),
                            other=float("-inf")).to(tl.float32)
         best, best_i, best_x, best_run = _race_tile(
-            raw, offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x, best_run,
-            PRUNE, FAST)
+            _keep(raw, tau, FILTER), offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x,
+            best_run, PRUNE, FAST)
         raw = raw_next
     km, win, xw = _race_result(best, best_i, best_x)
     return win.to(tl.int64), xw, km
@@ -409,6 +426,7 @@ def _walk_kernel(
     counts_ptr,  # [K] int64, accumulated (HAS_COUNTS only)
     race_i_ptr,  # [B, 3] int32 out (full q): race row (-1: none), residual?, argmax
     race_f_ptr,  # [B, 3] fp32 out: lse of p and of q on the race row, x at its argmax
+    tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
     stride_lb, stride_lj, stride_db, stride_dk,
     R, V, SPLITS,
     HAS_ND: tl.constexpr,
@@ -425,6 +443,7 @@ def _walk_kernel(
     PRUNE: tl.constexpr = False,
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
+    FILTER: tl.constexpr = False,
 ):
     """Request b = program id: merge its rows' splits, walk its drafts, write its results.
 
@@ -513,9 +532,12 @@ def _walk_kernel(
                     tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
                     tl.max(tl.where(sel, rx, _NEG_INF), axis=0), cw, NC_POW2, SPC)
             else:
+                tau_n = inv_t
+                if FILTER:
+                    tau_n = tl.load(tau_ptr + b * R + n_acc)
                 win, x_win, kmax = _race_chunk_entries(
                     logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
-                    excl, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST)
+                    excl, tau_n, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST, FILTER)
             raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)

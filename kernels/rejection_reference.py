@@ -33,6 +33,28 @@ input. The Triton path matches the reference token for token: the races and argm
 (same fp32 ops, same RNG bits), and the only fp32 values computed differently are lse/exp/log, whose
 last-ulp differences flip a decision only when u lands within ~1e-7 of p(d) or two race keys tie to
 ~1e-6.
+
+Filters (top_k, top_p, min_p; thresholds_reference):
+The rule (thresholds_reference computes it by sorting; kernels/rejection_filter.py by bisection, with the same
+bits). A sampled row's filter is a value threshold tau on its raw logits: every entry with
+raw >= tau is kept, so entries tied at the threshold are all kept; the rest behave as -inf (their
+probability is 0 and the kept ones are renormalised). Greedy rows and dead rows get tau = -inf
+(nothing filtered). In the order of vLLM and transformers, after the temperature:
+  top_k (0 < k < V, else off):  tau_k = the k-th largest raw value (with multiplicity).
+  top_p (< 1, else off):        among the entries with raw >= tau_k, tau_p = the largest value
+                                whose kept mass M(tau_p) = sum of w over raw >= tau_p is still
+                                >= top_p * M(tau_k): the smallest such set.
+  min_p (> 0, else off):        tau_m = the smallest value with w >= min_p * w(max).
+  tau = min(max(tau_k, tau_p, tau_m), the row's max): the largest entries always stay.
+NaN counts as -inf, -0.0 as +0.0. The mass is a fixed-point weight, so that the Triton kernel and
+the reference agree bit for bit whatever the order of summation:
+  x = the sampler's scaled logit (raw * (1 / temperature), NaN -> -inf, +inf -> fp32 max),
+  z = (x - x_max) * log2(e) in fp32; w = 0 if z < -W, else floor(poly(z - n) * 2**(W + n)) with
+  n = floor(z) and poly a degree-5 polynomial for 2**f on [0, 1) (fp32 mul/add, no FMA; positive
+  coefficients, so w never decreases as x grows): an int64, the max weighing 2**W = 2**32.
+  Sums are exact int64, compared in fp64 (exact below 2**53: V < 2**20); w differs from
+  2**W * p / p_max by under 3e-7 relative, and entries under 2**-32 of the max weigh nothing.
+top_p and min_p thus act on these weights, which is what the law the tests check uses too.
 """
 
 from __future__ import annotations
@@ -49,6 +71,11 @@ FLT_MAX = 3.4028234663852886e38
 # Vocab chunk of the two-level race (one-hot q and K = 0): part of the sampling definition, so the
 # reference and the kernels share it.
 RACE_CHUNK = 8192
+W_BITS = 32
+LOG2E_F32 = 1.4426950216293335  # fp32(log2 e): the same constant in torch and Triton
+# 2**f ~ 1 + f*(c1 + f*(c2 + f*(c3 + f*(c4 + f*c5)))), fp32 values, relative error < 3e-7 on [0, 1)
+POLY = (0.693151593208313, 0.2401643842458725, 0.05579371005296707, 0.009031210094690323,
+        0.0018587341764941812)
 
 
 def _check_race_chunk(chunk: int | None, v: int) -> int:
@@ -148,6 +175,77 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     # torch.logsumexp of an all -inf row is -inf; kept explicit so a dead row is obvious.
     lse = torch.logsumexp(x, dim=-1)
     return torch.where(x.amax(dim=-1) == float("-inf"), torch.full_like(lse, float("-inf")), lse)
+
+
+def check_filters(b: int, dev: torch.device, top_k, top_p, min_p, check_values: bool) -> None:
+    """Metadata of the filter tensors (and their values where check_values: CPU tensors only)."""
+    for name, t, dtypes in (("top_k", top_k, (torch.int32, torch.int64)), ("top_p", top_p, (torch.float32,)),
+                            ("min_p", min_p, (torch.float32,))):
+        if t is None:
+            continue
+        if not (isinstance(t, torch.Tensor) and tuple(t.shape) == (b,) and t.dtype in dtypes):
+            raise ValueError(f"{name} must be a [{b}] {'/'.join(str(d)[6:] for d in dtypes)} tensor")
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but target_logits is on {dev}")
+    if check_values:
+        if top_k is not None and not bool((top_k >= 0).all()):
+            raise ValueError("top_k must be >= 0 (0 means off)")
+        if top_p is not None and not bool(((top_p > 0) & (top_p <= 1)).all()):
+            raise ValueError("top_p must lie in (0, 1] (1 means off)")
+        if min_p is not None and not bool(((min_p >= 0) & (min_p < 1)).all()):
+            raise ValueError("min_p must lie in [0, 1) (0 means off)")
+
+
+def weights(x: torch.Tensor, x_max: torch.Tensor) -> torch.Tensor:
+    """The fixed-point weight of scaled logits x (fp32) under a row max x_max: int64."""
+    z = (x - x_max) * LOG2E_F32
+    live = z >= -W_BITS
+    n = torch.floor(torch.where(live, z, torch.zeros_like(z)))
+    f = torch.where(live, z, torch.zeros_like(z)) - n
+    p = 1.0 + f * (POLY[0] + f * (POLY[1] + f * (POLY[2] + f * (POLY[3] + f * POLY[4]))))
+    p = torch.clamp(p, max=2.0)
+    w = torch.floor(torch.ldexp(p, (n + W_BITS).to(torch.int32))).to(torch.int64)
+    return torch.where(live, w, torch.zeros_like(w))
+
+
+def thresholds_reference(target_logits: torch.Tensor, temperature: torch.Tensor, top_k, top_p,
+                         min_p) -> torch.Tensor:
+    """tau [B, K+1] fp32 for target_logits [B, K+1, V] (rule in the module docstring), by sorting."""
+    b, r, v = target_logits.shape
+    dev = target_logits.device
+    raw = target_logits.float()
+    raw = torch.where(torch.isnan(raw), torch.full_like(raw, float("-inf")), raw) + 0.0
+    greedy = ~(temperature > 0)
+    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)[:, None, None]
+    vals = raw.sort(dim=-1, descending=True).values
+    xs = _sanitize(vals * inv_t)
+    w = weights(xs, xs[..., :1])
+    inf = torch.full((b, r), float("-inf"), device=dev)
+    tau = inf.clone()
+    if top_k is not None:
+        k = top_k.to(torch.int64)[:, None].expand(b, r)
+        kth = vals.gather(-1, (k - 1).clamp(0, v - 1)[..., None]).squeeze(-1)
+        tau = torch.where((k > 0) & (k < v), kth, inf)
+    if top_p is not None:
+        wk = torch.where(vals >= tau[..., None], w, torch.zeros_like(w))
+        cum = wk.cumsum(-1).double()
+        target = top_p.double()[:, None, None] * cum[..., -1:]
+        first = (cum >= target).to(torch.int8).argmax(-1)
+        tau_p = vals.gather(-1, first[..., None]).squeeze(-1)
+        tau = torch.where((top_p < 1)[:, None], torch.maximum(tau, tau_p), tau)
+    if min_p is not None:
+        ok = w.double() >= min_p.double()[:, None, None] * 2.0**W_BITS
+        tau_m = torch.where(ok, vals, torch.full_like(vals, float("inf"))).amin(-1)
+        tau = torch.where((min_p > 0)[:, None], torch.maximum(tau, tau_m), tau)
+    tau = torch.minimum(tau, vals[..., 0])
+    return torch.where(greedy[:, None] | (xs[..., 0] == float("-inf")), inf, tau)
+
+
+def apply_thresholds(target_logits: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """target_logits [B, K+1, V] -> fp32 with every entry under its row's tau at -inf, as the
+    kernels see it (NaN compares false: -inf, which the sampler treats NaN as anyway)."""
+    raw = target_logits.float()
+    return torch.where(raw >= tau[..., None], raw, torch.full_like(raw, float("-inf")))
 
 
 def _two_level_race(x: torch.Tensor, g: torch.Tensor, seed: torch.Tensor, position: torch.Tensor,
@@ -259,11 +357,15 @@ def rejection_sample_reference(
     num_draft_tokens: torch.Tensor | None = None,
     acceptance_counts: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
     race_chunk: int | None = None,
 ) -> RejectionOutput:
     """Vectorized PyTorch ground truth; same arguments as `rejection_sample`.
     race_chunk: vocab chunk of the two-level race (a power of two; RACE_CHUNK by default; tests
-    shrink it to exercise many chunks at small V).
+    shrink it to exercise many chunks at small V). Filters: thresholds_reference, then every
+    filtered entry at -inf and the rules above on what is left.
 
     Requests are independent, so large inputs run in chunks of requests to bound the fp32 and
     int64 (RNG) temporaries; small-V calls with 1e5 requests stay one vectorized chunk.
@@ -271,6 +373,9 @@ def rejection_sample_reference(
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
               num_draft_tokens, acceptance_counts, out)
     b, r, v = target_logits.shape
+    dev = target_logits.device
+    check_filters(b, dev, top_k, top_p, min_p, dev.type == "cpu" and not capturing())
+    filtered = top_k is not None or top_p is not None or min_p is not None
     k = r - 1
     kb = (torch.full((b,), k, dtype=torch.int64, device=target_logits.device) if num_draft_tokens is None
           else num_draft_tokens.to(torch.int64).clamp(0, k))
@@ -280,8 +385,12 @@ def rejection_sample_reference(
     parts = []
     for s in range(0, b, chunk):
         e = min(b, s + chunk)
+        target = target_logits[s:e]
+        if filtered:
+            target = apply_thresholds(target, thresholds_reference(
+                target, temperature[s:e], *(None if f is None else f[s:e] for f in (top_k, top_p, min_p))))
         parts.append(_reference_chunk(
-            target_logits[s:e], draft_token_ids[s:e], temperature[s:e], seed[s:e], position[s:e],
+            target, draft_token_ids[s:e], temperature[s:e], seed[s:e], position[s:e],
             None if draft_logits is None else draft_logits[s:e], kb[s:e], counts,
             _check_race_chunk(race_chunk, v)))
     token_ids = torch.cat([p[0] for p in parts])
