@@ -56,27 +56,54 @@ def _key_value(key, SHIFT: tl.constexpr):
 
 
 @triton.jit
-def _bisect(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT: tl.constexpr,
+def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT: tl.constexpr,
             BLOCK_V: tl.constexpr, NP: tl.constexpr):
-    """The largest key v in [lo, hi] with S(v) >= target, given S(lo) >= target, S non-increasing;
-    S(v) = the count (MASS: the weight) of the row's entries with key >= v. Each round counts at NP
-    pivots in one pass over the row and keeps the gap between two of them."""
+    """The largest key v in [lo, hi] with S(v) >= target, given S(lo) >= target; S(v) = the count
+    (MASS: the weight) of the row's entries with key >= v, hi = the row's largest key.
+
+    A radix select, one pass over the row a level: the keys in [lo, hi] fall in 256 bins of
+    2**sh keys (tl.histogram counts them), the bin where S crosses the target becomes [lo, hi].
+    Counts need nothing else; a bin's weight is its count times its key's weight only once bins are
+    single keys, so MASS first narrows a wider range by pivots (S summed at NP keys per pass, the
+    gap between two of them kept) until it spans at most 256 keys. above = S(hi + 1), carried."""
+    d = tl.arange(0, 256)
     i = tl.arange(0, NP).to(tl.int64)
     offs0 = tl.arange(0, BLOCK_V)
+    above = tl.zeros_like(lo)
     while lo < hi:
-        piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
-        acc = tl.zeros([NP], tl.int64)
-        for t in range(0, tl.cdiv(V, BLOCK_V)):
-            offs = t * BLOCK_V + offs0
-            raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            ge = (_keys(raw, SHIFT)[:, None] >= piv[None, :]) & (offs < V)[:, None]
-            if MASS:
+        wide = hi < lo  # False; MASS: whether the range spans more than 256 keys
+        if MASS:
+            wide = hi - lo >= 256
+        if wide:
+            piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
+            acc = tl.zeros([NP], tl.int64)
+            for t in range(0, tl.cdiv(V, BLOCK_V)):
+                offs = t * BLOCK_V + offs0
+                raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                ge = (_keys(raw, SHIFT)[:, None] >= piv[None, :]) & (offs < V)[:, None]
                 acc += tl.sum(tl.where(ge, _tl_weights(_scaled(raw, inv_t), x_max)[:, None], 0), axis=0)
-            else:
-                acc += tl.sum(ge.to(tl.int64), axis=0)
-        ok = acc.to(tl.float64) >= target
-        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-        hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
+            ok = acc.to(tl.float64) >= target
+            above = tl.max(tl.where(ok, above, acc), axis=0)  # S at the lowest failing pivot
+            lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
+            hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
+        else:
+            sh = tl.zeros_like(lo)
+            while ((hi - lo) >> sh) >= 256:
+                sh += 1
+            hist = tl.zeros([256], tl.int32)
+            for t in range(0, tl.cdiv(V, BLOCK_V)):
+                offs = t * BLOCK_V + offs0
+                key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
+                inr = (offs < V) & (key >= lo) & (key <= hi)
+                hist += tl.histogram(((key - lo) >> sh).to(tl.int32), 256, mask=inr)
+            val = hist.to(tl.int64)
+            if MASS:  # single-key bins here
+                val *= _tl_weights(_scaled(_key_value(lo + d, SHIFT), inv_t), x_max)
+            s = above + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val  # S at each bin's start
+            sel = tl.max(tl.where(s.to(tl.float64) >= target, d, 0), axis=0)
+            above += tl.sum(tl.where(d > sel, val, 0), axis=0)
+            hi = tl.minimum(hi, lo + ((sel + 1).to(tl.int64) << sh) - 1)
+            lo = lo + (sel.to(tl.int64) << sh)
     return lo
 
 
@@ -124,7 +151,7 @@ def _threshold_kernel(
         if x_max > _NEG_INF:  # a dead row keeps -inf
             lo = kmin
             if use_k:
-                lo = _bisect(row_ptr, V, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
+                lo = _select(row_ptr, V, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
             tau_key = lo
             if (top_p < 1.0) | (min_p > 0.0):
                 # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
@@ -142,7 +169,7 @@ def _threshold_kernel(
                     mmin = tl.minimum(mmin, tl.where((offs < V) & (w.to(tl.float64) >= thr), key, _INT32_BIG))
                 if top_p < 1.0:
                     target = top_p.to(tl.float64) * tl.sum(mass, axis=0).to(tl.float64)
-                    tau_key = _bisect(row_ptr, V, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max,
+                    tau_key = _select(row_ptr, V, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max,
                                       inv_t, True, SHIFT, BLOCK_V, NP)
                 if min_p > 0.0:
                     tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
