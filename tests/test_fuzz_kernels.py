@@ -188,6 +188,11 @@ def rejection_specs(draw, max_b=4, max_k=4, max_v=300, real=False):
         fuse_race=draw(st.sampled_from([None, True, False])),
         # the two-level race's chunk (one-hot): many chunks at small V, or the default
         race_chunk=None if real else draw(st.sampled_from([None, 8, 16, 64, 256])),
+        # top_k / top_p / min_p per request (None: no filter tensors at all); 0 / 1 / 0 are off
+        filters=draw(st.sampled_from([None, None, "some"])),
+        top_k=draw(st.lists(st.sampled_from([0, 1, 2, 5, 40, 2**20]), min_size=b, max_size=b)),
+        top_p=draw(st.lists(st.sampled_from([1.0, 0.9, 0.5, 1e-6]), min_size=b, max_size=b)),
+        min_p=draw(st.lists(st.sampled_from([0.0, 0.05, 0.5, 0.999]), min_size=b, max_size=b)),
     )
 
 
@@ -234,6 +239,9 @@ def build_rejection(spec, device="cpu"):
         draft_logits=draft_logits,
         num_draft_tokens=None if spec["ragged"] is None else torch.tensor(spec["nd"], dtype=spec["ragged"]),
     )
+    if spec.get("filters"):
+        args.update(top_k=torch.tensor(spec["top_k"]), top_p=torch.tensor(spec["top_p"], dtype=torch.float32),
+                    min_p=torch.tensor(spec["min_p"], dtype=torch.float32))
     return {name: (t.to(device) if isinstance(t, torch.Tensor) else t) for name, t in args.items()}
 
 
