@@ -6,7 +6,8 @@ kernels/rejection_reference.py. The Triton path matches the reference token for 
 there) in two launches, the row pass and the walk (kernels/rejection_kernels.py), four in full q
 (draft logits given: its race pass and finish are kernels/rejection_fullq.py), chained by
 programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
-before.
+before. With top_k / top_p / min_p, one kernel before them finds each row's threshold
+(kernels/rejection_filter.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The filters' per-row thresholds on the GPU, without sorting: the rule (top_k, top_p, min_p) and
-its reference, thresholds_reference, are in kernels/rejection_reference.py; this kernel finds the
-same threshold bit for bit by bisection over the logits' order-preserving integer keys, each
-round counting (or weighing) the row at NP pivots in one pass. No [rows, V] buffer and no sort:
-per row, one pass for the max, about log_(NP-1)(key range) passes for top_k (16-bit keys of bf16 /
-fp16 logits: ~6), one for the mass and as many again for top_p.
+its reference, thresholds_reference, are in kernels/rejection_reference.py; _threshold_kernel
+finds the same threshold bit for bit by a radix select over the logits' order-preserving integer
+keys (_select). No [rows, V] buffer and no sort. One program per row, one pass over the row each:
+the max; top_k: a 256-bin histogram level per 8 bits of the key range (2 for the 16-bit keys of
+bf16 / fp16 logits, up to 4 for fp32); top_p / min_p: the kept mass; top_p: pivot rounds (8 keys
+each) while its range spans more than 256 keys, then one histogram level. The sampler then reads
+the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's race.
 """
 
 from __future__ import annotations

@@ -34,9 +34,11 @@ input. The Triton path matches the reference token for token: the races and argm
 last-ulp differences flip a decision only when u lands within ~1e-7 of p(d) or two race keys tie to
 ~1e-6.
 
-Filters (top_k, top_p, min_p; thresholds_reference):
-The rule (thresholds_reference computes it by sorting; kernels/rejection_filter.py by bisection, with the same
-bits). A sampled row's filter is a value threshold tau on its raw logits: every entry with
+Filters (top_k, top_p, min_p per request; thresholds_reference sorts, kernels/rejection_filter.py
+does not, with the same bits). The target distribution p above is then the filtered one, and every
+rule above holds against it: a draft the filters removed has p(d) = 0 and is rejected, the
+correction and the bonus come from the renormalised kept entries, logprobs are under it. A
+sampled row's filter is a value threshold tau on its raw logits: every entry with
 raw >= tau is kept, so entries tied at the threshold are all kept; the rest behave as -inf (their
 probability is 0 and the kept ones are renormalised). Greedy rows and dead rows get tau = -inf
 (nothing filtered). In the order of vLLM and transformers, after the temperature:
@@ -54,7 +56,8 @@ the reference agree bit for bit whatever the order of summation:
   coefficients, so w never decreases as x grows): an int64, the max weighing 2**W = 2**32.
   Sums are exact int64, compared in fp64 (exact below 2**53: V < 2**20); w differs from
   2**W * p / p_max by under 3e-7 relative, and entries under 2**-32 of the max weigh nothing.
-top_p and min_p thus act on these weights, which is what the law the tests check uses too.
+top_p and min_p thus act on these weights, which is what the law the tests check uses too. A
+single rounding is left to resolve alike: top_p * M in fp64 (IEEE, the same on both sides).
 """
 
 from __future__ import annotations
