@@ -260,3 +260,34 @@ def test_reference_follows_filtered_distribution(name, temp):
         assert tokens.numel() > 1000
         pv = chi2_pvalue(tokens, p[j])
         assert pv > 1e-4, f"seed {seed} position {j} p-value {pv}"
+
+
+# --- GPU: real sizes, both computed on the device ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b", [1, 8, 64])
+@pytest.mark.parametrize("full_q", [False, True])
+def test_triton_matches_reference_with_filters_gpu(cuda, full_q, b, dtype):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    k, v = 3, 128256
+    args = make_inputs(b, k, 8, gen=gen, temps=[1.0, 0.0, 0.7, 1.3])  # small CPU draft, then real size
+    target = (torch.randn(b, k + 1, v, device=cuda) * 3).to(dtype)
+    qlogits = (target[:, :k].float() + torch.randn(b, k, v, device=cuda)).to(dtype)
+    drafts = torch.multinomial(torch.softmax(qlogits.float(), -1).reshape(-1, v), 1).reshape(b, k)
+    drafts[::3] = target[::3, :k].float().argmax(-1)
+    f = {"top_k": torch.tensor([50, 0, 1000, 1])[torch.arange(b) % 4], "top_p": torch.tensor([0.9, 1.0, 0.5, 0.99])[
+        torch.arange(b) % 4], "min_p": torch.tensor([0.0, 0.05, 0.0, 0.1])[torch.arange(b) % 4]}
+    args = {key: (val.to(cuda) if isinstance(val, torch.Tensor) else val) for key, val in {**args, **f}.items()}
+    args.update(target_logits=target, draft_token_ids=drafts, draft_logits=qlogits if full_q else None)
+    tau_ref = thresholds_reference(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"])
+    tau = thresholds_triton(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
+                            block_v=1024, num_warps=8, pdl=0)
+    assert torch.equal(tau.view(torch.int32), tau_ref.flatten().view(torch.int32)), f"seed {seed}"
+    ref = rejection_sample_reference(**args)
+    got = rejection_sample(**args)
+    assert torch.equal(got.token_ids, ref.token_ids), f"seed {seed}"
+    assert torch.equal(got.num_emitted, ref.num_emitted), f"seed {seed}"
+    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
