@@ -49,6 +49,12 @@ class DecodeState:
         self.draft_tokens = torch.zeros(S + 1, K, **i64)
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=device)
         self.seed = torch.zeros(S + 1, **i64)
+        # the filters (SamplingParams.top_k / top_p / min_p; off by default), passed to the sampler
+        # only once a request has used one: until then the phases launch no threshold kernel
+        self.top_k = torch.zeros(S + 1, **i64)
+        self.top_p = torch.ones(S + 1, dtype=torch.float32, device=device)
+        self.min_p = torch.zeros(S + 1, dtype=torch.float32, device=device)
+        self.filtering = False
         self.block_tables = torch.full((S + 1, max_blocks), TRASH_BLOCK, dtype=torch.int32, device=device)
         # per batch row. The host writes the inputs and reads the results each cycle, each group as
         # one packed buffer (graphrt/packed.py): one copy per direction.
@@ -80,6 +86,12 @@ class DecodeState:
         W = max(num_draft_tokens, 1) + 1
         return [((max_batch_size, W), torch.int64), ((max_batch_size,), torch.int32),
                 ((max_batch_size, W), torch.float32)]
+
+    def filters(self, slots) -> dict:
+        """rejection_sample's filter arguments for these slots, or none while no request filters."""
+        if not self.filtering:
+            return {}
+        return dict(top_k=self.top_k[slots], top_p=self.top_p[slots], min_p=self.min_p[slots])
 
     def reset_scratch(self):
         # Padded rows advance the scratch slot like any request; pin it back so its positions stay
@@ -161,7 +173,7 @@ class Cycle:
         rejection_sample(  # writes the cycle's results straight into the static buffers
             logits, drafts, s.temperature[slots], seed, n,
             num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=None if simulated else s.acceptance_counts,
-            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]),
+            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]), **s.filters(slots),
         )
         if simulated:  # benchmarking: the same cycle, with the accepted counts drawn at a set rate
             simulate_acceptance(logits, drafts, s.batch_num_drafts[:B], seed, n, s.simulated_rate,
@@ -223,7 +235,8 @@ class Cycle:
         hidden, _ = self.target.forward(s.last_token[slots], positions[:, 0], self._meta(slots, positions),
                                         self.target_kv)
         logits = self.target.logits(hidden).view(B, 1, -1)
-        out = rejection_sample(logits, self.no_drafts[:B], s.temperature[slots], s.seed[slots], n)
+        out = rejection_sample(logits, self.no_drafts[:B], s.temperature[slots], s.seed[slots], n,
+                               **s.filters(slots))
         s.emitted[:B].fill_(-1)
         s.emitted[:B, :1] = out.token_ids
         s.num_emitted[:B] = out.num_emitted
@@ -271,7 +284,7 @@ class Cycle:
         hidden, aux = self.target.forward(prompt, positions[0], self._meta(slots, positions), self.target_kv)
         logits = self.target.logits(hidden[-1:]).view(1, 1, -1)
         out = rejection_sample(logits, self.no_drafts[:1], s.temperature[slots], s.seed[slots],
-                               torch.full((1,), P, dtype=torch.int64, device=prompt.device))
+                               torch.full((1,), P, dtype=torch.int64, device=prompt.device), **s.filters(slots))
         first = out.token_ids[:, 0]  # [1]
         s.num_tokens[slot] = P + 1
         s.last_token[slots] = first

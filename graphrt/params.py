@@ -17,11 +17,16 @@ class SamplingParams:
     temperature 0 (or below 1e-5) is greedy; > 0 samples exactly from the temperature-scaled target distribution
     (speculative decoding never changes the distribution). `seed` makes a sampled request
     reproducible whatever else shares its batch; None draws a seed at admission.
+    top_k (0: off), top_p (1: off), min_p (0: off) filter a sampled request's distribution after
+    the temperature, in that order; greedy requests ignore them (README, "Python API").
     """
 
     max_new_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
 
@@ -41,6 +46,21 @@ class SamplingParams:
             raise RequestError(f"SamplingParams.temperature must be a finite number >= 0, got {t!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**63):
             raise RequestError(f"SamplingParams.seed must be a 64-bit int or None, got {self.seed!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not 0 <= self.top_k < 2**31:
+            raise RequestError(f"SamplingParams.top_k must be an int >= 0 (0: off), got {self.top_k!r}")
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            raise RequestError(f"SamplingParams.top_p must be a number in (0, 1] (1: off), got {self.top_p!r}")
+        if not _number(self.min_p) or not 0 <= self.min_p < 1:
+            raise RequestError(f"SamplingParams.min_p must be a number in [0, 1) (0: off), got {self.min_p!r}")
+
+    @property
+    def filters(self) -> bool:
+        """Whether top_k, top_p or min_p is on."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 @dataclass

@@ -275,6 +275,15 @@ class Runtime:
         s.block_tables[slot] = table.to(dev)
         s.temperature[slot] = float(req.params.temperature)
         s.seed[slot] = req.seed
+        s.top_k[slot], s.top_p[slot], s.min_p[slot] = req.params.top_k, req.params.top_p, req.params.min_p
+        if req.params.filters and not s.filtering:
+            # From now on the target's phases launch the filters' threshold kernel: graphs captured
+            # without it are dropped (after the cycle in flight, which replays one of them) and
+            # captured again before the next cycle.
+            s.filtering = True
+            if self.cycle.graphs is not None:
+                torch.cuda.synchronize(self.device)
+                self.cycle.graphs = None
         with self.cycle.hooks.phase(PREFILL, 1):
             first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
         self._running[slot] = req

@@ -4,8 +4,10 @@
 
 For each (B, V): argmax (ours vs torch.argmax vs the bytes-read floor); for each (B, K, V):
 rejection_sample greedy / one-hot q / full q (ours vs a plain-torch sampler vs the bf16 read-once
-floor). Inputs rotate over enough sets to exceed L2 (50 MB), so the timings are of DRAM reads.
-Rows of graphrt.kernels.attention_bench.run() are appended when that module exists.
+floor); one-hot with top_k = 50 and top_p = 0.9 on every request at K = 3, V = 128256 (ours,
+filtered and not, vs the sort-based torch filter in front of the plain-torch sampler). Inputs
+rotate over enough sets to exceed L2 (50 MB), so the timings are of DRAM reads. Rows of
+graphrt.kernels.attention_bench.run() are appended when that module exists.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import torch
 from graphrt.kernels.argmax import argmax_triton
 from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.rejection_reference import apply_thresholds, thresholds_reference
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 
 _L2_BYTES = 50 << 20
@@ -108,6 +111,25 @@ def _rejection_rows(bw_gbs, Bs, Ks, Vs):
     return rows
 
 
+def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
+    """One-hot rejection sampling with top_k = 50 and top_p = 0.9 on every request: ours
+    (ours_us; unfiltered_us: the same call without the filters) vs torch (torch_us: the reference's
+    sort-based thresholds and masking, then the plain-torch sampler)."""
+    rows = []
+    for b in Bs:
+        sets = rejection_sets(b, k, v, "onehot")
+        top_k = torch.full((b,), 50, dtype=torch.int64, device="cuda")
+        top_p = torch.full((b,), 0.9, dtype=torch.float32, device="cuda")
+        plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
+        ours = time_in_graph(lambda t, d, tt, s, p, q, k_=top_k, p_=top_p: rejection_sample_triton(
+            t, d, tt, s, p, top_k=k_, top_p=p_), sets)
+        ref = time_in_graph(lambda t, d, tt, s, p, q, k_=top_k, p_=top_p: torch_rejection_baseline(
+            apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
+        rows.append(dict(kernel="rejection_onehot_topk50_topp0.9", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
+                         torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain))
+    return rows
+
+
 def extra_benches(**kw) -> list[dict]:
     """Rows from other kernel benchmarks that live beside this one (optional modules)."""
     rows = []
@@ -127,7 +149,7 @@ def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 1519
     if not torch.cuda.is_available():
         raise RuntimeError("the kernel benchmarks need CUDA")
     bw = memory_bandwidth_gbs()
-    rows = _argmax_rows(bw, Bs, Vs) + _rejection_rows(bw, Bs, Ks, Vs)
+    rows = _argmax_rows(bw, Bs, Vs) + _rejection_rows(bw, Bs, Ks, Vs) + _filter_rows(bw)
     for row in rows:
         row["ours/floor"] = row["ours_us"] / row["floor_us"] if row["floor_us"] else None
         row["bandwidth_gbs"] = bw
@@ -140,7 +162,7 @@ def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 1519
 
 
 def print_table(rows) -> None:
-    cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor"]
+    cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor", "unfiltered_us"]
     print(" ".join(f"{c:>18}" if i == 0 else f"{c:>10}" for i, c in enumerate(cols)))
     for row in rows:
         cells = []

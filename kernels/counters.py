@@ -1,11 +1,11 @@
 """One buffer of int32 zeros per device for the kernels that merge in the same launch: the last
 program of a group to finish (an atomic counter per group) does the merge and resets the counter.
 
-Used by argmax (per row), rejection_sample (per request) and gemv's split-K (per output tile).
-Every such launch leaves each counter it used at zero again, so one buffer serves every call and
-every graph replay of all three. Launches that run concurrently on different streams must not
-share it: graphrt runs a forward on one stream, and a programmatic dependent (kernels/pdl.py)
-touches counters only after waiting for the kernel before it.
+Used by argmax (per row) and gemv's split-K (per output tile). Every such launch leaves each
+counter it used at zero again, so one buffer serves every call and every graph replay of both.
+Launches that run concurrently on different streams must not share it: graphrt runs a forward on
+one stream, and a programmatic dependent (kernels/pdl.py) touches counters only after waiting for
+the kernel before it.
 """
 
 from __future__ import annotations

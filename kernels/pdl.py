@@ -89,3 +89,22 @@ def pdl_available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def wait_for_producer_release_later():
+    """griddepcontrol.wait without releasing the dependents first: for a kernel that calls
+    release_dependents() itself once its hot loop is done, so a dependent launched early does not
+    hold SM slots that this kernel's own programs still need (the sampler's row pass and race
+    pass, where its launch config asks for it). A kernel that never calls release_dependents
+    releases them when it exits. Nothing under the interpreter."""
+    if not _INTERPRETED:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release_dependents():
+    """griddepcontrol.launch_dependents: the next kernel may be scheduled now (see
+    wait_for_producer_release_later). Nothing under the interpreter."""
+    if not _INTERPRETED:
+        tl.extra.cuda.gdc_launch_dependents()

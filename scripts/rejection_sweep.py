@@ -11,9 +11,7 @@ rotating enough input sets to exceed L2. Every figure is graphrt.kernels.timing.
 (CUDA-graph replay, median us per call):
   - "call": the whole call, greedy / one-hot / full q (and the same for --baseline, a copy of an
     older kernels/rejection.py, so before/after come from one run);
-  - "stages": the call cut after 1 launch (the row pass): the rest is the walk's (and in one-hot,
-    its race's) marginal cost in the graph, launch gap included;
-  - "knobs": the whole call with one launch knob of rejection_sample_triton changed.
+  - "knobs": the whole call with some fields of its default LaunchConfig changed.
 Stops adding knob rows once --budget seconds have passed (compiles dominate), and rewrites --out
 after every row so a cut-off run still leaves its results.
 """
@@ -21,12 +19,13 @@ after every row so a cut-off run still leaves its results.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import time
 
 import torch
-from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.rejection import launch_config, rejection_sample_triton
 from graphrt.kernels.timing import time_in_graph
 
 K, V = 3, 128256
@@ -60,7 +59,7 @@ def timed(fn, sets, **kw) -> float | str:
         return f"error: {type(exc).__name__}: {str(exc)[:200]}"
 
 
-# (label, modes, batch sizes, kwargs) in priority order: the first rows matter most.
+# (label, modes, batch sizes, LaunchConfig fields) in priority order: the first rows matter most.
 KNOBS = [
     ("prune=False", ("onehot",), BS, dict(prune=False)),
     ("prune=False,race_block_v=4096", ("onehot",), (8, 64, 256), dict(prune=False, race_block_v=4096)),
@@ -82,11 +81,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--baseline", default=None, help="path of an older rejection.py to time beside")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds; knob rows stop after it")
-    ap.add_argument("--skip-stages", action="store_true")
     args = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "K": K, "V": V,
-           "call": [], "stages": [], "knobs": []}
+           "call": [], "knobs": []}
     import triton
     res["triton"] = triton.__version__
 
@@ -112,15 +110,6 @@ def main() -> None:
             dump()
             if mode == "fullq" and b != 64:
                 del sets[b, mode]
-    if not args.skip_stages:
-        for b in BS:
-            for mode in ("greedy", "onehot"):
-                row = {"B": b, "mode": mode}
-                for n in (1,):
-                    row[f"first_{n}"] = timed(rejection_sample_triton, sets[b, mode], _stop_after=n)
-                res["stages"].append(row)
-                print(row, flush=True)
-                dump()
     for label, modes, bs, kw in KNOBS:
         for b in bs:
             for mode in modes:
@@ -128,7 +117,9 @@ def main() -> None:
                     res["cut_off_at"] = label
                     dump()
                     return
-                row = {"knob": label, "B": b, "mode": mode, "us": timed(rejection_sample_triton, sets[b, mode], **kw)}
+                config = dataclasses.replace(launch_config(b, K, mode == "fullq"), **kw)
+                us = timed(rejection_sample_triton, sets[b, mode], config=config)
+                row = {"knob": label, "B": b, "mode": mode, "us": us}
                 res["knobs"].append(row)
                 print(row, flush=True)
                 dump()

@@ -130,7 +130,9 @@ def rejection_inputs(b, k, v, gen, *, dtype=torch.float32, temps=(0.0, 1.0), haz
 
 
 def run_rejection(gen):
-    from graphrt.kernels.rejection import rejection_sample_reference, rejection_sample_triton
+    import dataclasses
+
+    from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
 
     cases = [  # (name, b, k, v, temps, full_q, launch kwargs)
         ("greedy", 3, 3, 1000, (0.0,), False, {}),
@@ -138,8 +140,6 @@ def run_rejection(gen):
         ("onehot race pass", 3, 3, 1000, (0.0, 1.0), False, dict(fuse_race=False, block_v=256)),
         ("full q", 3, 3, 1000, (1.0, 0.0), True, {}),
         ("full q split", 4, 4, 333, (1.0,), True, dict(block_v=128, num_splits=3)),
-        ("fused walk", 3, 3, 1000, (0.0, 0.9), False, dict(fused=True, block_v=256)),
-        ("fused walk full q", 3, 3, 1000, (0.9,), True, dict(fused=True, block_v=256)),
         ("K=0", 3, 0, 1000, (0.0, 1.0), False, {}),
         ("K=1 V=1", 3, 1, 1, (0.0, 1.0), False, {}),
         ("B=9", 9, 3, 4099, (0.0, 1.0, 1e-6, 100.0), False, {}),
@@ -155,7 +155,10 @@ def run_rejection(gen):
         counts_r = counts_t.clone()
         out = (torch.empty((b, k + 1), dtype=torch.int64, device=DEV), torch.empty(b, dtype=torch.int32, device=DEV),
                torch.empty((b, k + 1), dtype=torch.float32, device=DEV))
-        got = rejection_sample_triton(**args, num_draft_tokens=nd, acceptance_counts=counts_t, out=out, **kw)
+        config = dataclasses.replace(launch_config(b, k, full_q and k > 0), **kw,
+                                     **({"race_block_v": kw["block_v"]} if "block_v" in kw else {}))
+        got = rejection_sample_triton(**args, num_draft_tokens=nd, acceptance_counts=counts_t, out=out,
+                                      config=config)
         ref = rejection_sample_reference(**args, num_draft_tokens=nd, acceptance_counts=counts_r)
         ok = (torch.equal(got.token_ids, ref.token_ids) and torch.equal(got.num_emitted, ref.num_emitted)
               and torch.equal(counts_t, counts_r))

@@ -91,25 +91,35 @@ CASES = {
         NUM_Q_HEADS=32, HEAD_DIM=128, PAGE=16, BLOCK_N=64, NUM_SPLITS=64, SPLITS_P2=64, BLOCK_H=1, BLOCK_DM=64,
         USE_PDL=True), dict(num_warps=4)),
     # the sampler: PDL is a mode there (0 off, 1 early release, 2 late release)
-    "rej-row-stats-prune-late": ("rejection", "_row_stats_kernel", _REJ, dict(
+    "rej-row-stats-prune-late": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=False, BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, PDL=2,
-        HAS_COUNTS=True, R_POW2=4, SPLITS_POW2=16, XSUM=True, CHUNK=8192, SPC=1, NC_POW2=16,
-        RACE_BLOCK_V=1024), _NO_FUSION),
-    "rej-row-stats-fused-race-fullq": ("rejection", "_row_stats_kernel", _REJ, dict(
-        HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1, FUSED_WALK=True,
-        R_POW2=4, SPLITS_POW2=32), _NO_FUSION),
-    "rej-row-stats-small": ("rejection", "_row_stats_kernel", _REJ, dict(
+        XSUM=True), _NO_FUSION),
+    "rej-row-stats-fused-race-fullq": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
+        HAS_ND=False, FULL_Q=True, FUSE_RACE=False, BLOCK_V=1024, VEC=8, FAST=True, PDL=1), _NO_FUSION),
+    "rej-row-stats-small": ("rejection_kernels", "_row_stats_kernel", _REJ, dict(
         HAS_ND=False, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True, PDL=0,
-        R_POW2=4, SPLITS_POW2=128, XSUM=True, CHUNK=8192, SPC=8, NC_POW2=16, FUSED_WALK=True), _NO_FUSION),
-    "rej-walk": ("rejection", "_walk_kernel", _REJ, dict(
+        XSUM=True), _NO_FUSION),
+    "rej-walk": ("rejection_kernels", "_walk_kernel", _REJ, dict(
         HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=2,
         CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=1024, VEC=8, PRUNE=True, FAST=True), _NO_FUSION),
-    "rej-walk-fullq": ("rejection", "_walk_kernel", _REJ, dict(
+    "rej-walk-fullq": ("rejection_kernels", "_walk_kernel", _REJ, dict(
         HAS_ND=False, HAS_COUNTS=False, FULL_Q=True, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=32, PDL=1),
         dict(num_warps=1, enable_fp_fusion=False)),
-    "rej-race": ("rejection", "_race_kernel", _REJ, dict(
-        BLOCK_V=1024, VEC=8, PDL=1, FUSED_FINISH=True, SPLITS_POW2=32), _NO_FUSION),
-    "rej-finish": ("rejection", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
+    "rej-race": ("rejection_fullq", "_race_kernel", _REJ, dict(
+        BLOCK_V=1024, VEC=8, PDL=1), _NO_FUSION),
+    "rej-finish": ("rejection_fullq", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
+    # the filters: their threshold kernel and the passes that apply its thresholds
+    "rej-threshold": ("rejection_filter", "_threshold_kernel", dict(
+        _REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32"), dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=1024, PDL=1), dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
+        HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
+        XSUM=True, FILTER=True), _NO_FUSION),
+    "rej-walk-filter": ("rejection_kernels", "_walk_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
+        HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=1,
+        CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, FILTER=True), _NO_FUSION),
+    "rej-race-filter": ("rejection_fullq", "_race_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
+        BLOCK_V=1024, VEC=8, PDL=2, FILTER=True), _NO_FUSION),
 }
 
 _SCRIPT = textwrap.dedent("""

@@ -21,11 +21,13 @@ Properties, beyond "Triton == reference":
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from graphrt.kernels.argmax import argmax_reference, argmax_triton
 from graphrt.kernels.attention import paged_attention_reference, paged_attention_triton
-from graphrt.kernels.rejection import rejection_sample_reference, rejection_sample_triton
+from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -184,9 +186,13 @@ def rejection_specs(draw, max_b=4, max_k=4, max_v=300, real=False):
         block_v=None if real else draw(st.sampled_from([None, 32, 64, 128])),
         num_splits=draw(st.sampled_from([None, 2, 3])),
         fuse_race=draw(st.sampled_from([None, True, False])),
-        fused=draw(st.sampled_from([False, False, True])),
         # the two-level race's chunk (one-hot): many chunks at small V, or the default
         race_chunk=None if real else draw(st.sampled_from([None, 8, 16, 64, 256])),
+        # top_k / top_p / min_p per request (None: no filter tensors at all); 0 / 1 / 0 are off
+        filters=draw(st.sampled_from([None, None, "some"])),
+        top_k=draw(st.lists(st.sampled_from([0, 1, 2, 5, 40, 2**20]), min_size=b, max_size=b)),
+        top_p=draw(st.lists(st.sampled_from([1.0, 0.9, 0.5, 1e-6]), min_size=b, max_size=b)),
+        min_p=draw(st.lists(st.sampled_from([0.0, 0.05, 0.5, 0.999]), min_size=b, max_size=b)),
     )
 
 
@@ -233,6 +239,9 @@ def build_rejection(spec, device="cpu"):
         draft_logits=draft_logits,
         num_draft_tokens=None if spec["ragged"] is None else torch.tensor(spec["nd"], dtype=spec["ragged"]),
     )
+    if spec.get("filters"):
+        args.update(top_k=torch.tensor(spec["top_k"]), top_p=torch.tensor(spec["top_p"], dtype=torch.float32),
+                    min_p=torch.tensor(spec["min_p"], dtype=torch.float32))
     return {name: (t.to(device) if isinstance(t, torch.Tensor) else t) for name, t in args.items()}
 
 
@@ -281,8 +290,10 @@ def check_rejection(spec, device="cpu"):
                torch.full((b,), 99, dtype=torch.int32, device=device),
                torch.full((b, r), float("nan"), device=device))
     kw = {name: spec[name] for name in ("block_v", "num_splits", "fuse_race") if spec[name] is not None}
-    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, out=out, fused=spec["fused"], **kw,
-                                  **chunk)
+    if "block_v" in kw:  # small row tiles shrink the race's with them
+        kw["race_block_v"] = kw["block_v"]
+    config = dataclasses.replace(launch_config(b, k, spec["mode"] == "fullq" and k > 0), **kw)
+    got = rejection_sample_triton(**args, acceptance_counts=counts_tri, out=out, config=config, **chunk)
     if out is not None:
         assert got.token_ids is out[0] and got.num_emitted is out[1] and got.logprobs is out[2]
     assert torch.equal(got.token_ids, ref.token_ids), (got.token_ids, ref.token_ids)

@@ -136,3 +136,27 @@ def test_default_pool_holds_every_slot_at_full_length(target):
     for p in _rand_prompts(8, target.config.vocab_size, seed=5):
         rt.add_request((p * 32)[:32], sp)
     assert len(rt._running) == 8 and not rt._waiting
+
+
+def test_sampling_filters_reach_the_sampler(target, draft):
+    """top_k / top_p / min_p: validated, and passed per request to the sampler; a filter that
+    leaves one token samples the greedy tokens (p = 1 there, so logprob 0) while the other
+    requests of the batch keep their own distribution."""
+    for bad, name in [(dict(top_k=-1), "top_k"), (dict(top_k=2.0), "top_k"), (dict(top_k=True), "top_k"),
+                      (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
+                      (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p")]:
+        with pytest.raises(RequestError, match=name):
+            SamplingParams(**bad)
+    assert not SamplingParams(top_k=0, top_p=1.0, min_p=0.0).filters
+    rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=4, max_seq_len=64)
+    prompts = _rand_prompts(3, target.config.vocab_size, seed=11)
+    greedy = rt.generate(prompts[:2], SamplingParams(max_new_tokens=16, ignore_eos=True))
+    free = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
+    alone = rt.generate(prompts[2:], free)[0]
+    gens = rt.generate(prompts, [SamplingParams(max_new_tokens=16, temperature=1.3, seed=1, top_k=1, ignore_eos=True),
+                                 SamplingParams(max_new_tokens=16, temperature=0.8, seed=2, top_p=1e-6, min_p=0.5,
+                                                ignore_eos=True), free])
+    for got, want in zip(gens[:2], greedy):
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx([0.0] * len(got.logprobs), abs=1e-6)
+    assert gens[2].token_ids == alone.token_ids

@@ -1,0 +1,293 @@
+"""Top-k, top-p and min-p in the rejection sampler: the threshold rule, Triton == reference bit for
+bit, and the sampling law of the filtered distribution per position."""
+
+import dataclasses
+
+import pytest
+import torch
+from graphrt.kernels import rejection_sample
+from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
+from graphrt.kernels.rejection_filter import thresholds_triton
+from graphrt.kernels.rejection_reference import W_BITS, thresholds_reference, weights
+
+from tests.seeds import fresh_seed
+from tests.test_rejection import check_outputs_valid, chi2_pvalue, make_inputs
+
+INF = float("inf")
+
+
+def small_config(args, **fields):
+    """Small tiles at small V (75: not a multiple of any of them), several splits and filter tiles."""
+    b, r, _ = args["target_logits"].shape
+    full_q = args.get("draft_logits") is not None and r > 1
+    small = dict(block_v=16, race_block_v=16, num_splits=3, filter_block_v=32)
+    return dataclasses.replace(launch_config(b, r - 1, full_q), **{**small, **fields})
+
+
+def random_filters(b, v, gen, kinds=("top_k", "top_p", "min_p")):
+    """Per request: each filter on or off at random, with values that bite at this V."""
+    f = {}
+    if "top_k" in kinds:
+        f["top_k"] = torch.randint(0, 10, (b,), generator=gen) * (torch.rand(b, generator=gen) < 0.7)
+    if "top_p" in kinds:
+        f["top_p"] = torch.where(torch.rand(b, generator=gen) < 0.7, torch.rand(b, generator=gen) * 0.9 + 0.05,
+                                 torch.ones(b))
+    if "min_p" in kinds:
+        f["min_p"] = torch.where(torch.rand(b, generator=gen) < 0.7, torch.rand(b, generator=gen) * 0.3,
+                                 torch.zeros(b))
+    return f
+
+
+def tied(x: torch.Tensor) -> torch.Tensor:
+    """Logits rounded to halves: many entries tie, at every threshold too."""
+    return (x * 2).round() / 2
+
+
+def rule_tau(raw: torch.Tensor, inv_t: float, k: int, p: float, m: float) -> float:
+    """The threshold of one sampled row straight from the rule (kernels/rejection_reference.py)."""
+    vals = torch.where(torch.isnan(raw), -INF, raw.float()) + 0.0
+    x = (vals * torch.tensor(inv_t, dtype=torch.float32)).nan_to_num(nan=-INF).clamp(max=3.4028234663852886e38)
+    w = weights(x, x.max())
+    if x.max() == -INF:
+        return -INF
+    desc = sorted(set(vals.tolist()), reverse=True)
+    tau = -INF
+    if 0 < k < vals.numel():
+        tau = sorted(vals.tolist(), reverse=True)[k - 1]
+    if p < 1:
+        total = int(w[vals >= tau].sum())
+        tau = max(tau, next(c for c in desc if c >= tau and float(int(w[vals >= c].sum())) >= p * float(total)))
+    if m > 0:
+        tau = max(tau, min((c for c, wc in zip(vals.tolist(), w.tolist()) if float(wc) >= m * 2.0**W_BITS),
+                           default=INF))
+    return min(tau, desc[0])
+
+
+def test_thresholds_follow_the_rule():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b, r, v = 8, 2, 40
+    x = torch.randn(b, r, v, generator=gen) * 3
+    x[::2] = tied(x[::2])
+    x[1, 0, 3], x[3, 1, :] = float("nan"), -INF  # a NaN entry, a dead row
+    x[5, 0, 7] = INF
+    temps = torch.tensor([0.5, 1.3, 1.0, 0.7, 0.0, 2.0, 1.0, 0.9])
+    f = random_filters(b, v, gen)
+    tau = thresholds_reference(x, temps, f["top_k"], f["top_p"], f["min_p"])
+    for i in range(b):
+        for j in range(r):
+            want = -INF if temps[i] <= 0 else rule_tau(
+                x[i, j], float(1.0 / temps[i]), int(f["top_k"][i]), float(f["top_p"][i]), float(f["min_p"][i]))
+            assert float(tau[i, j]) == want, f"seed {seed} row ({i}, {j}): {float(tau[i, j])} vs {want}"
+    # the kept mass: top_p's smallest kept set still holds at least top_p of it
+    assert bool((tau[temps > 0] > -INF).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_thresholds_triton_match_reference(dtype):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b, r, v = 6, 2, 75
+    x = torch.randn(b, r, v, generator=gen) * 3
+    x[::2] = tied(x[::2])
+    x[1, 1, 3], x[2, 0, :], x[4, 1, 9] = float("nan"), -INF, INF
+    x = x.to(dtype)
+    temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 1e-6, 100.0])
+    for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p")):
+        f = random_filters(b, v, gen, kinds)
+        args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
+        ref = thresholds_reference(x, temps, *args).flatten()
+        got = thresholds_triton(x, temps, *args, block_v=32, num_warps=4, pdl=0)
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"seed {seed} {kinds}: {got} vs {ref}"
+
+
+CASES = {  # name: (temps, full_q, ragged, fuse_race)
+    "onehot_fused": ([1.0, 0.5, 1.3], False, False, True),
+    "onehot_race_pass": ([1.3, 0.7], False, True, False),
+    "fullq": ([0.9, 1.3], True, False, None),
+    "mixed": ([0.0, 1.0, float("nan"), 0.5], False, True, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_triton_matches_reference_with_filters(name):
+    temps, full_q, ragged, fuse = CASES[name]
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    dtype = [torch.float32, torch.bfloat16, torch.float16][seed % 3]
+    args = make_inputs(6, 3, 75, gen=gen, temps=temps, full_q=full_q, ragged=ragged, hazards=True, dtype=dtype)
+    args["target_logits"][::2] = tied(args["target_logits"][::2].float()).to(dtype)
+    f = random_filters(6, 75, gen)
+    counts_ref = torch.zeros(3, dtype=torch.int64)
+    counts_tri = counts_ref.clone()
+    ref = rejection_sample_reference(**args, **f, acceptance_counts=counts_ref, race_chunk=32)
+    got = rejection_sample_triton(**args, **f, acceptance_counts=counts_tri, race_chunk=32, config=small_config(
+        args, **({} if fuse is None else {"fuse_race": fuse})))
+    msg = f"seed {seed} dtype {dtype}"
+    assert torch.equal(got.token_ids, ref.token_ids), msg
+    assert torch.equal(got.num_emitted, ref.num_emitted), msg
+    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=msg)
+    assert torch.equal(counts_tri, counts_ref), msg
+    check_outputs_valid(got, args)
+
+
+def test_filters_off_change_nothing():
+    """top_k = 0, top_p = 1, min_p = 0 on every request: the same bits as no filter at all."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = make_inputs(6, 3, 75, gen=gen, temps=[1.0, 0.0, 0.7], hazards=True)
+    off = dict(top_k=torch.zeros(6, dtype=torch.int64), top_p=torch.ones(6), min_p=torch.zeros(6))
+    for fn in (lambda **a: rejection_sample_reference(**a, race_chunk=32),
+               lambda **a: rejection_sample_triton(**a, race_chunk=32, config=small_config(args))):
+        plain, filtered = fn(**args), fn(**args, **off)
+        assert torch.equal(plain.token_ids, filtered.token_ids), f"seed {seed}"
+        assert torch.equal(plain.num_emitted, filtered.num_emitted), f"seed {seed}"
+        assert torch.equal(plain.logprobs.view(torch.int32), filtered.logprobs.view(torch.int32)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("which", ["top_k", "top_p", "min_p"])
+def test_one_token_left_samples_like_greedy(which):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b = 6
+    args = make_inputs(b, 3, 75, gen=gen, temps=[1.0, 1.3, 0.5])  # fp32 randn: one maximum per row
+    f = {"top_k": dict(top_k=torch.ones(b, dtype=torch.int64)), "top_p": dict(top_p=torch.full((b,), 1e-6)),
+         "min_p": dict(min_p=torch.full((b,), 0.999999))}[which]
+    greedy = rejection_sample_reference(**{**args, "temperature": torch.zeros(b)})
+    for res in (rejection_sample_reference(**args, **f),
+                rejection_sample_triton(**args, **f, config=small_config(args))):
+        assert torch.equal(res.token_ids, greedy.token_ids), f"seed {seed}"
+        assert torch.equal(res.num_emitted, greedy.num_emitted), f"seed {seed}"
+        n = res.num_emitted.long()
+        assert (res.logprobs[torch.arange(3 + 1)[None, :] < n[:, None]] == 0).all()  # p = 1 once filtered
+
+
+def test_filtered_draft_is_always_rejected():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b, k, v = 512, 2, 30
+    args = make_inputs(b, k, v, gen=gen, temps=[1.0, 2.0, 0.5])
+    order = args["target_logits"].float().argsort(dim=-1, descending=True)
+    args["draft_token_ids"] = order[:, :k, 5]  # the 6th most likely token: outside top_k = 5
+    args.update(top_k=torch.full((b,), 5), top_p=torch.ones(b))
+    few = {key: (val[:8] if isinstance(val, torch.Tensor) else val) for key, val in args.items()}
+    for res, n in ((rejection_sample_reference(**args), b),
+                   (rejection_sample_triton(**few, config=small_config(few)), 8)):
+        assert (res.num_emitted == 1).all(), f"seed {seed}"
+        assert bool((res.token_ids[:, 0][:, None] == order[:n, 0, :5]).any(-1).all()), f"seed {seed}"
+
+
+def test_seeded_request_with_filters_independent_of_batch():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    one = make_inputs(1, 3, 30, gen=gen, temps=[0.9])
+    mine = dict(top_k=torch.tensor([7]), top_p=torch.tensor([0.8]), min_p=torch.tensor([0.05]))
+    expected = rejection_sample_reference(**one, **mine)
+    for b, slot in [(5, 0), (9, 8)]:
+        batch = make_inputs(b, 3, 30, gen=gen, temps=[0.0, 1.2, 0.7])
+        f = random_filters(b, 30, gen)
+        for key in ("target_logits", "draft_token_ids", "temperature", "seed", "position"):
+            batch[key][slot] = one[key][0]
+        for key in f:
+            f[key][slot] = mine[key][0]
+        for res in (rejection_sample_reference(**batch, **f),
+                    rejection_sample_triton(**batch, **f, config=small_config(batch, num_splits=1))):
+            assert torch.equal(res.token_ids[slot], expected.token_ids[0]), f"seed {seed}"
+            assert res.num_emitted[slot] == expected.num_emitted[0], f"seed {seed}"
+
+
+def test_filter_validation():
+    args = make_inputs(2, 1, 10, gen=torch.Generator().manual_seed(0), temps=[1.0])
+    for override, name in [(dict(top_k=torch.tensor([1, -1])), "top_k"), (dict(top_k=torch.ones(2)), "top_k"),
+                           (dict(top_p=torch.tensor([0.0, 0.5])), "top_p"), (dict(top_p=torch.ones(3)), "top_p"),
+                           (dict(top_p=torch.tensor([1.5, 0.5])), "top_p"),
+                           (dict(min_p=torch.tensor([1.0, 0.0])), "min_p"),
+                           (dict(min_p=torch.tensor([-0.1, 0.0])), "min_p")]:
+        for fn in (rejection_sample, rejection_sample_triton):
+            with pytest.raises(ValueError, match=name):
+                fn(**args, **override)
+
+
+# --- the sampling law, per position (reference, vectorized over 1e5 requests) --------------------
+
+
+def _filtered_probs(row_logits, temp, k, p, m):
+    """Per row: the target distribution the filters leave (float64), the threshold from the rule."""
+    out = []
+    for row in row_logits:
+        tau = rule_tau(row, float(1.0 / torch.tensor(temp, dtype=torch.float32)), k, p, m)
+        x = torch.where(row >= tau, row.double() / temp, torch.full_like(row.double(), -INF))
+        out.append(torch.softmax(x, -1))
+    return torch.stack(out)
+
+
+LAW = {  # name: (top_k, top_p, min_p, full_q)
+    "top_k": (4, 1.0, 0.0, False),
+    "top_p": (0, 0.8, 0.0, False),
+    "min_p": (0, 1.0, 0.1, False),
+    "all": (6, 0.9, 0.05, False),
+    "all_fullq": (6, 0.9, 0.05, True),
+}
+
+
+@pytest.mark.parametrize("temp", [0.5, 1.3])
+@pytest.mark.parametrize("name", list(LAW))
+def test_reference_follows_filtered_distribution(name, temp):
+    top_k, top_p, min_p, full_q = LAW[name]
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    n, k, v = 100_000, 2, 13
+    while True:
+        # Ties at the thresholds (halves), peaked enough that many requests reach position K.
+        row_logits = tied(torch.randn(k + 1, v, generator=gen) * 1.5)
+        row_logits[torch.arange(k + 1), torch.randint(0, v, (k + 1,), generator=gen)] += 2.0
+        q_logits = row_logits[:k] + 0.5 * torch.randn(k, v, generator=gen)
+        q = torch.softmax(q_logits / temp, -1)
+        p = _filtered_probs(row_logits, temp, top_k, top_p, min_p)
+        accept = torch.minimum(p[:k], q.double()).sum(-1) if full_q else (p[:k] * q.double()).sum(-1)
+        if n * float(accept.prod()) >= 3000:
+            break
+    drafts = torch.stack([torch.multinomial(q[j], n, replacement=True, generator=gen) for j in range(k)], 1)
+    args = dict(target_logits=row_logits.expand(n, k + 1, v), draft_token_ids=drafts,
+                temperature=torch.full((n,), temp),
+                seed=torch.randint(-(2**62), 2**62, (n,), generator=gen, dtype=torch.int64),
+                position=torch.randint(0, 2**31, (n,), generator=gen, dtype=torch.int64),
+                draft_logits=q_logits.expand(n, k, v) if full_q else None,
+                top_k=torch.full((n,), top_k), top_p=torch.full((n,), top_p), min_p=torch.full((n,), min_p))
+    res = rejection_sample_reference(**args, race_chunk=4)  # one-hot: a two-level race over 4 chunks
+    for j in range(k + 1):
+        tokens = res.token_ids[res.num_emitted > j, j]
+        assert tokens.numel() > 1000
+        pv = chi2_pvalue(tokens, p[j])
+        assert pv > 1e-4, f"seed {seed} position {j} p-value {pv}"
+
+
+# --- GPU: real sizes, both computed on the device ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b", [1, 8, 64])
+@pytest.mark.parametrize("full_q", [False, True])
+def test_triton_matches_reference_with_filters_gpu(cuda, full_q, b, dtype):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    k, v = 3, 128256
+    args = make_inputs(b, k, 8, gen=gen, temps=[1.0, 0.0, 0.7, 1.3])  # small CPU draft, then real size
+    target = (torch.randn(b, k + 1, v, device=cuda) * 3).to(dtype)
+    qlogits = (target[:, :k].float() + torch.randn(b, k, v, device=cuda)).to(dtype)
+    drafts = torch.multinomial(torch.softmax(qlogits.float(), -1).reshape(-1, v), 1).reshape(b, k)
+    drafts[::3] = target[::3, :k].float().argmax(-1)
+    f = {"top_k": torch.tensor([50, 0, 1000, 1])[torch.arange(b) % 4], "top_p": torch.tensor([0.9, 1.0, 0.5, 0.99])[
+        torch.arange(b) % 4], "min_p": torch.tensor([0.0, 0.05, 0.0, 0.1])[torch.arange(b) % 4]}
+    args = {key: (val.to(cuda) if isinstance(val, torch.Tensor) else val) for key, val in {**args, **f}.items()}
+    args.update(target_logits=target, draft_token_ids=drafts, draft_logits=qlogits if full_q else None)
+    tau_ref = thresholds_reference(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"])
+    tau = thresholds_triton(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
+                            block_v=1024, num_warps=8, pdl=0)
+    assert torch.equal(tau.view(torch.int32), tau_ref.flatten().view(torch.int32)), f"seed {seed}"
+    ref = rejection_sample_reference(**args)
+    got = rejection_sample(**args)
+    assert torch.equal(got.token_ids, ref.token_ids), f"seed {seed}"
+    assert torch.equal(got.num_emitted, ref.num_emitted), f"seed {seed}"
+    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
