@@ -36,3 +36,28 @@ def test_seeded_request_same_on_cuda_and_cpu_batching():
     mixed = rt.generate([[9, 9], [3, 4, 5], [1]], [SamplingParams(max_new_tokens=5, temperature=1.0), sp,
                                                     SamplingParams(max_new_tokens=40, ignore_eos=True)])
     assert mixed[1].token_ids == alone
+
+
+def test_first_filtered_request_recaptures_the_graphs():
+    # Graphs are captured without the filters' threshold kernel; the first request that filters
+    # makes the runtime capture them again with it. Before, after and across that, results must be
+    # those of eager mode: a top_k = 1 request is greedy, a seeded unfiltered one is unchanged.
+    target = _load(tiny_dir())
+    prompts = [[3, 4, 5], [9, 9, 2, 7]]
+    free = SamplingParams(max_new_tokens=20, temperature=1.0, seed=8, ignore_eos=True)
+    one = SamplingParams(max_new_tokens=20, temperature=1.3, seed=9, top_k=1, ignore_eos=True)
+    nucleus = SamplingParams(max_new_tokens=20, temperature=0.9, seed=10, top_p=0.8, top_k=20, ignore_eos=True)
+    got = {}
+    for graphs in (False, True):
+        rt = Runtime(target, _load(draft_dir("eagle3")), num_draft_tokens=3, device="cuda", max_batch_size=4,
+                     max_seq_len=64, use_cuda_graphs=graphs)
+        before = rt.generate(prompts, free)
+        assert (rt.cycle.graphs is not None) == graphs and not rt.state.filtering
+        mixed = rt.generate(prompts + prompts[:1], [one, nucleus, free])
+        assert rt.state.filtering and (rt.cycle.graphs is not None) == graphs
+        after = rt.generate(prompts, free)
+        got[graphs] = [[r.token_ids for r in rs] for rs in (before, mixed, after)]
+        greedy = rt.generate(prompts[:1], SamplingParams(max_new_tokens=20, ignore_eos=True))[0].token_ids
+        assert mixed[0].token_ids == greedy
+        assert after[0].token_ids == before[0].token_ids and mixed[2].token_ids == before[0].token_ids
+    assert got[True] == got[False]
