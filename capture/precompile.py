@@ -141,7 +141,11 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
         jobs = [(module, name, spec) for spec, (module, name) in variants.items()]
     except Exception as e:  # noqa: BLE001 - an optimisation only; the warm-up compiles the rest
         error, jobs = e, []
-    for (p, _), share in zip(procs, _balanced(jobs, len(procs))):
+    try:
+        shares = _balanced(jobs, len(procs))
+    except Exception as e:  # noqa: BLE001 - as above
+        error, shares = error or e, [[] for _ in procs]
+    for (p, _), share in zip(procs, shares):
         with contextlib.suppress(OSError):
             p.stdin.write(json.dumps({"modules": modules, "jobs": share}))
             p.stdin.close()
