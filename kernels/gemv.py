@@ -168,6 +168,63 @@ def _fma_tile(a0, a1, a2, a3, c0, w, u, x_ptr, res_ptr, g_ptr, k, K, stride_xm, 
 
 
 @triton.jit
+def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full, k_end, K, stride_xm, offs_k, tile,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, REDUCE_EACH: tl.constexpr,
+                GATED: tl.constexpr, NORM: tl.constexpr, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """The FMA path's K loop (first tile peeled ahead of the PDL wait, whole tiles, masked tail),
+    shared by every kernel that must sum as the M = 1 GEMV does.
+
+    w_ptrs, u_ptrs: [BLOCK_N, BLOCK_K] pointers at column 0 of the weight rows (u_ptrs read only
+    when GATED); x_ptr: row 0 of x, BLOCK_M <= 4 rows stride_xm apart, or with NORM the one row
+    whose RMSNorm res_ptr, g_ptr, sum_ptr and eps describe (kernels/norm.norm_stats; the programs
+    of weight tile 0 store sum_ptr). Sums columns [k0, k_end) of K; k_full: where the whole tiles
+    end. Returns the fp32 accumulators (a0, a1, a2, a3, c0), one per row of x and c0 for u, each
+    to pass through _fma_final. Executes the PDL wait when USE_PDL."""
+    a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    c0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    k_start = k0
+    if USE_PDL:
+        # The weights are not written by the kernel this one depends on, so the first tile
+        # streams in while that kernel finishes; x and everything written are touched only after
+        # the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
+        kmask = (k0 + offs_k) < k_end
+        w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if NORM:  # norm weights too
+            g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
+        wait_for_producer()
+    rstd = 1.0
+    if NORM:
+        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H)
+    if USE_PDL:
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
+                                       stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
+                                       REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
+        k_start = k0 + BLOCK_K
+    for k in range(k_start, k_full, BLOCK_K):
+        w = tl.load(w_ptrs + k).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k).to(tl.float32)
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
+                                       stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
+                                       NORM, NORM_RES)
+    if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
+        kmask = (k_full + offs_k) < k_end
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
+                                       K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
+                                       GATED, NORM, NORM_RES)
+    return a0, a1, a2, a3, c0
+
+
+@triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         out = acc
@@ -287,50 +344,11 @@ def _gemv_kernel(
                      acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
-        # dead code. Per-lane partials: the cross-lane sum along K happens once, after the loop.
-        a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        # GATED: the up rows (N below the gate rows) in the same shape of tile, so each output's
-        # two dot products sum in exactly the order of the unfused GEMV; c0 is up's accumulator.
-        u_ptrs = w_ptrs + N * K
-        c0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        k_start = k0
-        if USE_PDL:
-            # The weights are not written by the kernel this one depends on, so the first tile
-            # streams in while that kernel finishes; x, y, the workspace and the counters are
-            # touched only after the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
-            kmask = (k0 + offs_k) < k_end
-            w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if NORM:  # norm weights too
-                g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
-            wait_for_producer()
-        rstd = 1.0
-        if NORM:
-            rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, pid_n == 0, NORM_RES, BLOCK_H)
-        if USE_PDL:
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
-                                           stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
-                                           REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
-            k_start = k0 + BLOCK_K
-        for k in range(k_start, k_full, BLOCK_K):
-            w = tl.load(w_ptrs + k).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k).to(tl.float32)
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
-                                           stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
-                                           NORM, NORM_RES)
-        if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
-            kmask = (k_full + offs_k) < k_end
-            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
-                                           K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
-                                           GATED, NORM, NORM_RES)
+        # dead code. GATED: the up rows (N below the gate rows) in the same shape of tile, so each
+        # output's two dot products sum in exactly the order of the unfused GEMV; c0 is up's.
+        a0, a1, a2, a3, c0 = _fma_k_loop(w_ptrs, w_ptrs + N * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
+                                         k_end, K, stride_xm, offs_k, pid_n, BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH,
+                                         GATED, NORM, NORM_RES, BLOCK_H, USE_PDL)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty
