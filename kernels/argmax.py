@@ -160,12 +160,12 @@ def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     programs per row; up to B = 64 the two-launch merge (a PDL dependent) beats the in-launch one;
     B >= 128 keeps ~1024 programs and merges in launch."""
     if batch <= 4:
-        return 1024, 128, 4, False  # B=1: H200 2.06 us, H100 2.49
+        return 1024, 128, 4, False
     if batch <= 16:
-        return 1024, 32, 8, False  # B=8: H100 3.31 -> 3.08 us, H200 2.98 -> 2.86 (was 4096, 32, 4)
+        return 1024, 32, 8, False
     if batch <= 64:
-        return 1024, 16, 8, False  # B=64: H100 8.94 -> 8.71 us, H200 7.36 -> 7.17 (was 1024, 8, 8, fused)
-    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us (H200)
+        return 1024, 16, 8, False
+    return 2048, triton.cdiv(1024, batch), 4, True
 
 
 def _validate(logits: torch.Tensor) -> None:

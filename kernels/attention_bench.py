@@ -28,7 +28,7 @@ from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 HQ, HKV, HEAD_DIM, PAGE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 MAX_BYTES = 20e9  # skip combinations whose KV cache exceeds this
-L2_BYTES = 256 << 20  # rotate input sets until the working set is well past L2 (50 MB on H100)
+L2_BYTES = 256 << 20  # rotate input sets until the working set is well past any L2
 
 
 def _kv_bytes(bsz: int, ctx: int) -> int:

@@ -2,17 +2,16 @@
 
 At decode time every projection reads its whole weight matrix to produce a handful of rows, so the
 time is the weight read: the kernel has to stream w from DRAM at close to peak bandwidth. cuBLAS
-picks tiles made for large M; on an H200 at M = 1 its kernels read an 8 MB matrix at 1.4 TB/s
-(llama-1b o_proj, 5.8 us) against the ~4.3 TB/s the chip sustains.
+picks tiles made for large M, which at M = 1 read the weights at a fraction of that bandwidth.
 
 Two code paths in one kernel, both deterministic:
   - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
     one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
     thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling).
     Per row of x it either keeps per-lane fp32 partials and reduces along K once at the end, or
-    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers (ptxas, sm_90a,
-    (2, 2048) tile: 96 vs 128), so more programs stay resident and more bytes are in flight; at
-    M = 1 that measured faster on every projection swept.
+    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers, so more programs
+    stay resident and more bytes are in flight; at M = 1 that measured faster on every projection
+    swept.
   - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
     Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
   - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, weights of at most ROWS_MAX_BYTES): each program is
@@ -20,10 +19,8 @@ Two code paths in one kernel, both deterministic:
     programs reading a tile run together and all but the first find it in L2. One launch serves a
     verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
     for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
-    traffic lost (H200, M = 4: llama-1b-shape TARGET_VERIFY 1047 -> 2193 us, llama-8b-shape 4585
-    -> 11109 us), so only small ones, bound by launch latency, take it (SmolLM2-135M's verify:
-    772 -> 707 us). A 16 MiB bound (llama-1b-shape's qkv and o projections too, whose norm and
-    rotary launches the fusions would save) lost as well: TARGET_VERIFY at B = 1 1073 -> 1197 us.
+    traffic costs more than the launches saved (even at 16 MiB, llama-1b-shape's qkv and o), so
+    only small ones, bound by launch latency, take it (BENCHMARKS.md has the verify timings).
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the
@@ -33,7 +30,7 @@ does not depend on which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
 exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher (select_config says
-where it beats cuBLAS, with the H200 figures).
+where it beats cuBLAS).
 """
 
 from __future__ import annotations
@@ -66,10 +63,9 @@ ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 # Rows and weight bytes served by the per-row FMA path (one M = 1 program per row and tile): every
-# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates.
-# On SmolLM2-135M (every layer projection under 4 MiB) with its EAGLE-3 head, K = 3, B = 1 (H200):
-# TARGET_VERIFY 707 us against 772 us on the classic M = 4 paths (graphrt bench, random prompts;
-# mean acceptance there 2.02 against 1.67: the verify rows are the decode step's bits).
+# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates
+# (SmolLM2-135M, every layer projection under 4 MiB: its verify step runs faster than on the
+# classic M = 4 paths, and accepts more, since the verify rows are the decode step's bits).
 ROWS_MAX_M = 4
 ROWS_MAX_BYTES = 4 << 20
 
@@ -452,14 +448,13 @@ _FMA_DEFAULT = dict(use_dot=False, reduce_each=True, block_n=2, block_k=2048, nu
                     programs_per_sm=0)
 _DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=128, num_warps=4, num_stages=4,
                     split_k=4)
-# M = 1 exceptions to the FMA default, by (N, K). The 1b lm_head: (4, 512) without reduce_each,
-# 118.5 us vs cuBLAS 121.9 (the reduce-each variant was not swept at that size).
+# M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
+# tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 # M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
-# above. H100 80GB HBM3 (scripts/gemv_sweep.py --ms 1, 2026-11-22): the llama-1b o and down
-# projections without the per-step reduction, 4.07 vs 4.47 us and 12.54 vs 13.44 us.
+# above: on the H100 the llama-1b o and down projections run faster without the per-step reduction.
 _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
     "H100": {(2048, 2048): dict(reduce_each=False), (2048, 8192): dict(reduce_each=False)},
 }
@@ -480,22 +475,16 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, plus
     programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
 
-    Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py (graph
-    replays, weights rotated past L2) over the llama-1b and llama-8b projections, M in 1, 2, 4, 8, 16
-    (us, ours vs cuBLAS):
-      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: best or within 0.3 us of
-        the best swept config on all eight projections. 1b qkv 5.2 vs 6.4, o 4.2 vs 6.1, gate_up
-        17.2 vs 18.3, down 10.3 vs 14.1; 8b qkv 14.0 vs 16.2, o 10.3 vs 13.9, gate_up 54.1 vs 55.8,
-        down 29.1 vs 31.6.
-      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj:
-        1b 4.6 vs 6.2 and 11.1 vs 13.9; 8b 12.2 vs 13.6 and 31.2 vs 31.5). qkv and gate_up stay on
-        cuBLAS (0.3-4 us slower here: two x rows per weight load).
-      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N: 1b o_proj
-        6.0-6.1 vs 6.2, down_proj 12.1-12.3 vs 13.9-14.4; 8b o_proj 12.3-12.6 vs 13.3-13.6,
-        down_proj 31.4-31.5 vs 31.7-32.3. Where N > K (qkv, gate_up, lm_head) cuBLAS measured as
-        fast or faster.
-      (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
-      conversions, so it is bound by L1 and ALU, not DRAM.)
+    Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
+    and llama-8b projections, M in 1, 2, 4, 8, 16 (the figures are in BENCHMARKS.md):
+      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
+        or close to it, on all eight projections, all faster than cuBLAS.
+      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
+        qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
+      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N. Where N > K
+        (qkv, gate_up, lm_head) cuBLAS is as fast or faster.
+      (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
+      it is bound by L1 and ALU, not DRAM.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         cfg = _m1_config(n, k)
@@ -530,24 +519,12 @@ def _split_for(tiles: int, steps: int, programs_per_sm: int, num_sms: int) -> in
 
 
 def gemv_triton(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    out: torch.Tensor | None = None,
-    use_dot: bool | None = None,
-    reduce_each: bool | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    fused: bool | None = None,
-    pdl: bool | None = None,
-    gated: bool = False,
-    norm: PendingNorm | None = None,
-    per_row: bool | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+    use_dot: bool | None = None, reduce_each: bool | None = None, block_n: int | None = None,
+    block_k: int | None = None, split_k: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None, fused: bool | None = None, pdl: bool | None = None, gated: bool = False,
+    norm: PendingNorm | None = None, per_row: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
     bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:

@@ -12,12 +12,7 @@ The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activat
 entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
 bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
 decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
-otherwise (CPU included).
-
-Measured 2026-11-22 (H200, triton 3.6, llama-1b-shape bf16, plain decode under CUDA graphs, both
-versions in one run): TARGET_DECODE 2052 -> 1086 us at B = 1 (34% -> 65% of the weight-read
-roofline), 2325 -> 1117 us at B = 8, 2435 -> 1176 us at B = 64. With the Triton GEMV and PDL
-launches (kernels/pdl.py): 877 us at B = 1 (H200, one run with GRAPHRT_PDL=0 giving 913 us)."""
+otherwise (CPU included). The decode-step timings of these paths are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
