@@ -87,10 +87,7 @@ def _argmax_split_kernel(
     out_val_ptr,  # [B] (FUSED only)
     out_idx_ptr,  # [B] int64 (FUSED only)
     ctr_ptr,  # [>= B] int32 zeros (FUSED only): chunks of the row done
-    stride_row,
-    V,
-    SPLITS,
-    TILES_PER_SPLIT,
+    stride_row, V, SPLITS, TILES_PER_SPLIT,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     FUSED: tl.constexpr = False,  # the last chunk of a row to finish merges the row
     SPLITS_POW2: tl.constexpr = 1,
@@ -182,15 +179,9 @@ def _validate(logits: torch.Tensor) -> None:
 
 
 def argmax_triton(
-    logits: torch.Tensor,
-    *,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_v: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    fused: bool | None = None,
-    pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, block_v: int | None = None,
+    num_splits: int | None = None, num_warps: int | None = None, fused: bool | None = None, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
     out: optional preallocated (values, indices) so the call allocates nothing but the stage-1

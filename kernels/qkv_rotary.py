@@ -67,13 +67,8 @@ def _qkv_rotary_kernel(
     M,  # tokens: program (tile, token) = divmod(pid, M)
     K,
     max_positions,
-    num_slots,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
+    num_slots,  # num_blocks * PAGE
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,

@@ -23,8 +23,7 @@ import torch
 
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_silu_mul
-from graphrt.kernels.norm import PendingNorm, rms_norm_reference
-from graphrt.kernels.norm import rms_norm as _rms_norm
+from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 
 
@@ -41,15 +40,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     query_len: int
     max_seq_len: int
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., H]; weight: [H]. Normalises in fp32 and casts back before the weight, as the
-    reference implementations do, so logits match theirs in every dtype (kernels/norm.py).
-    CUDA 2-D input -> one Triton launch; otherwise rms_norm_reference."""
-    if x.dim() == 2:
-        return _rms_norm(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -121,7 +111,6 @@ class GatedMLP:
     def __init__(self, weights: dict, prefix: str):
         self.gate_up = torch.cat([weights[f"{prefix}.gate_proj.weight"], weights[f"{prefix}.up_proj.weight"]], 0)
         self.down = weights[f"{prefix}.down_proj.weight"]
-        self.inter = self.down.shape[1]
 
     def __call__(self, x):
         """x: [N, H], or the PendingNorm that produces it."""
