@@ -296,7 +296,9 @@ def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, str
     prefetch_l2(v_head + blk[:, None] * stride_vb + tok * stride_vs + line[None, :], m)
 
 
-@triton.jit
+# Not specialised (so batch buckets share compiled variants): seq_lens_ptr, read by one scalar load
+# whose alignment changes nothing, and total_rows, used only in the workspace address after the loop.
+@triton.jit(do_not_specialize=["seq_lens_ptr", "total_rows"])
 def _paged_attn_partial_kernel(
     q_ptr,  # [B * query_len, Hq, D]
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
@@ -440,7 +442,10 @@ def _paged_attn_partial_kernel(
         tl.store(ws_lse_ptr + ws_row, lse, mask=wrote)
 
 
-@triton.jit
+# Not specialised (so decode and verify buckets share compiled variants): seq_lens_ptr (one scalar
+# load), query_len and total_rows (a program's row arithmetic, done before the PDL wait; the partials'
+# addresses step by HEAD_DIM whatever they are).
+@triton.jit(do_not_specialize=["seq_lens_ptr", "query_len", "total_rows"])
 def _paged_attn_merge_kernel(
     out_ptr,  # [B * query_len, Hq, D]
     ws_out_ptr,  # [NUM_SPLITS, B * query_len, Hq, D] fp32

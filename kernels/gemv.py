@@ -261,7 +261,9 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# M == 1 stays specialised; M's divisibility by 16 is not (loads and stores vectorise along K and N
+# only), so the DOT path's M = 4, 8 and 16 share one compiled variant.
+@triton.jit(do_not_specialize_on_alignment=["M"])
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
     w_ptr,  # [N, K] same dtype, contiguous
@@ -291,7 +293,7 @@ def _gemv_kernel(
     GATED: tl.constexpr = False,  # FMA, one row per program, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
     NORM: tl.constexpr = False,  # FMA, one row per program, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
-    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
+    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
 ):
     pid_n = tl.program_id(0)
@@ -616,11 +618,10 @@ def gemv_triton(
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
-        HAS_BIAS=bias is not None,
-        SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
-        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k), PER_ROW=per_row,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
+        PER_ROW=per_row, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)

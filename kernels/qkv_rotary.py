@@ -48,7 +48,9 @@ def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_c
                            k_norm=k_norm, eps=eps)
 
 
-@triton.jit
+# pos_ptr and slot_ptr not specialised: one scalar load each, and DRAFT_DECODE's later steps pass
+# rows of [steps, B] tensors that are not 16-byte aligned at B = 1.
+@triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
 def _qkv_rotary_kernel(
     x_ptr,  # [M, K] model dtype, contiguous
     w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
