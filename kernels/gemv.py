@@ -4,7 +4,7 @@ At decode time every projection reads its whole weight matrix to produce a handf
 time is the weight read: the kernel has to stream w from DRAM at close to peak bandwidth. cuBLAS
 picks tiles made for large M, which at M = 1 read the weights at a fraction of that bandwidth.
 
-Two code paths in one kernel, both deterministic:
+Three code paths in one kernel, all deterministic:
   - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
     one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
     thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling).
