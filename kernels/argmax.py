@@ -87,10 +87,7 @@ def _argmax_split_kernel(
     out_val_ptr,  # [B] (FUSED only)
     out_idx_ptr,  # [B] int64 (FUSED only)
     ctr_ptr,  # [>= B] int32 zeros (FUSED only): chunks of the row done
-    stride_row,
-    V,
-    SPLITS,
-    TILES_PER_SPLIT,
+    stride_row, V, SPLITS, TILES_PER_SPLIT,
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     FUSED: tl.constexpr = False,  # the last chunk of a row to finish merges the row
     SPLITS_POW2: tl.constexpr = 1,
@@ -160,12 +157,12 @@ def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     programs per row; up to B = 64 the two-launch merge (a PDL dependent) beats the in-launch one;
     B >= 128 keeps ~1024 programs and merges in launch."""
     if batch <= 4:
-        return 1024, 128, 4, False  # B=1: H200 2.06 us, H100 2.49
+        return 1024, 128, 4, False
     if batch <= 16:
-        return 1024, 32, 8, False  # B=8: H100 3.31 -> 3.08 us, H200 2.98 -> 2.86 (was 4096, 32, 4)
+        return 1024, 32, 8, False
     if batch <= 64:
-        return 1024, 16, 8, False  # B=64: H100 8.94 -> 8.71 us, H200 7.36 -> 7.17 (was 1024, 8, 8, fused)
-    return 2048, triton.cdiv(1024, batch), 4, True  # B=256: 19.7 us (H200)
+        return 1024, 16, 8, False
+    return 2048, triton.cdiv(1024, batch), 4, True
 
 
 def _validate(logits: torch.Tensor) -> None:
@@ -182,15 +179,9 @@ def _validate(logits: torch.Tensor) -> None:
 
 
 def argmax_triton(
-    logits: torch.Tensor,
-    *,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_v: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    fused: bool | None = None,
-    pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, block_v: int | None = None,
+    num_splits: int | None = None, num_warps: int | None = None, fused: bool | None = None, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
     out: optional preallocated (values, indices) so the call allocates nothing but the stage-1

@@ -79,10 +79,7 @@ def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query
         raise ValueError(
             f"query has {query.shape[0]} rows, expected B * query_len = {block_tables.shape[0]} * {query_len}"
         )
-    if block_tables.dtype not in (torch.int32, torch.int64) or seq_lens.dtype not in (
-        torch.int32,
-        torch.int64,
-    ):
+    if block_tables.dtype not in (torch.int32, torch.int64) or seq_lens.dtype not in (torch.int32, torch.int64):
         raise ValueError("block_tables and seq_lens must be integer tensors (int32)")
     for name, t in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         if t.device != k_cache.device:
@@ -133,17 +130,9 @@ def _store_kv_kernel(
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     slot_ptr,  # [N] int64
-    num_slots,
-    stride_kn,
-    stride_kh,
-    stride_vn,
-    stride_vh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
+    num_slots,  # num_blocks * PAGE
+    stride_kn, stride_kh, stride_vn, stride_vh,  # key, value: token, head
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,  # block_size: tokens per KV block
@@ -187,29 +176,12 @@ def store_kv_triton(key, value, k_cache, v_cache, slot_mapping) -> None:
     block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
     grid = (n, triton.cdiv(hkv, block_h))
     _store_kv_kernel[grid](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        num_blocks * page,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_KV_HEADS=hkv,
-        HEAD_DIM=d,
-        PAGE=page,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
+        key, value, k_cache, v_cache, slot_mapping, num_blocks * page,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_KV_HEADS=hkv, HEAD_DIM=d, PAGE=page, BLOCK_H=block_h, BLOCK_D=block_d,
         num_warps=4,
-    )
+    )  # fmt: skip
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -226,17 +198,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def paged_attention_reference(
-    query,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    *,
-    query_len: int,
-    scale: float,
-    out=None,
+    query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Gather each request's live blocks, masked softmax in fp32. Vectorized over the batch.
 
     query: [B * query_len, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B].
@@ -332,7 +296,9 @@ def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, str
     prefetch_l2(v_head + blk[:, None] * stride_vb + tok * stride_vs + line[None, :], m)
 
 
-@triton.jit
+# Not specialised (so batch buckets share compiled variants): seq_lens_ptr, read by one scalar load
+# whose alignment changes nothing, and total_rows, used only in the workspace address after the loop.
+@triton.jit(do_not_specialize=["seq_lens_ptr", "total_rows"])
 def _paged_attn_partial_kernel(
     q_ptr,  # [B * query_len, Hq, D]
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
@@ -346,17 +312,10 @@ def _paged_attn_partial_kernel(
     max_blocks,
     total_rows,  # B * query_len
     scale_log2,  # softmax scale * log2(e)
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_bt,
-    stride_ot,
-    stride_oh,
+    stride_qt, stride_qh,  # query: row, head
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  # caches: block, slot, head
+    stride_bt,  # block_tables: request
+    stride_ot, stride_oh,  # out: row, head
     NUM_KV_HEADS: tl.constexpr,
     NUM_Q_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # NUM_Q_HEADS // NUM_KV_HEADS
@@ -445,8 +404,8 @@ def _paged_attn_partial_kernel(
         alpha = tl.exp2(m_i - m_sub)
         p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # Loaded here, not with K: issuing V before the QK^T product measured slower on an H100
-        # (B = 1, 4k, one KV step per split: 9.1 -> 10.0 us per call inside the decode step).
+        # Loaded here, not with K: issuing V before the QK^T product measured slower with one KV
+        # step per split.
         v = tl.load(
             v_head + (blk * stride_vb + tok * stride_vs)[:, None] + offs_d[None, :],
             mask=n_ok[:, None] & d_ok[None, :],
@@ -483,7 +442,10 @@ def _paged_attn_partial_kernel(
         tl.store(ws_lse_ptr + ws_row, lse, mask=wrote)
 
 
-@triton.jit
+# Not specialised (so decode and verify buckets share compiled variants): seq_lens_ptr (one scalar
+# load), query_len and total_rows (a program's row arithmetic, done before the PDL wait; the partials'
+# addresses step by HEAD_DIM whatever they are).
+@triton.jit(do_not_specialize=["seq_lens_ptr", "query_len", "total_rows"])
 def _paged_attn_merge_kernel(
     out_ptr,  # [B * query_len, Hq, D]
     ws_out_ptr,  # [NUM_SPLITS, B * query_len, Hq, D] fp32
@@ -491,9 +453,8 @@ def _paged_attn_merge_kernel(
     seq_lens_ptr,  # [B] int32
     query_len,
     max_blocks,
-    total_rows,
-    stride_ot,
-    stride_oh,
+    total_rows,  # B * query_len
+    stride_ot, stride_oh,  # out: row, head
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,
@@ -546,20 +507,14 @@ def _paged_attn_merge_kernel(
     )
 
 
-# Heuristics (see choose_num_splits). Tunables, not magic: revisit with the benchmark.
+# Heuristics (see choose_num_splits), tuned with kernels/attention_bench.py (figures in RESULTS.md).
 _MAX_SPLITS = 64
 # Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
 # D = 128. Programs per SM to aim for when splitting: 2, except for single-token queries on a grid
 # so small (a request or two) that only latency matters: there 4, i.e. one- or two-KV-step splits.
 # A verify-sized query (query_len > 1) keeps 2: every split writes an fp32 partial per query row,
-# and that workspace traffic grows with the rows. Measured on an H100 (attention_bench
-# --sweep-small and the default table, 2026-11-22, 4k context, Hq/Hkv 32/8, D 128):
-#   B = 1, query_len 1: 64 splits 11.9 us, 32 splits 13.3, the previous default 14.8
-#   B = 1, query_len 4: 32 splits 14.2 us, 64 splits 16.0
-#   B = 2, query_len 1: 32 splits 17.8 us, 16-24 splits 19.5-20.3
-#   B = 8, query_len 1: 9 splits 56.1 us against 54.2 at 5 (and 480 vs 371 us at 32k): 2 per SM
-#   B = 1, 160-1024 tokens (--sweep-short): one KV step per split fastest at every length; at
-#   160 tokens 1 split 6.9 us, 2 splits 7.5, 3 (one step each) 5.4
+# and that workspace traffic grows with the rows. Short contexts run fastest with one KV step per
+# split.
 _MIN_SPLIT_TOKENS = 64
 _PROGRAMS_PER_SM = 2
 _PROGRAMS_PER_SM_TINY = 4  # query_len 1 and an un-split grid under 1/8 of the SMs
@@ -589,8 +544,8 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_
     tiny = query_len == 1 and 8 * num_programs <= sm_count
     per_sm = _PROGRAMS_PER_SM_TINY if tiny else _PROGRAMS_PER_SM
     want = -(-per_sm * sm_count // num_programs)
-    # Rounded up: a context a little past a multiple of 64 gets one more split, not one less (H100,
-    # attention_bench --sweep-short: B = 1, 160 tokens, 3 one-step splits 5.4 us, 2 two-step 7.5).
+    # Rounded up: a context a little past a multiple of 64 gets one more split of one step, not one
+    # less of two steps (one-step splits are the faster).
     by_len = -(-max_seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, _MAX_SPLITS))
 
@@ -615,22 +570,11 @@ def attention_workspace(
 
 
 def paged_attention_triton(
-    query,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    *,
-    query_len: int,
-    scale: float,
-    out=None,
-    max_seq_len: int | None = None,
-    num_splits: int | None = None,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_n: int | None = None,
-    num_warps: int = 4,
+    query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
+    max_seq_len: int | None = None, num_splits: int | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None, num_warps: int = 4,
     num_stages: int | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
 
     max_seq_len: static upper bound of seq_lens used to size the split count (default: the table's
@@ -678,15 +622,8 @@ def paged_attention_triton(
         if workspace is None:
             workspace = attention_workspace(total_rows, hq, d, num_splits, query.device)
         ws_out, ws_lse = workspace
-        if (
-            ws_out.dtype != torch.float32
-            or ws_lse.dtype != torch.float32
-            or not ws_out.is_contiguous()
-            or not ws_lse.is_contiguous()
-            or ws_out.shape[0] < num_splits
-            or tuple(ws_out.shape[1:]) != (total_rows, hq, d)
-            or ws_lse.shape[0] < num_splits
-            or tuple(ws_lse.shape[1:]) != (total_rows, hq)
+        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] < num_splits for t in workspace) or (
+            tuple(ws_out.shape[1:]) != (total_rows, hq, d) or tuple(ws_lse.shape[1:]) != (total_rows, hq)
         ):
             raise ValueError(
                 f"workspace must be contiguous fp32 ([>={num_splits}, {total_rows}, {hq}, {d}], "
@@ -705,40 +642,13 @@ def paged_attention_triton(
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        ws_out,
-        ws_lse,
-        query_len,
-        max_blocks,
-        total_rows,
-        scale * _LOG2E,
-        query.stride(0),
-        query.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        NUM_KV_HEADS=hkv,
-        NUM_Q_HEADS=hq,
-        GROUP=group,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        PAGE=page,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision,
+        query, k_cache, v_cache, block_tables, seq_lens, out, ws_out, ws_lse,
+        query_len, max_blocks, total_rows, scale * _LOG2E,
+        query.stride(0), query.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_KV_HEADS=hkv, NUM_Q_HEADS=hq, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, PAGE=page,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision,
         # Triton's interpreter (CPU tests) runs tl.dot as numpy matmul on bf16's raw uint16 bits
         # (garbage) and on fp16 without BLAS (slow): there, both operands go through fp32.
         UPCAST_DOT=not query.is_cuda,
@@ -748,7 +658,7 @@ def paged_attention_triton(
         num_warps=num_warps,
         **extra,
         **pdl_launch(pdl),
-    )
+    )  # fmt: skip
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
         # Merge tile [heads, splits, D slice] of <= 4096 fp32 values (32 a thread at 4 warps; 8192
@@ -757,43 +667,17 @@ def paged_attention_triton(
         merge_h = max(1, min(triton.next_power_of_2(hq), 4096 // (splits_p2 * merge_d)))
         merge_grid = (total_rows, triton.cdiv(hq, merge_h), triton.cdiv(d, merge_d))
         _paged_attn_merge_kernel[merge_grid](
-            out,
-            ws_out,
-            ws_lse,
-            seq_lens,
-            query_len,
-            max_blocks,
-            total_rows,
-            out.stride(0),
-            out.stride(1),
-            NUM_Q_HEADS=hq,
-            HEAD_DIM=d,
-            PAGE=page,
-            BLOCK_N=block_n,
-            NUM_SPLITS=num_splits,
-            SPLITS_P2=splits_p2,
-            BLOCK_H=merge_h,
-            BLOCK_DM=merge_d,
-            USE_PDL=pdl,
-                num_warps=4,
-            **pdl_launch(pdl),
-        )
+            out, ws_out, ws_lse, seq_lens, query_len, max_blocks, total_rows, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=hq, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n, NUM_SPLITS=num_splits, SPLITS_P2=splits_p2,
+            BLOCK_H=merge_h, BLOCK_DM=merge_d, USE_PDL=pdl, num_warps=4, **pdl_launch(pdl),
+        )  # fmt: skip
     return out
 
 
 def paged_attention(
-    query,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    *,
-    query_len: int,
-    scale: float,
-    out=None,
-    max_seq_len: int | None = None,
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+    query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
+    max_seq_len: int | None = None, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Causal attention of B * query_len query rows over the paged KV cache. CUDA -> Triton.
 
     Returns [B * query_len, Hq, D] in query's dtype (fp32 accumulation). See the module docstring

@@ -10,9 +10,8 @@ K = 3). Every request has the full context; blocks are shuffled across the pool.
     floor_us  K and V bytes of the live context read once, over the measured copy bandwidth
     ratio     ours_us / floor_us (target at 4k context: <= 1.5)
 
-python -m graphrt.kernels.attention_bench [--sweep | --sweep-small]  (--sweep: tile / warp / stage / split
-grid at 4k context, to retune the defaults in attention.py; --sweep-small: split count x tile x
-stages crossed at B = 1 and 2)
+python -m graphrt.kernels.attention_bench [--sweep | --sweep-small | --sweep-short]: the default table,
+or one of the grids in SWEEPS that retune the defaults in attention.py.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 HQ, HKV, HEAD_DIM, PAGE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 MAX_BYTES = 20e9  # skip combinations whose KV cache exceeds this
-L2_BYTES = 256 << 20  # rotate input sets until the working set is well past L2 (50 MB on H100)
+L2_BYTES = 256 << 20  # rotate input sets until the working set is well past any L2
 
 
 def _kv_bytes(bsz: int, ctx: int) -> int:
@@ -65,15 +64,8 @@ def _time(fn, sets, est_us: float) -> float:
     return time_in_graph(fn, sets, per_graph=per_graph, replays=10 if est_us > 1000 else 30)
 
 
-def run(
-    contexts=(4096, 32768),
-    batches=(1, 8, 64),
-    query_lens=(1, 4),
-    *,
-    with_torch: bool = True,
-    bw_gbs: float | None = None,
-    **kernel_kwargs,
-) -> list[dict]:
+def run(contexts=(4096, 32768), batches=(1, 8, 64), query_lens=(1, 4), *, with_torch: bool = True,
+        bw_gbs: float | None = None, **kernel_kwargs) -> list[dict]:
     """One row per (context, B, query_len); kernel_kwargs go to paged_attention_triton (tuning)."""
     bw = bw_gbs or memory_bandwidth_gbs()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -110,73 +102,42 @@ def run(
                 del sdpa_sets
             except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # baseline only: report, go on
                 print(f"torch baseline failed at B={bsz} ctx={ctx} ql={ql}: {e}")
-        rows.append(
-            dict(
-                kernel="paged_attention",
-                B=bsz,
-                query_len=ql,
-                seq_len=ctx,
-                heads=f"{HQ}/{HKV}",
-                head_dim=HEAD_DIM,
-                ours_us=round(ours_us, 2),
-                torch_us=round(torch_us, 2),
-                floor_us=round(floor_us, 2),
-                ratio=round(ours_us / floor_us, 2),
-            )
-        )
+        rows.append(dict(kernel="paged_attention", B=bsz, query_len=ql, seq_len=ctx, heads=f"{HQ}/{HKV}",
+                         head_dim=HEAD_DIM, ours_us=round(ours_us, 2), torch_us=round(torch_us, 2),
+                         floor_us=round(floor_us, 2), ratio=round(ours_us / floor_us, 2)))
         del sets
         torch.cuda.empty_cache()
     return rows
 
 
-def sweep() -> list[dict]:
-    """At 4k context, B in {1, 8}, query_len in {1, 4}: (a) KV tile x warps x stages at the split
-    heuristic, (b) split counts at the default tile. To retune the defaults in attention.py."""
+# Tuning grids: (contexts, batches, paged_attention_triton keyword sets), each crossed with query_len 1 and 4.
+SWEEPS = {
+    # KV tile x warps x stages at the split heuristic, then split counts at the default tile
+    "sweep": ((4096,), (1, 8), [dict(block_n=bn, num_warps=w, num_stages=st)
+                                for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 5))]
+              + [dict(num_splits=n) for n in (1, 4, 8, 16, 32, 48, 64)]),
+    # small batches: split count x KV tile x stages crossed (tokens per split / BLOCK_N is each
+    # program's loop, so the two interact)
+    "sweep_small": ((4096,), (1, 2), [dict(num_splits=sp, block_n=bn, num_warps=4, num_stages=st)
+                                      for sp, bn, st in itertools.product((8, 16, 24, 32, 48, 64), (32, 64), (1, 3))]),
+    # short contexts (early in a generation, or a small max_seq_len): where splitting, which adds
+    # the merge launch, starts to pay
+    "sweep_short": ((160, 256, 512, 1024), (1, 8), [dict(num_splits=sp) for sp in (1, 2, 4, 8)]),
+}
+
+
+def sweep(name: str) -> list[dict]:
+    """The rows of grid SWEEPS[name], sorted by (context, B, query_len, time)."""
+    contexts, batches, configs = SWEEPS[name]
     rows = []
     bw = memory_bandwidth_gbs()
-    configs = [
-        dict(block_n=bn, num_warps=w, num_stages=st)
-        for bn, w, st in itertools.product((32, 64, 128), (4, 8), (2, 3, 5))
-    ]
-    configs += [dict(num_splits=n) for n in (1, 4, 8, 16, 32, 48, 64)]
     for kw in configs:
         try:
-            got = run(contexts=(4096,), batches=(1, 8), with_torch=False, bw_gbs=bw, **kw)
+            got = run(contexts=contexts, batches=batches, with_torch=False, bw_gbs=bw, **kw)
         except Exception as e:  # e.g. out of shared memory for a large tile x stages
             print(f"{kw}: {type(e).__name__}: {e}")
             continue
-        for r in got:
-            rows.append({"config": " ".join(f"{k}={v}" for k, v in kw.items()), **r})
-    return rows
-
-
-def sweep_small() -> list[dict]:
-    """B in {1, 2} at 4k context, query_len 1 and 4: split count x KV tile x stages crossed (at small
-    B the split count and the tile interact: tokens per split / BLOCK_N is each program's loop).
-    Sorted by (B, query_len, time)."""
-    rows = []
-    bw = memory_bandwidth_gbs()
-    for splits, bn, st in itertools.product((8, 16, 24, 32, 48, 64), (32, 64), (1, 3)):
-        kw = dict(num_splits=splits, block_n=bn, num_warps=4, num_stages=st)
-        try:
-            got = run(contexts=(4096,), batches=(1, 2), with_torch=False, bw_gbs=bw, **kw)
-        except Exception as e:  # e.g. a tile the compiler rejects
-            print(f"{kw}: {type(e).__name__}: {e}")
-            continue
         rows += [{"config": " ".join(f"{k}={v}" for k, v in kw.items()), **r} for r in got]
-    rows.sort(key=lambda r: (r["B"], r["query_len"], r["ours_us"]))
-    return rows
-
-
-def sweep_short() -> list[dict]:
-    """Short contexts (what a decode step sees early in a generation, or with a small max_seq_len):
-    split counts {1, 2, 4, 8} at B = 1 and 8, query_len 1 and 4. A split of a short range saves
-    less than the merge launch it adds; this finds where splitting starts to pay."""
-    rows = []
-    bw = memory_bandwidth_gbs()
-    for splits in (1, 2, 4, 8):
-        got = run(contexts=(160, 256, 512, 1024), batches=(1, 8), with_torch=False, bw_gbs=bw, num_splits=splits)
-        rows += [{"config": f"num_splits={splits}", **r} for r in got]
     rows.sort(key=lambda r: (r["seq_len"], r["B"], r["query_len"], r["ours_us"]))
     return rows
 
@@ -192,14 +153,10 @@ def _print(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--sweep-small", action="store_true", help="B = 1, 2 at 4k: splits x tile x stages")
-    parser.add_argument("--sweep-short", action="store_true", help="contexts 160..1024: split counts 1..8")
+    for name in SWEEPS:
+        parser.add_argument("--" + name.replace("_", "-"), dest="grid", action="store_const", const=name)
     args = parser.parse_args()
-    if args.sweep_short:
-        _print(sweep_short())
-        return
-    _print(sweep_small() if args.sweep_small else sweep() if args.sweep else run())
+    _print(sweep(args.grid) if args.grid else run())
 
 
 if __name__ == "__main__":

@@ -2,17 +2,16 @@
 
 At decode time every projection reads its whole weight matrix to produce a handful of rows, so the
 time is the weight read: the kernel has to stream w from DRAM at close to peak bandwidth. cuBLAS
-picks tiles made for large M; on an H200 at M = 1 its kernels read an 8 MB matrix at 1.4 TB/s
-(llama-1b o_proj, 5.8 us) against the ~4.3 TB/s the chip sustains.
+picks tiles made for large M, which at M = 1 read the weights at a fraction of that bandwidth.
 
-Two code paths in one kernel, both deterministic:
+Three code paths in one kernel, all deterministic:
   - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
     one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
     thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling).
     Per row of x it either keeps per-lane fp32 partials and reduces along K once at the end, or
-    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers (ptxas, sm_90a,
-    (2, 2048) tile: 96 vs 128), so more programs stay resident and more bytes are in flight; at
-    M = 1 that measured faster on every projection swept.
+    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers, so more programs
+    stay resident and more bytes are in flight; at M = 1 that measured faster on every projection
+    swept.
   - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
     Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
   - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, weights of at most ROWS_MAX_BYTES): each program is
@@ -20,10 +19,8 @@ Two code paths in one kernel, both deterministic:
     programs reading a tile run together and all but the first find it in L2. One launch serves a
     verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
     for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
-    traffic lost (H200, M = 4: llama-1b-shape TARGET_VERIFY 1047 -> 2193 us, llama-8b-shape 4585
-    -> 11109 us), so only small ones, bound by launch latency, take it (SmolLM2-135M's verify:
-    772 -> 707 us). A 16 MiB bound (llama-1b-shape's qkv and o projections too, whose norm and
-    rotary launches the fusions would save) lost as well: TARGET_VERIFY at B = 1 1073 -> 1197 us.
+    traffic costs more than the launches saved (even at 16 MiB, llama-1b-shape's qkv and o), so
+    only small ones, bound by launch latency, take it (BENCHMARKS.md has the verify timings).
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the
@@ -33,7 +30,7 @@ does not depend on which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
 exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher (select_config says
-where it beats cuBLAS, with the H200 figures).
+where it beats cuBLAS).
 """
 
 from __future__ import annotations
@@ -66,10 +63,9 @@ ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 _MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 # Rows and weight bytes served by the per-row FMA path (one M = 1 program per row and tile): every
-# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates.
-# On SmolLM2-135M (every layer projection under 4 MiB) with its EAGLE-3 head, K = 3, B = 1 (H200):
-# TARGET_VERIFY 707 us against 772 us on the classic M = 4 paths (graphrt bench, random prompts;
-# mean acceptance there 2.02 against 1.67: the verify rows are the decode step's bits).
+# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates
+# (SmolLM2-135M, every layer projection under 4 MiB: its verify step runs faster than on the
+# classic M = 4 paths, and accepts more, since the verify rows are the decode step's bits).
 ROWS_MAX_M = 4
 ROWS_MAX_BYTES = 4 << 20
 
@@ -168,6 +164,63 @@ def _fma_tile(a0, a1, a2, a3, c0, w, u, x_ptr, res_ptr, g_ptr, k, K, stride_xm, 
 
 
 @triton.jit
+def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full, k_end, K, stride_xm, offs_k, tile,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, REDUCE_EACH: tl.constexpr,
+                GATED: tl.constexpr, NORM: tl.constexpr, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """The FMA path's K loop (first tile peeled ahead of the PDL wait, whole tiles, masked tail),
+    shared by every kernel that must sum as the M = 1 GEMV does.
+
+    w_ptrs, u_ptrs: [BLOCK_N, BLOCK_K] pointers at column 0 of the weight rows (u_ptrs read only
+    when GATED); x_ptr: row 0 of x, BLOCK_M <= 4 rows stride_xm apart, or with NORM the one row
+    whose RMSNorm res_ptr, g_ptr, sum_ptr and eps describe (kernels/norm.norm_stats; the programs
+    of weight tile 0 store sum_ptr). Sums columns [k0, k_end) of K; k_full: where the whole tiles
+    end. Returns the fp32 accumulators (a0, a1, a2, a3, c0), one per row of x and c0 for u, each
+    to pass through _fma_final. Executes the PDL wait when USE_PDL."""
+    a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    c0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
+    k_start = k0
+    if USE_PDL:
+        # The weights are not written by the kernel this one depends on, so the first tile
+        # streams in while that kernel finishes; x and everything written are touched only after
+        # the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
+        kmask = (k0 + offs_k) < k_end
+        w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if NORM:  # norm weights too
+            g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
+        wait_for_producer()
+    rstd = 1.0
+    if NORM:
+        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H)
+    if USE_PDL:
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
+                                       stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
+                                       REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
+        k_start = k0 + BLOCK_K
+    for k in range(k_start, k_full, BLOCK_K):
+        w = tl.load(w_ptrs + k).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k).to(tl.float32)
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
+                                       stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
+                                       NORM, NORM_RES)
+    if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
+        kmask = (k_full + offs_k) < k_end
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        if GATED:
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
+        a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
+                                       K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
+                                       GATED, NORM, NORM_RES)
+    return a0, a1, a2, a3, c0
+
+
+@triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         out = acc
@@ -208,7 +261,9 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# M == 1 stays specialised; M's divisibility by 16 is not (loads and stores vectorise along K and N
+# only), so the DOT path's M = 4, 8 and 16 share one compiled variant.
+@triton.jit(do_not_specialize_on_alignment=["M"])
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
     w_ptr,  # [N, K] same dtype, contiguous
@@ -238,7 +293,7 @@ def _gemv_kernel(
     GATED: tl.constexpr = False,  # FMA, one row per program, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
     NORM: tl.constexpr = False,  # FMA, one row per program, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
-    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
+    BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
 ):
     pid_n = tl.program_id(0)
@@ -287,50 +342,11 @@ def _gemv_kernel(
                      acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
-        # dead code. Per-lane partials: the cross-lane sum along K happens once, after the loop.
-        a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        a3 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        # GATED: the up rows (N below the gate rows) in the same shape of tile, so each output's
-        # two dot products sum in exactly the order of the unfused GEMV; c0 is up's accumulator.
-        u_ptrs = w_ptrs + N * K
-        c0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-        k_start = k0
-        if USE_PDL:
-            # The weights are not written by the kernel this one depends on, so the first tile
-            # streams in while that kernel finishes; x, y, the workspace and the counters are
-            # touched only after the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
-            kmask = (k0 + offs_k) < k_end
-            w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if NORM:  # norm weights too
-                g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
-            wait_for_producer()
-        rstd = 1.0
-        if NORM:
-            rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, pid_n == 0, NORM_RES, BLOCK_H)
-        if USE_PDL:
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
-                                           stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
-                                           REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
-            k_start = k0 + BLOCK_K
-        for k in range(k_start, k_full, BLOCK_K):
-            w = tl.load(w_ptrs + k).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k).to(tl.float32)
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
-                                           stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
-                                           NORM, NORM_RES)
-        if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
-            kmask = (k_full + offs_k) < k_end
-            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            if GATED:
-                u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-            a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
-                                           K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
-                                           GATED, NORM, NORM_RES)
+        # dead code. GATED: the up rows (N below the gate rows) in the same shape of tile, so each
+        # output's two dot products sum in exactly the order of the unfused GEMV; c0 is up's.
+        a0, a1, a2, a3, c0 = _fma_k_loop(w_ptrs, w_ptrs + N * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
+                                         k_end, K, stride_xm, offs_k, pid_n, BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH,
+                                         GATED, NORM, NORM_RES, BLOCK_H, USE_PDL)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty
@@ -434,14 +450,13 @@ _FMA_DEFAULT = dict(use_dot=False, reduce_each=True, block_n=2, block_k=2048, nu
                     programs_per_sm=0)
 _DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=128, num_warps=4, num_stages=4,
                     split_k=4)
-# M = 1 exceptions to the FMA default, by (N, K). The 1b lm_head: (4, 512) without reduce_each,
-# 118.5 us vs cuBLAS 121.9 (the reduce-each variant was not swept at that size).
+# M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
+# tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 # M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
-# above. H100 80GB HBM3 (scripts/gemv_sweep.py --ms 1, 2026-11-22): the llama-1b o and down
-# projections without the per-step reduction, 4.07 vs 4.47 us and 12.54 vs 13.44 us.
+# above: on the H100 the llama-1b o and down projections run faster without the per-step reduction.
 _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
     "H100": {(2048, 2048): dict(reduce_each=False), (2048, 8192): dict(reduce_each=False)},
 }
@@ -462,22 +477,16 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, plus
     programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
 
-    Tuned on an H200 (132 SMs, torch 2.11, triton 3.6, bf16) with scripts/gemv_sweep.py (graph
-    replays, weights rotated past L2) over the llama-1b and llama-8b projections, M in 1, 2, 4, 8, 16
-    (us, ours vs cuBLAS):
-      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: best or within 0.3 us of
-        the best swept config on all eight projections. 1b qkv 5.2 vs 6.4, o 4.2 vs 6.1, gate_up
-        17.2 vs 18.3, down 10.3 vs 14.1; 8b qkv 14.0 vs 16.2, o 10.3 vs 13.9, gate_up 54.1 vs 55.8,
-        down 29.1 vs 31.6.
-      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj:
-        1b 4.6 vs 6.2 and 11.1 vs 13.9; 8b 12.2 vs 13.6 and 31.2 vs 31.5). qkv and gate_up stay on
-        cuBLAS (0.3-4 us slower here: two x rows per weight load).
-      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N: 1b o_proj
-        6.0-6.1 vs 6.2, down_proj 12.1-12.3 vs 13.9-14.4; 8b o_proj 12.3-12.6 vs 13.3-13.6,
-        down_proj 31.4-31.5 vs 31.7-32.3. Where N > K (qkv, gate_up, lm_head) cuBLAS measured as
-        fast or faster.
-      (The FMA path at M = 4 measured 2-3x slower than cuBLAS: each weight load needs M x loads and
-      conversions, so it is bound by L1 and ALU, not DRAM.)
+    Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
+    and llama-8b projections, M in 1, 2, 4, 8, 16 (the figures are in BENCHMARKS.md):
+      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
+        or close to it, on all eight projections, all faster than cuBLAS.
+      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
+        qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
+      - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N. Where N > K
+        (qkv, gate_up, lm_head) cuBLAS is as fast or faster.
+      (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
+      it is bound by L1 and ALU, not DRAM.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         cfg = _m1_config(n, k)
@@ -512,24 +521,12 @@ def _split_for(tiles: int, steps: int, programs_per_sm: int, num_sms: int) -> in
 
 
 def gemv_triton(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    out: torch.Tensor | None = None,
-    use_dot: bool | None = None,
-    reduce_each: bool | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    fused: bool | None = None,
-    pdl: bool | None = None,
-    gated: bool = False,
-    norm: PendingNorm | None = None,
-    per_row: bool | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+    use_dot: bool | None = None, reduce_each: bool | None = None, block_n: int | None = None,
+    block_k: int | None = None, split_k: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None, fused: bool | None = None, pdl: bool | None = None, gated: bool = False,
+    norm: PendingNorm | None = None, per_row: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
     bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
@@ -621,11 +618,10 @@ def gemv_triton(
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
-        HAS_BIAS=bias is not None,
-        SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
-        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k), PER_ROW=per_row,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
+        PER_ROW=per_row, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)

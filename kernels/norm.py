@@ -24,15 +24,8 @@ import triton
 import triton.language as tl
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = [
-    "PendingNorm",
-    "rms_norm",
-    "rms_norm_reference",
-    "rms_norm_triton",
-    "add_rms_norm",
-    "add_rms_norm_reference",
-    "add_rms_norm_triton",
-]
+__all__ = ["PendingNorm", "rms_norm", "rms_norm_reference", "rms_norm_triton", "add_rms_norm",
+           "add_rms_norm_reference", "add_rms_norm_triton"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -122,10 +115,8 @@ def _rms_norm_kernel(
     w_ptr,  # [H]
     out_ptr,  # [N, H] contiguous, promote_types(w, x)
     sum_ptr,  # [N, H] contiguous, x's dtype: x + residual (written only if HAS_RESIDUAL)
-    H,
-    eps,
-    stride_xn,
-    stride_rn,
+    H, eps,
+    stride_xn, stride_rn,  # x, residual: row
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr,  # power of two >= H: one program holds its whole row
     USE_PDL: tl.constexpr = False,
@@ -184,21 +175,10 @@ def _launch(x, weight, eps, residual):
     pdl = pdl_enabled(x.device)
     num_warps = norm_num_warps(block_h)
     _rms_norm_kernel[(n,)](
-        x,
-        residual if residual is not None else x,
-        weight,
-        out,
-        total,
-        h,
-        float(eps),
-        x.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK_H=block_h,
-        USE_PDL=pdl,
-        num_warps=num_warps,
-        **pdl_launch(pdl),
-    )
+        x, residual if residual is not None else x, weight, out, total, h, float(eps),
+        x.stride(0), residual.stride(0) if residual is not None else 0,
+        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, USE_PDL=pdl, num_warps=num_warps, **pdl_launch(pdl),
+    )  # fmt: skip
     return out, total
 
 

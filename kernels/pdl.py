@@ -36,8 +36,8 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 def wait_for_producer():
     """launch_dependents (the next kernel may be scheduled now) then griddepcontrol.wait (all of the
     previous kernel's writes visible). Releasing before the wait lets the next kernel be scheduled,
-    and prefetch its weights, while this one still waits for its producer (plain decode at B = 1 on
-    an H100 measured 0.8% faster than releasing after the wait). Safe: before its own wait a
+    and prefetch its weights, while this one still waits for its producer (plain decode measured
+    faster than with the release after the wait). Safe: before its own wait a
     dependent reads only settled memory (see "Settled memory" above) and otherwise only forms L2
     prefetch addresses (prefetch_l2), and each wait is for a completed producer, which itself
     completed only after its own producer. Nothing under the interpreter, which runs one grid at a
@@ -77,10 +77,9 @@ def pdl_launch(pdl: bool) -> dict:
 def pdl_enabled(device: torch.device) -> bool:
     """Whether the decode-path kernels launch as programmatic dependents on `device`: on a device
     that supports it unless GRAPHRT_PDL=0 (read per call, so a benchmark can compare both).
-
-    Measured on an H200 (scripts/pdl_probe.py): a chain of small Triton kernels in a graph 0.97 ->
-    0.69 us per kernel; argmax B = 1 3.35 -> 2.75 us. A Triton kernel after a cuBLAS one measured
-    no gain (cuBLAS apparently does not release its dependents early)."""
+    It shortens the gap between small kernels of a graph (scripts/pdl_probe.py, BENCHMARKS.md); a
+    Triton kernel after a cuBLAS one gains nothing (cuBLAS apparently does not release its
+    dependents early)."""
     return os.environ.get("GRAPHRT_PDL", "1") != "0" and pdl_available(device)
 
 

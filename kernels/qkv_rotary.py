@@ -24,18 +24,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import (
-    _fma_final,
-    _fma_normed,
-    _fma_step,
-    _fma_zeros,
-    linear,
-    materialized,
-    norm_fusable,
-    row_fma_config,
-)
-from graphrt.kernels.norm import PendingNorm, norm_stats
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
+from graphrt.kernels.gemv import _fma_final, _fma_k_loop, linear, materialized, norm_fusable, row_fma_config
+from graphrt.kernels.norm import PendingNorm
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
 __all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
@@ -57,7 +48,9 @@ def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_c
                            k_norm=k_norm, eps=eps)
 
 
-@triton.jit
+# pos_ptr and slot_ptr not specialised: one scalar load each, and DRAFT_DECODE's later steps pass
+# rows of [steps, B] tensors that are not 16-byte aligned at B = 1.
+@triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
 def _qkv_rotary_kernel(
     x_ptr,  # [M, K] model dtype, contiguous
     w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
@@ -76,13 +69,8 @@ def _qkv_rotary_kernel(
     M,  # tokens: program (tile, token) = divmod(pid, M)
     K,
     max_positions,
-    num_slots,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
+    num_slots,  # num_blocks * PAGE
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -124,48 +112,10 @@ def _qkv_rotary_kernel(
     slot = tl.load(slot_ptr).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     w1_ptrs = w_ptr + r1.to(tl.int64)[:, None] * K + offs_k[None, :]
-    w2_ptrs = w1_ptrs + HALF * K
-    a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-    a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
-    k_full = (K // BLOCK_K) * BLOCK_K
-    k_start = 0
-    if USE_PDL:
-        # As in gemv: the weights (and norm weights) stream in while the producer of x finishes.
-        kmask = offs_k < K
-        w1 = tl.load(w1_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
-        w2 = tl.load(w2_ptrs, mask=kmask[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            g = tl.load(g_ptr + offs_k, mask=kmask, other=0.0)
-        wait_for_producer()
-    if NORM:
-        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H)
-    if USE_PDL:
-        if NORM:
-            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, 0, offs_k, kmask, rstd, REDUCE_EACH,
-                                 True, NORM_RES, g)
-        else:
-            a1 = _fma_step(a1, w1, x_ptr, offs_k, kmask, True, REDUCE_EACH)
-            a2 = _fma_step(a2, w2, x_ptr, offs_k, kmask, True, REDUCE_EACH)
-        k_start = BLOCK_K
-    for k in range(k_start, k_full, BLOCK_K):
-        w1 = tl.load(w1_ptrs + k).to(tl.float32)
-        w2 = tl.load(w2_ptrs + k).to(tl.float32)
-        if NORM:
-            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, k, offs_k, (k + offs_k) < K, rstd,
-                                 REDUCE_EACH, True, NORM_RES)
-        else:
-            a1 = _fma_step(a1, w1, x_ptr + k, offs_k, None, False, REDUCE_EACH)
-            a2 = _fma_step(a2, w2, x_ptr + k, offs_k, None, False, REDUCE_EACH)
-    if k_full < K and k_full >= k_start:  # K tail (unless the peeled first tile was it)
-        kmask = (k_full + offs_k) < K
-        w1 = tl.load(w1_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-        w2 = tl.load(w2_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            a1, a2 = _fma_normed(a1, a2, w1, w2, x_ptr, res_ptr, g_ptr, k_full, offs_k, kmask, rstd,
-                                 REDUCE_EACH, True, NORM_RES)
-        else:
-            a1 = _fma_step(a1, w1, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
-            a2 = _fma_step(a2, w2, x_ptr + k_full, offs_k, kmask, True, REDUCE_EACH)
+    # Both halves of a pair as the gated GEMV's gate and up tiles: each sums as the M = 1 GEMV does.
+    a1, _, _, _, a2 = _fma_k_loop(w1_ptrs, w1_ptrs + HALF * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, 0,
+                                  (K // BLOCK_K) * BLOCK_K, K, K, 0, offs_k, tile, BLOCK_N, BLOCK_K, 1, REDUCE_EACH,
+                                  True, NORM, NORM_RES, BLOCK_H, USE_PDL)
     y1 = _fma_final(a1, REDUCE_EACH)
     y2 = _fma_final(a2, REDUCE_EACH)
     if HAS_BIAS:

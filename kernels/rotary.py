@@ -31,12 +31,7 @@ from graphrt.kernels.attention import store_kv
 from graphrt.kernels.norm import rms_norm_reference
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = [
-    "apply_rotary_reference",
-    "rotary_store_kv",
-    "rotary_store_kv_reference",
-    "rotary_store_kv_triton",
-]
+__all__ = ["apply_rotary_reference", "rotary_store_kv", "rotary_store_kv_reference", "rotary_store_kv_triton"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -121,20 +116,10 @@ def _rotary_store_kv_kernel(
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     slot_ptr,  # [N] int64, negative = skip
     max_positions,
-    num_slots,
+    num_slots,  # num_blocks * PAGE
     eps,
-    stride_qn,
-    stride_qh,
-    stride_kn,
-    stride_kh,
-    stride_vn,
-    stride_vh,
-    stride_kc_b,
-    stride_kc_s,
-    stride_kc_h,
-    stride_vc_b,
-    stride_vc_s,
-    stride_vc_h,
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,  # q, k, v: token, head
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,  # block_size: tokens per KV block
@@ -255,42 +240,13 @@ def rotary_store_kv_triton(
     has_norm = q_norm is not None
     pdl = pdl_enabled(q.device)
     _rotary_store_kv_kernel[(n, hq + hkv)](
-        q,
-        k,
-        v,
-        positions,
-        cos,
-        sin,
-        q_norm if has_norm else cos,
-        k_norm if has_norm else cos,
-        q_out,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        cos.shape[0],
-        num_blocks * page,
-        float(eps),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_Q_HEADS=hq,
-        HEAD_DIM=d,
-        PAGE=page,
-        HAS_NORM=has_norm,
-        BLOCK_HALF=triton.next_power_of_2(d // 2),
-        USE_PDL=pdl,
-        num_warps=1 if d <= 128 else 2,
-        **pdl_launch(pdl),
-    )
+        q, k, v, positions, cos, sin, q_norm if has_norm else cos, k_norm if has_norm else cos, q_out,
+        k_cache, v_cache, slot_mapping, cos.shape[0], num_blocks * page, float(eps),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_Q_HEADS=hq, HEAD_DIM=d, PAGE=page, HAS_NORM=has_norm, BLOCK_HALF=triton.next_power_of_2(d // 2),
+        USE_PDL=pdl, num_warps=1 if d <= 128 else 2, **pdl_launch(pdl),
+    )  # fmt: skip
     return q_out
 
 

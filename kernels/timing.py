@@ -15,12 +15,7 @@ import torch
 
 
 def time_in_graph(
-    fn: Callable[..., object],
-    arg_sets: Sequence[tuple],
-    *,
-    per_graph: int = 20,
-    replays: int = 30,
-    warmup: int = 3,
+    fn: Callable[..., object], arg_sets: Sequence[tuple], *, per_graph: int = 20, replays: int = 30, warmup: int = 3
 ) -> float:
     """Median time of one `fn(*args)` call in microseconds, measured from CUDA graph replays.
 

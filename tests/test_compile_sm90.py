@@ -177,3 +177,67 @@ def test_kernel_compiles_for_sm90(compiled, name):
     if name.startswith("attn") and res["griddepcontrol"]:
         # seq_lens (and the prefetch's table entries) are settled: read before the wait
         assert res["loads_before_wait"] > 0, res
+
+
+# Launches that must share one compiled variant (cold start: every variant of `graphrt capture`'s
+# buckets compiles once): llama-1b shapes on CPU tensors, the JIT cache key computed as
+# JITFunction.run computes it, nothing launched.
+_SHARED = textwrap.dedent("""
+    import json, sys
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    import graphrt.kernels.attention as att, graphrt.kernels.gemv as gemv, graphrt.kernels.qkv_rotary as qr
+    from graphrt.kernels.norm import PendingNorm
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    keys, group = {}, [None]
+    for mod, name in ((att, "_paged_attn_partial_kernel"), (att, "_paged_attn_merge_kernel"),
+                      (gemv, "_gemv_kernel"), (qr, "_qkv_rotary_kernel")):
+        mod.pdl_enabled = lambda dev: True
+        fn = getattr(mod, name)
+        def run(*args, grid, warmup, _b=create_function_from_signature(fn.signature, fn.params, backend), _n=name,
+                **kw):
+            keys.setdefault(f"{group[0]} {_n}", set()).add(str(_b(*args, **kw)[1:]))
+        fn.run = run
+    att._device_sm_count = lambda dev: 132
+    bf = torch.bfloat16
+    kc = torch.empty(200, 16, 8, 64, dtype=bf)
+    cos = torch.empty(2100, 64)
+    steps = [torch.empty(2, b, dtype=dt) for b in (1, 2) for dt in (torch.int32, torch.int64, torch.int64)]
+    group[0] = "decode B=1,2 (both steps) and verify B=1:"
+    for sl, pos, slot in zip(steps[0::3], steps[1::3], steps[2::3]):
+        b = sl.shape[1]
+        for i in range(2):  # row 1 of a [2, 1] tensor is not 16-byte aligned
+            att.paged_attention_triton(torch.empty(b, 32, 64, dtype=bf), kc, kc, torch.empty(b, 129, dtype=torch.int32),
+                                       sl[i], query_len=1, scale=0.125, max_seq_len=2064)
+            if b == 1:
+                x = torch.empty(1, 2048, dtype=bf)
+                qr.qkv_rotary_store_triton(x, torch.empty(3072, 2048, dtype=bf), None, pos[i], cos, cos, kc, kc,
+                                           slot[i], num_q_heads=32, num_kv_heads=8,
+                                           norm=PendingNorm(x, torch.empty_like(x), torch.empty(2048, dtype=bf), 1e-5))
+    att.paged_attention_triton(torch.empty(4, 32, 64, dtype=bf), kc, kc, torch.empty(1, 129, dtype=torch.int32),
+                               torch.empty(1, dtype=torch.int32), query_len=4, scale=0.125, max_seq_len=2064)
+    group[0] = "o_proj and down_proj at M = 1:"
+    for k in (2048, 8192):
+        gemv.gemv_triton(torch.empty(1, k, dtype=bf), torch.empty(2048, k, dtype=bf))
+    group[0] = "o_proj and down_proj at M = 4, 8, 16:"
+    for k in (2048, 8192):
+        for m in (4, 8, 16):
+            gemv.gemv_triton(torch.empty(m, k, dtype=bf), torch.empty(2048, k, dtype=bf))
+    print(json.dumps({k: len(v) for k, v in keys.items()}))
+""")
+
+
+def test_bucket_launches_share_compiled_variants():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _SHARED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    # one variant each, but the attention's partial kernel: one for decode, one for verify (BLOCK_Q)
+    want = {"decode B=1,2 (both steps) and verify B=1: _paged_attn_partial_kernel": 2,
+            "decode B=1,2 (both steps) and verify B=1: _paged_attn_merge_kernel": 1,
+            "decode B=1,2 (both steps) and verify B=1: _qkv_rotary_kernel": 1,
+            "o_proj and down_proj at M = 1: _gemv_kernel": 1, "o_proj and down_proj at M = 4, 8, 16: _gemv_kernel": 1}
+    assert counts == want

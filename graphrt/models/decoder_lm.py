@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
-from graphrt.kernels.norm import add_rms_norm
-from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary, rms_norm
+from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary
 
 
 class DecoderLM:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
-from graphrt.kernels.norm import PendingNorm
-from graphrt.models.layers import DecoderLayer, Rotary, rms_norm
+from graphrt.kernels.norm import PendingNorm, rms_norm
+from graphrt.models.layers import DecoderLayer, Rotary
 
 
 class _EagleBase:

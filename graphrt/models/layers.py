@@ -12,12 +12,7 @@ The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activat
 entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
 bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
 decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
-otherwise (CPU included).
-
-Measured 2026-11-22 (H200, triton 3.6, llama-1b-shape bf16, plain decode under CUDA graphs, both
-versions in one run): TARGET_DECODE 2052 -> 1086 us at B = 1 (34% -> 65% of the weight-read
-roofline), 2325 -> 1117 us at B = 8, 2435 -> 1176 us at B = 64. With the Triton GEMV and PDL
-launches (kernels/pdl.py): 877 us at B = 1 (H200, one run with GRAPHRT_PDL=0 giving 913 us)."""
+otherwise (CPU included). The decode-step timings of these paths are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ import torch
 
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_silu_mul
-from graphrt.kernels.norm import PendingNorm, rms_norm_reference
-from graphrt.kernels.norm import rms_norm as _rms_norm
+from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 
 
@@ -46,15 +40,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     query_len: int
     max_seq_len: int
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., H]; weight: [H]. Normalises in fp32 and casts back before the weight, as the
-    reference implementations do, so logits match theirs in every dtype (kernels/norm.py).
-    CUDA 2-D input -> one Triton launch; otherwise rms_norm_reference."""
-    if x.dim() == 2:
-        return _rms_norm(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -126,7 +111,6 @@ class GatedMLP:
     def __init__(self, weights: dict, prefix: str):
         self.gate_up = torch.cat([weights[f"{prefix}.gate_proj.weight"], weights[f"{prefix}.up_proj.weight"]], 0)
         self.down = weights[f"{prefix}.down_proj.weight"]
-        self.inter = self.down.shape[1]
 
     def __call__(self, x):
         """x: [N, H], or the PendingNorm that produces it."""
