@@ -20,7 +20,7 @@ Three code paths in one kernel, all deterministic:
     verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
     for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
     traffic costs more than the launches saved (even at 16 MiB, llama-1b-shape's qkv and o), so
-    only small ones, bound by launch latency, take it (BENCHMARKS.md has the verify timings).
+    only small ones, bound by launch latency, take it (docs/notes/benchmarks-history.md has the verify timings).
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
 fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
 reset by that program) sums the partials in split order and writes y, in the same launch. When the
@@ -478,7 +478,7 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
 
     Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
-    and llama-8b projections, M in 1, 2, 4, 8, 16 (the figures are in BENCHMARKS.md):
+    and llama-8b projections, M in 1, 2, 4, 8, 16 (figures: docs/notes/benchmarks-history.md):
       - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
         or close to it, on all eight projections, all faster than cuBLAS.
       - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).

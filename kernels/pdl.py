@@ -77,7 +77,7 @@ def pdl_launch(pdl: bool) -> dict:
 def pdl_enabled(device: torch.device) -> bool:
     """Whether the decode-path kernels launch as programmatic dependents on `device`: on a device
     that supports it unless GRAPHRT_PDL=0 (read per call, so a benchmark can compare both).
-    It shortens the gap between small kernels of a graph (scripts/pdl_probe.py, BENCHMARKS.md); a
+    It shortens the gap between small kernels of a graph (scripts/pdl_probe.py, docs/notes/benchmarks-history.md); a
     Triton kernel after a cuBLAS one gains nothing (cuBLAS apparently does not release its
     dependents early)."""
     return os.environ.get("GRAPHRT_PDL", "1") != "0" and pdl_available(device)

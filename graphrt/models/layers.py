@@ -12,7 +12,7 @@ The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activat
 entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
 bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
 decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
-otherwise (CPU included). The decode-step timings of these paths are in BENCHMARKS.md."""
+otherwise (CPU included). The decode-step timings of these paths are in docs/notes/benchmarks-history.md."""
 
 from __future__ import annotations
 
