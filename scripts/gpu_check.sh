@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b realpair plainab profile removal (default: tests capture profile).
+# sweep1b sweep8b realpair plainab capture kernels profile removal (default: tests capture profile).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -45,7 +45,7 @@ for step in $steps; do
                 --png "$OUT/sweep1b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
     sweep8b)  python3 -m graphrt bench --sweep-accept --preset llama-8b-shape --max-new-tokens 64 \
                 --json "$OUT/sweep8b.json" --png "$OUT/sweep8b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
-    # plain decode at B = 1, this tree against abtmp/old (an older checkout, carried), alternating, each
+    # plain decode at B = 1 and 64, this tree against abtmp/old (an older checkout, carried), alternating, each
     # with its own checkpoint cache: "nothing measured today gets slower", by A/B in one run
     plainab)  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite abtmp/old >/dev/null 2>&1
               # the editable install's import finder and the checkout (cwd) outrank PYTHONPATH: the old runs drop both
@@ -55,14 +55,21 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
               for p in llama-1b-shape llama-8b-shape; do for r in 1 2; do for v in new old; do
                 if [ $v = old ]; then run=(env PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} GRAPHRT_CACHE=/tmp/gc_old python3 -c "$old")
                 else run=(python3 -m graphrt); fi
-                "${run[@]}" bench --preset $p --no-draft --batch-sizes 1 --max-new-tokens 128 2>&1 \
+                "${run[@]}" bench --preset $p --no-draft --batch-sizes 1,64 --max-new-tokens 128 2>&1 \
                   | grep -E '^(plain-graphs |tree:)' | sed "s/^/$p $v /" | log
               done; done; done ;;
     # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
     # (`pip install 'graphrt[smollm2]'`, or SMOLLM2 pointing at the .gguf)
     realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --json "$OUT/realpair.json" 2>&1 \
                 | log | tail -40 ;;
-    capture)  python3 -m graphrt capture --json "$OUT/capture.json" 2>&1 | grep -v '^capture' | log | tail -35 ;;
+    # capture cold (an empty Triton cache) then warm (the same cache)
+    capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \
+                --json "$OUT/capture_$w.json" 2>&1 | grep -v '^capture' | sed "s/^/$w: /" | log | tail -35; done ;;
+    # the kernel table: argmax and the sampler (unfiltered and filtered) against torch and the byte floor,
+    # then vLLM 0.33's sampler on the same inputs (needs .vllm_src: scripts/vllm_rejection_peer.py says how)
+    kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
+              PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
+                --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
     profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
               python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60
