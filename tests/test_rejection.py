@@ -79,6 +79,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def assert_same_result(got, ref, msg="", tol=1e-5, counts=None):
+    """Triton against reference: tokens and counts bit for bit, logprobs to fp32 rounding;
+    counts: (Triton's, the reference's) acceptance counters, equal too."""
+    assert torch.equal(got.token_ids, ref.token_ids), msg
+    assert torch.equal(got.num_emitted, ref.num_emitted), msg
+    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=tol, atol=tol, msg=msg)
+    if counts is not None:
+        assert torch.equal(*counts), msg
+
+
 def check_outputs_valid(res, args):
     b, r, v = args["target_logits"].shape
     n = res.num_emitted.long()
@@ -179,10 +189,7 @@ def test_triton_matches_reference(name):
     got = rejection_sample_triton(**args, acceptance_counts=counts_tri, race_chunk=chunk,
                                   config=forced(args, block_v=16, race_block_v=16, num_splits=3, **fuse))
     msg = f"seed {seed} dtype {dtype} race_chunk {chunk}"
-    assert torch.equal(got.token_ids, ref.token_ids), msg
-    assert torch.equal(got.num_emitted, ref.num_emitted), msg
-    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=msg)
-    assert torch.equal(counts_tri, counts_ref), msg
+    assert_same_result(got, ref, msg, counts=(counts_tri, counts_ref))
     check_outputs_valid(got, args)
     for key, value in before.items():
         if isinstance(value, torch.Tensor):
@@ -238,9 +245,7 @@ def test_triton_race_pruning_matches_reference(kind):
         got = rejection_sample_triton(**args, race_chunk=256, config=forced(
             args, fuse_race=fuse, prune=True, block_v=64, race_block_v=64, num_splits=2))
         msg = f"seed {seed} dtype {dtype} fuse {fuse}"
-        assert torch.equal(got.token_ids, ref.token_ids), msg
-        assert torch.equal(got.num_emitted, ref.num_emitted), msg
-        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5, msg=msg)
+        assert_same_result(got, ref, msg)
 
 
 @triton.jit
@@ -393,10 +398,7 @@ def test_triton_matches_reference_gpu(cuda, mode, k, b, v, dtype):
     ref = rejection_sample_reference(**args, acceptance_counts=counts_ref)
     got = rejection_sample(**args, acceptance_counts=counts_tri)
     msg = f"seed {seed}"
-    assert torch.equal(got.token_ids, ref.token_ids), msg
-    assert torch.equal(got.num_emitted, ref.num_emitted), msg
-    torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=1e-4, atol=1e-4, msg=msg)
-    assert torch.equal(counts_tri, counts_ref), msg
+    assert_same_result(got, ref, msg, tol=1e-4, counts=(counts_tri, counts_ref))
 
 
 @pytest.mark.gpu
