@@ -90,12 +90,14 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
+    - The threshold kernel (filters only) on 4096-entry tiles up to 8 rows, 2048 beyond: of 512 to
+      4096 entries on 4 to 16 warps, the fastest at B = 1 and B = 64 (top_k 50 + top_p 0.9).
     """
     rows = batch * (k + 1)
     prune = batch >= 128
     return LaunchConfig(block_v=2048 if full_q and rows > 8 else 1024, fuse_race=rows <= 8 and not full_q,
                         race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
-                        pdl=1 if 8 < rows <= 128 else 2)
+                        pdl=1 if 8 < rows <= 128 else 2, filter_block_v=4096 if rows <= 8 else 2048)
 
 
 def _on_gpu(dev: torch.device) -> bool:
