@@ -22,10 +22,13 @@ def cli_main(args) -> int:
     from graphrt.presets import default_checkpoints
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype, torch.bfloat16)
-    target, draft, desc = default_checkpoints(args.checkpoint, args.draft, dtype, no_draft=args.no_draft)
+    from graphrt.parallel import join_ranks, rank_zero_first
+
+    with rank_zero_first(join_ranks(args.tp)):
+        target, draft, desc = default_checkpoints(args.checkpoint, args.draft, dtype, no_draft=args.no_draft)
     rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens, device="cuda",
                                  dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-                                 use_cuda_graphs=True)
+                                 use_cuda_graphs=True, tensor_parallel_size=args.tp)
     phases = [p for p, _ in rt.cycle.phases()]
     print(f"graphrt capture: target {target}; draft: {desc}; K = {rt.K}; buckets {list(rt.buckets)}")
     t0 = time.perf_counter()

@@ -64,15 +64,17 @@ class CycleGraphs:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            if precompile_kernels:
-                t0 = time.perf_counter()
-                self.precompiled = precompile(lambda: [fn(B) for B in self.buckets for _, fn in self.cycle.phases()],
-                                              self._configuration())
-                self.precompile_s = time.perf_counter() - t0
-            with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
+            def run_all():
                 for B in self.buckets:
                     for _, fn in self.cycle.phases():
                         fn(B)
+
+            if precompile_kernels:
+                t0 = time.perf_counter()
+                self.precompiled = precompile(run_all, self._configuration())
+                self.precompile_s = time.perf_counter() - t0
+            with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
+                run_all()
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             reserved0 = torch.cuda.memory_reserved()
@@ -107,8 +109,10 @@ class CycleGraphs:
         """What decides which kernel variants the captures compile (for capture/precompile.py)."""
         c, s = self.cycle, self.cycle.s
         kv = [(tuple(p.k[0].shape), p.k[0].dtype) for p in (c.target_kv, c.draft_kv) if p is not None and p.k]
-        return repr((c.target.cfg, getattr(c.draft, "cfg", None), c.K, self.buckets, kv,
-                     tuple(s.block_tables.shape), str(s.num_tokens.device)))
+        # filtering: the sampler's threshold kernel runs once a request has used a filter; the LM
+        # head's shape: a tensor-parallel rank's vocab shard
+        return repr((c.target.cfg, getattr(c.draft, "cfg", None), c.K, self.buckets, kv, s.filtering,
+                     tuple(c.target.lm_head.shape), tuple(s.block_tables.shape), str(s.num_tokens.device)))
 
     def get(self, phase: str, batch_size: int):
         rec = self.graphs.get((phase, batch_size))

@@ -91,7 +91,7 @@ def stable_cache_keys(modules: list[str]) -> None:
             return
         for fn in fns:
             fn.hash = None
-    [fn.cache_key for fn in fns]
+    keys = [fn.cache_key for fn in fns]  # not settled in 8 rounds: leave none reset
 
 
 def kernel_modules() -> list[str]:
@@ -102,14 +102,12 @@ def kernel_modules() -> list[str]:
 def _balanced(jobs: list[tuple[str, str, str]], n: int) -> list[list]:
     """Split jobs over n workers, longest first onto the least loaded, taking a kernel's source
     length as its compile time: the slowest worker decides when the pass ends."""
-    def cost(job):
-        return len(inspect.getsource(getattr(importlib.import_module(job[0]), job[1]).fn))
-
+    costs = [len(inspect.getsource(getattr(importlib.import_module(job[0]), job[1]).fn)) for job in jobs]
     shares, loads = [[] for _ in range(n)], [0] * n
-    for job in sorted(jobs, key=cost, reverse=True):
+    for cost, job in sorted(zip(costs, jobs), key=lambda cj: cj[0], reverse=True):
         i = loads.index(min(loads))
         shares[i].append(job)
-        loads[i] += cost(job)
+        loads[i] += cost
     return shares
 
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from graphrt.arg_types import device_and_dtype
 from graphrt.errors import GraphrtError
 from graphrt.floors import lm_bytes, phase_bytes
+from graphrt.parallel import join_ranks, rank_zero_first
 from graphrt.params import SamplingParams
 from graphrt.profiling.phase_timer import PhaseTimer
 from graphrt.runtime import Runtime
@@ -66,8 +67,9 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
     the measured bandwidth."""
     dtype_bytes = rt.target_ckpt.weights["embed_tokens.weight"].element_size()
     draft = rt.draft_ckpt.config if rt.draft_ckpt is not None else None
+    tp = rt.tp.world_size if rt.tp is not None else 1
     return {phase: nbytes / (bandwidth_gbs * 1e3)
-            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes).items()}
+            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp).items()}
 
 
 def main(args) -> list[dict]:
@@ -81,18 +83,20 @@ def main(args) -> list[dict]:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device})")
     draft_kind = args.draft_kind or ("eagle3" if on_cuda else "lm")
-    target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
-                                                    draft_layers=args.draft_layers, preset=args.preset,
-                                                    damped=args.damped, draft_kind=draft_kind)
+    tp = join_ranks(getattr(args, "tp", 1))
+    with rank_zero_first(tp):
+        target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
+                                                        draft_layers=args.draft_layers, preset=args.preset,
+                                                        damped=args.damped, draft_kind=draft_kind)
     if getattr(args, "sweep_accept", False):
         if not draft:
             raise GraphrtError("--sweep-accept needs a draft")
         return sweep_acceptance(args, target, draft, draft_desc, device=device, dtype=dtype,
                                 batch_sizes=args.batch_sizes or ([1, 8, 64] if on_cuda else [1, 4]),
-                                max_new=max_new, graphs=on_cuda and not args.eager)
+                                max_new=max_new, graphs=on_cuda and not args.eager, tp=tp)
     max_bs = max(batch_sizes)
     seq = args.prompt_len + max_new + 8
-    kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq)
+    kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq, tensor_parallel_size=args.tp)
     graphs = on_cuda and not args.eager
     runtimes = []
     simulated = getattr(args, "accept_len", None)
@@ -105,7 +109,7 @@ def main(args) -> list[dict]:
             runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
                                                    num_draft_tokens=args.num_draft_tokens, device=device,
                                                    max_batch_size=max_bs, max_seq_len=seq,
-                                                   simulate_acceptance_length=simulated)))
+                                                   simulate_acceptance_length=simulated, tensor_parallel=tp)))
     else:
         base = target
     plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
@@ -204,7 +208,8 @@ def run_meta(device, **extra) -> dict:
 SWEEP_PHASES = ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE")
 
 
-def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_sizes, max_new, graphs) -> list[dict]:
+def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_sizes, max_new, graphs,
+                     tp=None) -> list[dict]:
     """Tokens/s against simulated acceptance length L in 1, 1.5, .., K + 1 for each K, with plain
     decoding of the same target measured in the same process beside each row, the speedup, the
     break-even L and per-phase time: what speculation buys at each acceptance a draft may reach."""
@@ -212,10 +217,16 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
 
     on_cuda = device.type == "cuda"
     Ks = args.sweep_k or ([3, 5] if on_cuda else [3])
-    tckpt = load_checkpoint(target, dtype=dtype, device=device)
+    shard = None
+    if tp is not None:
+        from graphrt.checkpoint_config import load_config
+        from graphrt.parallel import target_shard_rule
+
+        shard = target_shard_rule(load_config(target), tp)
+    tckpt = load_checkpoint(target, dtype=dtype, device=device, shard=shard)
     dckpt = load_checkpoint(draft, dtype=dtype, device=device)
     kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=args.prompt_len + max_new + 8,
-              use_cuda_graphs=graphs)
+              use_cuda_graphs=graphs, tensor_parallel=tp)
     run = dict(prompt_len=args.prompt_len, max_new_tokens=max_new)
     plain = Runtime(tckpt, None, **kw)
     base = {}
@@ -240,7 +251,8 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
     print(f"graphrt bench --sweep-accept: simulated acceptance L (each verify step accepts a drawn number of "
           f"drafts, mean tokens per cycle L; the target forward and rejection kernel run as always)\n"
           f"target: {target}\ndraft: {draft_desc}\n{max_new} new tokens per request, prompt {args.prompt_len}, "
-          f"greedy, {'graphs' if graphs else 'eager'}, {device}")
+          f"greedy, {'graphs' if graphs else 'eager'}, {device}"
+          + (f", tensor parallel over {tp.world_size} ranks" if tp is not None else ""))
     print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7}  "
           + "  ".join(f"{p + ' us':>16}" for p in SWEEP_PHASES) + f"  {'plain step us':>13}")
     for r in rows:

@@ -90,6 +90,7 @@ class Checkpoint:
     path: str
     kind: str  # "lm" | "eagle" | "eagle3"
     files: dict[str, str] = field(default_factory=dict, repr=False)  # canonical name -> file it came from
+    parallel: tuple[int, int] | None = None  # (rank, world size) when the weights are a tensor-parallel slice
 
 
 @dataclass
@@ -329,13 +330,16 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu", kind: str | None = None) -> Checkpoint:
+                    device: str | torch.device = "cpu", kind: str | None = None, shard=None) -> Checkpoint:
     """Load and strictly validate a local HF checkpoint folder, or a GGUF file (a `.gguf` path, or a
     folder holding one .gguf and no config.json: graphrt/gguf_checkpoint.py).
 
     dtype: cast floating weights to it; None keeps each tensor's stored dtype (d2t stays int64,
         t2d bool, whatever dtype is asked; GGUF tensors are dequantized to float32).
     kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it (module doc).
+    shard: a tensor-parallel rank's rule (graphrt/parallel/shard.target_shard_rule): canonical
+        name -> (dim, start, end) or None; a safetensors file then yields only those bytes. Shapes
+        are checked whole, before slicing.
     """
     from graphrt.gguf_checkpoint import find_gguf, load_gguf_checkpoint  # lazy: it imports this module
 
@@ -344,7 +348,15 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         raise CheckpointError(f"{path}: dtype must be a floating torch.dtype, got {dtype!r}")
     gguf_file = find_gguf(path)
     if gguf_file is not None:
-        return load_gguf_checkpoint(gguf_file, dtype=dtype, device=device, kind=kind)
+        ckpt = load_gguf_checkpoint(gguf_file, dtype=dtype, device=device, kind=kind)
+        if shard is not None:  # GGUF tensors are dequantized whole anyway
+            from graphrt.parallel.shard import shard_tensor
+
+            ckpt.weights = {n: shard_tensor(t, shard(n)) for n, t in ckpt.weights.items()}
+            if ckpt.config.tie_word_embeddings:
+                ckpt.weights["lm_head.weight"] = ckpt.weights["embed_tokens.weight"]
+            ckpt.parallel = shard.parallel
+        return ckpt
     d = read_config_json(path)
     stored = _index_weights(path)
     cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()}, kind=kind)
@@ -402,7 +414,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     fixed = {"d2t": torch.int64, "t2d": torch.bool}
     try:
         for name, s in by_canon.items():
-            t = _read_tensor(s, handles)
+            t = _read_tensor(s, handles, None if shard is None else shard(name))
             weights[name] = t.to(device=device, dtype=fixed.get(name, dtype if dtype is not None else t.dtype))
             files[name] = s.file
     finally:
@@ -417,19 +429,24 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
             weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=device)
             files["d2t"] = "(identity: synthesised)"
         _check_d2t_range(weights["d2t"], cfg.vocab_size, files["d2t"])
-    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, files=files)
+    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, files=files,
+                      parallel=getattr(shard, "parallel", None))
 
 
-def _read_tensor(s: _Stored, handles: dict[str, Any]) -> torch.Tensor:
+def _read_tensor(s: _Stored, handles: dict[str, Any], part: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """The stored tensor, or only part = (dim, start, end) of it."""
     if s.tensor is not None:
-        return s.tensor
+        return s.tensor if part is None else s.tensor.narrow(part[0], part[1], part[2] - part[1]).contiguous()
     from safetensors import SafetensorError, safe_open
 
     try:
         h = handles.get(s.file)
         if h is None:
             h = handles[s.file] = safe_open(s.file, framework="pt", device="cpu")
-        return h.get_tensor(s.name)
+        if part is None:
+            return h.get_tensor(s.name)
+        dim, start, end = part
+        return h.get_slice(s.name)[(slice(None),) * dim + (slice(start, end),)]
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise CheckpointError(f"{s.file}: cannot read tensor {s.name!r} ({exc})") from exc
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from graphrt.arg_types import int_list
@@ -16,6 +17,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per cycle (K)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism over N GPUs (N processes, started here unless torchrun started this one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,7 +120,7 @@ def cmd_generate(args) -> int:
         prompt = args.prompt_ids
     rt = Runtime.from_pretrained(target, args.draft, num_draft_tokens=args.num_draft_tokens,
                                  device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
-                                 max_seq_len=len(prompt) + args.max_new_tokens + 1)
+                                 max_seq_len=len(prompt) + args.max_new_tokens + 1, tensor_parallel_size=args.tp)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
     stream = TextStream(tokenizer) if tokenizer is not None and not args.json else None
@@ -179,6 +182,10 @@ def cmd_profile(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # each rank runs this same command line
+        from graphrt.parallel.launch import run_ranks
+
+        return run_ranks(args.tp, main, sys.argv[1:] if argv is None else list(argv))
     handler = {"generate": cmd_generate, "bench": cmd_bench, "capture": cmd_capture, "profile": cmd_profile}
     try:
         return handler[args.command](args)

@@ -33,4 +33,10 @@ class RequestError(GraphrtError, ValueError):
     """A request is malformed (bad sampling parameter, empty prompt, token id out of range)."""
 
 
-__all__ = ["GraphrtError", "CheckpointError", "ConfigMismatchError", "CapacityError", "RequestError"]
+class ParallelError(GraphrtError, RuntimeError):
+    """A tensor-parallel rank failed (at load, say). Raised on every rank with the same message,
+    which names the failing rank and its error, so that no rank waits forever in a collective."""
+
+
+__all__ = ["GraphrtError", "CheckpointError", "ConfigMismatchError", "CapacityError", "ParallelError",
+           "RequestError"]

@@ -7,7 +7,10 @@ Counted from the configs (graphrt.checkpoint.expected_shapes), per launch of the
   - an EAGLE-1/2 head projects with the target's LM head: its bytes belong to every draft step;
   - an EAGLE-3 head's fc (3 H_target -> H) runs only on the target's features, in DRAFT_EXTEND;
     each DRAFT_DECODE step reads its layers, norm and own (draft-vocabulary) LM head;
-  - DRAFT_DECODE is K - 1 such steps.
+  - DRAFT_DECODE is K - 1 such steps;
+  - under tensor parallelism over W ranks, per rank: the target's bytes (and an EAGLE-1/2 head's
+    share of its LM head) / W, a replicated draft's whole (the replicated norms, under 0.01% of
+    the target, are left out: the floor stays a lower bound).
 KV-cache reads are left out: at the context lengths the bench runs they are under 1% of the bytes.
 """
 
@@ -31,9 +34,10 @@ def lm_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
 
 
 def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft_tokens: int = 3,
-                dtype_bytes: int = 2) -> dict[str, int]:
-    """{phase: weight bytes per launch} for the phases a runtime with this target and draft runs."""
-    t = lm_bytes(target, dtype_bytes)
+                dtype_bytes: int = 2, tensor_parallel: int = 1) -> dict[str, int]:
+    """{phase: weight bytes per launch (per rank)} for the phases a runtime with this target and
+    draft runs."""
+    t = lm_bytes(target, dtype_bytes) // tensor_parallel
     out = {"TARGET_DECODE": t}
     if draft is None:
         return out
@@ -42,7 +46,8 @@ def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft
     if draft.kind == "lm":
         extend = step = lm_bytes(draft, dtype_bytes)
     elif draft.kind == "eagle":
-        extend = step = _bytes(draft, names, dtype_bytes) + dtype_bytes * target.vocab_size * target.hidden_size
+        head = dtype_bytes * target.vocab_size * target.hidden_size // tensor_parallel
+        extend = step = _bytes(draft, names, dtype_bytes) + head
     else:  # eagle3
         step = _bytes(draft, [n for n in names if n != "fc.weight"], dtype_bytes)
         extend = step + _bytes(draft, ["fc.weight"], dtype_bytes)

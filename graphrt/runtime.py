@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
+from graphrt.checkpoint_config import load_config
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
@@ -82,8 +83,11 @@ class Runtime:
                  device=None, max_batch_size: int = 64, max_seq_len: int = 2048, block_size: int = 16,
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
-                 seed: int | None = None, simulate_acceptance_length: float | None = None):
+                 seed: int | None = None, simulate_acceptance_length: float | None = None,
+                 tensor_parallel=None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
         if use_cuda_graphs and device.type != "cuda":
             raise ValueError("use_cuda_graphs=True needs a CUDA device")
         # graphs are captured lazily, before the first decode cycle, or by capture()
@@ -108,16 +112,25 @@ class Runtime:
         max_positions = max_seq_len + self.slack
         self.max_blocks = -(-max_positions // block_size)
 
+        # Tensor parallelism (graphrt/parallel/): the target is this rank's slice; drafts are replicated.
+        self.tp = tensor_parallel
+        if self.tp is not None and target.parallel is None:
+            from graphrt.parallel import shard_checkpoint
+
+            target = shard_checkpoint(target, self.tp)
+        if self.tp is not None and target.parallel != (self.tp.rank, self.tp.world_size):
+            raise ValueError(f"the target checkpoint is the slice {target.parallel} (rank, world size), "
+                             f"not rank {self.tp.rank} of {self.tp.world_size}")
         self.target_ckpt, self.draft_ckpt = target, draft
-        self.target = build_target(target, max_positions, device)
+        self.target = build_target(target, max_positions, device, self.tp)
         self.draft = build_draft(draft, self.target, max_positions, device) if draft is not None else None
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
 
         dtype = target.weights["embed_tokens.weight"].dtype
-        per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, tcfg.num_key_value_heads,
-                                           tcfg.head_dim, dtype)
+        kv_heads = self.target.layers[0].attn.num_kv_heads if self.target.layers else tcfg.num_key_value_heads
+        per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, kv_heads, tcfg.head_dim, dtype)
         if self.draft is not None:
             dc = self.draft.cfg
             per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, dc.num_key_value_heads,
@@ -130,8 +143,8 @@ class Runtime:
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)
         self.allocator = BlockAllocator(num_blocks)
-        self.target_kv = KVPool.allocate(tcfg.num_hidden_layers, num_blocks, block_size,
-                                         tcfg.num_key_value_heads, tcfg.head_dim, dtype, device)
+        self.target_kv = KVPool.allocate(tcfg.num_hidden_layers, num_blocks, block_size, kv_heads, tcfg.head_dim,
+                                         dtype, device)
         self.draft_kv = None
         target_hidden = draft_state = None
         if self.draft is not None:
@@ -183,18 +196,40 @@ class Runtime:
 
     @classmethod
     def from_pretrained(cls, target, draft=None, *, num_draft_tokens: int = 3, device=None, dtype=None,
-                        max_batch_size: int = 64, max_seq_len: int = 2048, **kwargs) -> Runtime:
+                        max_batch_size: int = 64, max_seq_len: int = 2048, tensor_parallel_size: int | None = None,
+                        **kwargs) -> Runtime:
         """target, draft: local Hugging Face directories (or already loaded Checkpoints).
-        dtype defaults to bf16 on CUDA and fp32 on the CPU."""
+        dtype defaults to bf16 on CUDA and fp32 on the CPU.
+
+        tensor_parallel_size N: this process is one of N ranks (launched by torchrun or `graphrt ...
+        --tp N`; graphrt.parallel.init_tensor_parallel joins the group). Each rank reads only its
+        slice of the target from a safetensors checkpoint, runs on cuda:LOCAL_RANK, and every rank
+        runs the same requests: call the same methods with the same arguments on every rank. A rank
+        that fails to load makes every rank raise the same ParallelError."""
+        tp = None
+        if tensor_parallel_size is not None and tensor_parallel_size > 1:
+            from graphrt.parallel import init_tensor_parallel, target_shard_rule
+
+            tp = init_tensor_parallel(tensor_parallel_size)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        if isinstance(target, (str, Path)):
-            target = load_checkpoint(target, dtype=dtype, device=device)
-        if isinstance(draft, (str, Path)):
-            draft = load_checkpoint(draft, dtype=dtype, device=device)
-        return cls(target, draft, num_draft_tokens=num_draft_tokens, device=device, max_batch_size=max_batch_size,
-                   max_seq_len=max_seq_len, **kwargs)
+        error = None
+        try:
+            if isinstance(target, (str, Path)):
+                shard = None if tp is None else target_shard_rule(load_config(target), tp)
+                target = load_checkpoint(target, dtype=dtype, device=device, shard=shard)
+            if isinstance(draft, (str, Path)):
+                draft = load_checkpoint(draft, dtype=dtype, device=device)
+            rt = cls(target, draft, num_draft_tokens=num_draft_tokens, device=device, max_batch_size=max_batch_size,
+                     max_seq_len=max_seq_len, tensor_parallel=tp, **kwargs)
+        except Exception as exc:
+            if tp is None:
+                raise
+            error = exc
+        if tp is not None:
+            tp.agree(error)
+        return rt
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
@@ -317,6 +352,9 @@ class Runtime:
             raise ValueError("CUDA graph capture needs a CUDA device")
         from graphrt.capture.graphs import CycleGraphs
 
+        if self.tp is not None:
+            # NCCL sets up its communicator at the first collective, which must not be inside a capture
+            self.tp.agree(None)
         graphs = CycleGraphs(self.cycle, self.buckets)
         self.cycle.graphs = None
         records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)

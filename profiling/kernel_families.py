@@ -14,9 +14,11 @@ import re
 
 from graphrt.profiling.attribution import short_kernel_name
 
-FAMILIES = ("GEMV", "GEMM", "attention", "norm", "rotary", "sampler", "argmax", "other")
+FAMILIES = ("GEMV", "GEMM", "attention", "norm", "rotary", "sampler", "argmax", "comm", "other")
 
 _RULES = [
+    # tensor parallelism's collectives: NCCL's kernels are ncclDevKernel_AllReduce_Sum_bf16_RING_LL...
+    ("comm", r"^nccl|all_?reduce|all_?gather|reduce_?scatter|cross_device"),
     ("GEMV", r"gemv|qkv_rotary"),
     ("rotary", r"rotary|rope"),
     ("attention", r"attn|attention|flash|fmha|store_kv|kv_cache"),

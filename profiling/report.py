@@ -213,6 +213,8 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="embedded preset when no checkpoint: llama-1b-shape (CUDA default), tiny, ...")
     p.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
     p.add_argument("--no-draft", action="store_true", help="plain decoding (TARGET_DECODE) only")
+    p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"], default="lm",
+                   help="embedded draft when no --draft is given (graphrt bench --draft-kind)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every phase runs eagerly")
     p.add_argument("--nsys", action="store_true", help="run the workload under nsys and read its SQLite export")
     p.add_argument("--nsys-dir", help="keep the .nsys-rep and .sqlite here (default: a temporary directory)")

@@ -28,6 +28,7 @@ class Workload:
         """cupti_warmup: open an empty profiler session before capturing (in-process profiling only;
         under nsys a second CUPTI client would compete with nsys's)."""
         from graphrt.arg_types import device_and_dtype
+        from graphrt.parallel import join_ranks, rank_zero_first
         from graphrt.presets import default_checkpoints
         from graphrt.runtime import Runtime
 
@@ -36,10 +37,13 @@ class Workload:
         self.batch_sizes = list(getattr(args, "batch_sizes", None) or ([1, 8, 64] if on_cuda else [1, 4]))
         self.prompt_len = getattr(args, "prompt_len", 32)
         self.max_new = getattr(args, "max_new_tokens", None) or (32 if on_cuda else 8)
-        target, draft, draft_desc = default_checkpoints(
-            getattr(args, "checkpoint", None), getattr(args, "draft", None), dtype,
-            no_draft=getattr(args, "no_draft", False), draft_layers=getattr(args, "draft_layers", None),
-            preset=getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny"))
+        tp_size = getattr(args, "tp", 1)
+        with rank_zero_first(join_ranks(tp_size)):
+            target, draft, draft_desc = default_checkpoints(
+                getattr(args, "checkpoint", None), getattr(args, "draft", None), dtype,
+                no_draft=getattr(args, "no_draft", False), draft_layers=getattr(args, "draft_layers", None),
+                preset=getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny"),
+                draft_kind=getattr(args, "draft_kind", "lm"))
         self.desc = f"target {target}; draft: {draft_desc}"
         max_bs = max(self.batch_sizes)
         seq = self.prompt_len + self.max_new + 8
@@ -47,7 +51,7 @@ class Workload:
         self.rt = Runtime.from_pretrained(target, draft, num_draft_tokens=getattr(args, "num_draft_tokens", 3),
                                           device=self.device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
                                           kv_budget_tokens=max_bs * (seq + 64), buckets=tuple(self.batch_sizes),
-                                          use_cuda_graphs=graphs)
+                                          use_cuda_graphs=graphs, tensor_parallel_size=tp_size)
         self.graph_nodes: dict[tuple[str, int], int] = {}
         if graphs:
             if cupti_warmup:

@@ -13,8 +13,9 @@ from graphrt.models.decoder_lm import DecoderLM
 from graphrt.models.eagle import Eagle3Head, EagleHead
 
 
-def build_target(ckpt, max_positions: int, device) -> DecoderLM:
-    return DecoderLM(ckpt.config, ckpt.weights, max_positions, device)
+def build_target(ckpt, max_positions: int, device, tp=None) -> DecoderLM:
+    """tp: this rank's graphrt.parallel.TensorParallel when ckpt holds its slice of the target."""
+    return DecoderLM(ckpt.config, ckpt.weights, max_positions, device, tp=tp)
 
 
 def build_draft(ckpt, target: DecoderLM, max_positions: int, device):

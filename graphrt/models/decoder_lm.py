@@ -7,24 +7,45 @@ import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.vocab_parallel import vocab_shard
 from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary
 
 
 class DecoderLM:
     """forward() returns the final-norm hidden states (what the LM head reads, and what an
     EAGLE-1/2 head pairs with the next token) and, if asked, the residual stream at the input of
-    the layers in `aux_layer_ids` (what an EAGLE-3 head fuses)."""
+    the layers in `aux_layer_ids` (what an EAGLE-3 head fuses).
 
-    def __init__(self, cfg, weights: dict, max_positions: int, device):
+    tp: a graphrt.parallel.TensorParallel when the weights are this rank's slice
+    (graphrt/parallel/shard.py): the layers all-reduce their row-parallel outputs, the embedding
+    looks up its vocab shard and all-reduces, and logits() returns the rank's vocab shard, which the
+    kernels take with `logits_shard` (argmax, rejection_sample: group and vocab_size)."""
+
+    def __init__(self, cfg, weights: dict, max_positions: int, device, tp=None):
         self.cfg = cfg
+        self.tp = tp
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
         self.embed = weights["embed_tokens.weight"]
         self.lm_head = weights["lm_head.weight"]
         self.norm = weights["norm.weight"]
         self.layers = [
-            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary) for i in range(cfg.num_hidden_layers)
+            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(cfg.num_hidden_layers)
         ]
         self.aux_layer_ids: tuple[int, ...] = ()
+        self.logits_shard = {}
+        if tp is not None:
+            self.vocab_start = vocab_shard(cfg.vocab_size, tp.world_size, tp.rank)[0]
+            self.logits_shard = {}  # placeholder: logits() gathers
+
+    def embed_tokens(self, tokens):
+        """tokens [N] int64 -> [N, H]. Vocab-parallel: each rank gathers the rows it holds, zeros
+        elsewhere, and the all-reduce sums one row and zeros: exact."""
+        if self.tp is None:
+            return F.embedding(tokens, self.embed)
+        local = tokens - self.vocab_start
+        mine = (local >= 0) & (local < self.embed.shape[0])
+        x = F.embedding(local.clamp(0, self.embed.shape[0] - 1), self.embed).masked_fill(~mine[:, None], 0)
+        return self.tp.all_reduce(x)
 
     @property
     def num_layers(self) -> int:
@@ -32,7 +53,7 @@ class DecoderLM:
 
     def forward(self, tokens, positions, meta: AttentionMetadata, kv):
         """tokens, positions: [N] int64. Returns (hidden [N, H], aux [N, len(aux)*H] or None)."""
-        x = F.embedding(tokens, self.embed)
+        x = self.embed_tokens(tokens)
         # The stream is carried as (x, residual), summed inside the next layer's fused add + norm
         # (DecoderLayer.forward_residual); residual None means the stream is x itself.
         residual = None
@@ -50,7 +71,9 @@ class DecoderLM:
         return hidden, (torch.cat(aux, dim=-1) if aux else None)
 
     def logits(self, hidden):
-        return linear(hidden, self.lm_head)  # Triton at decode sizes (kernels/gemv.py)
+        """[N, V] ([N, vocab shard] under tensor parallelism)."""
+        out = linear(hidden, self.lm_head)  # Triton at decode sizes (kernels/gemv.py)
+        return out if self.tp is None else self.tp.gather_vocab(out, self.cfg.vocab_size)  # placeholder
 
     # The draft interface (see graphrt/models/__init__.py): a standalone LM drafts from its own
     # tokens only, at the tokens' own positions.

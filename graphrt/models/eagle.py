@@ -25,8 +25,12 @@ class _EagleBase:
         self.cfg = cfg
         self.num_layers = cfg.num_hidden_layers
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, device)
-        self.embed = weights.get("embed_tokens.weight", target.embed)
+        # A head without its own table looks tokens up in the target's, vocab-parallel included.
+        own = weights.get("embed_tokens.weight")
+        self.embed = target.embed if own is None else own
+        self.embed_tokens = target.embed_tokens if own is None else (lambda tokens: F.embedding(tokens, own))
         self.fc_weight = weights["fc.weight"]
+        self.logits_shard = {}
 
 
 class EagleHead(_EagleBase):
@@ -37,21 +41,22 @@ class EagleHead(_EagleBase):
 
     def __init__(self, cfg, weights: dict, target, max_positions: int, device):
         super().__init__(cfg, weights, target, max_positions, device)
-        self.lm_head = target.lm_head
+        # the target's LM head, vocab shard and all (logits_shard tells argmax which)
+        self.lm_head, self.logits_shard, self._target_logits = target.lm_head, target.logits_shard, target.logits
         self.fc_bias = weights.get("fc.bias")
         self.layers = [DecoderLayer(weights, f"layers.{i}", cfg, self.rotary,
                                     has_input_norm=i > 0 or cfg.has_input_layernorm)
                        for i in range(cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
-        x = torch.cat([F.embedding(tokens, self.embed), hidden_in], dim=-1)
+        x = torch.cat([self.embed_tokens(tokens), hidden_in], dim=-1)
         x = linear(x, self.fc_weight, self.fc_bias)
         for i, layer in enumerate(self.layers):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x
 
     def draft_logits(self, state):
-        return linear(state, self.lm_head)
+        return self._target_logits(state)
 
     def draft_to_target_ids(self, ids):
         return ids
@@ -96,7 +101,7 @@ class Eagle3Head(_EagleBase):
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
-        x = self.layers[0](F.embedding(tokens, self.embed), hidden_in, positions, meta, kv.k[0], kv.v[0])
+        x = self.layers[0](self.embed_tokens(tokens), hidden_in, positions, meta, kv.k[0], kv.v[0])
         for i, layer in enumerate(self.layers[1:], start=1):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x

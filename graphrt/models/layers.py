@@ -74,9 +74,12 @@ class Rotary:
 class AttentionBlock:
     """Self-attention over the paged KV cache of one layer."""
 
-    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary):
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary, tp=None):
+        # under tensor parallelism (graphrt/parallel/) the weights hold this rank's heads only
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        if tp is not None:
+            _, self.num_heads, _, self.num_kv_heads = tp.heads(self.num_heads, self.num_kv_heads)
+        self.tp = tp
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
@@ -104,29 +107,35 @@ class AttentionBlock:
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
-        return linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight)
+        return _reduce(linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight), self.tp)
+
+
+def _reduce(x, tp):
+    """A row-parallel projection's output: partial sums on each rank, summed over the ranks."""
+    return x if tp is None else tp.all_reduce(x)
 
 
 class GatedMLP:
-    def __init__(self, weights: dict, prefix: str):
+    def __init__(self, weights: dict, prefix: str, tp=None):
         self.gate_up = torch.cat([weights[f"{prefix}.gate_proj.weight"], weights[f"{prefix}.up_proj.weight"]], 0)
         self.down = weights[f"{prefix}.down_proj.weight"]
+        self.tp = tp
 
     def __call__(self, x):
         """x: [N, H], or the PendingNorm that produces it."""
-        return linear(linear_silu_mul(x, self.gate_up), self.down)
+        return _reduce(linear(linear_silu_mul(x, self.gate_up), self.down), self.tp)
 
 
 class DecoderLayer:
     """Pre-norm Llama/Qwen decoder layer. `has_input_norm=False` serves EAGLE-1/2 heads, whose
     first layer takes the fc output without a norm."""
 
-    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary, has_input_norm: bool = True):
+    def __init__(self, weights: dict, prefix: str, cfg, rotary: Rotary, has_input_norm: bool = True, tp=None):
         self.eps = cfg.rms_norm_eps
         self.input_norm = weights[f"{prefix}.input_layernorm.weight"] if has_input_norm else None
         self.post_norm = weights[f"{prefix}.post_attention_layernorm.weight"]
-        self.attn = AttentionBlock(weights, f"{prefix}.self_attn", cfg, rotary)
-        self.mlp = GatedMLP(weights, f"{prefix}.mlp")
+        self.attn = AttentionBlock(weights, f"{prefix}.self_attn", cfg, rotary, tp)
+        self.mlp = GatedMLP(weights, f"{prefix}.mlp", tp)
 
     def __call__(self, x, positions, meta, k_cache, v_cache):
         """x: [N, H] residual stream in; returns the residual stream out."""

@@ -1,0 +1,100 @@
+"""The tensor-parallel group a runtime belongs to, and the collectives its model calls.
+
+One process per GPU (or per CPU process with gloo, for tests), launched by torchrun or by
+`graphrt ... --tp N` (graphrt/parallel/launch.py). Every rank runs the same host code on the same
+requests (SPMD): the sampler's result is identical on every rank, so every rank's scheduler makes
+the same decisions and no request or token ever needs broadcasting; rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from graphrt.errors import ConfigMismatchError, ParallelError
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the ranks, in place (a row-parallel projection's partial products)."""
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def gather_vocab(self, x: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[..., shard] -> [..., V]: every rank's vocab shard, in order (placeholder)."""
+        from graphrt.kernels.vocab_parallel import vocab_shard
+
+        s = max(e - b for b, e in (vocab_shard(vocab_size, self.world_size, r) for r in range(self.world_size)))
+        pad = torch.nn.functional.pad(x, (0, s - x.shape[-1]), value=float("-inf")).contiguous()
+        out = torch.empty((self.world_size * pad.numel(),), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather(out, pad.reshape(-1), group=self.group)  # gloo wants flat, concatenated
+        return torch.cat(list(out.view(self.world_size, *pad.shape).unbind(0)), dim=-1)[..., :vocab_size]
+
+    def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
+        """(first q head, q heads, first kv head, kv heads) of this rank. With fewer KV heads than
+        ranks each KV head is replicated on world_size / num_kv_heads ranks, as vLLM does."""
+        w, r = self.world_size, self.rank
+        if num_heads % w:
+            raise ConfigMismatchError(
+                f"tensor_parallel_size {w} does not divide num_attention_heads {num_heads}")
+        if num_kv_heads % w and w % num_kv_heads:
+            raise ConfigMismatchError(
+                f"tensor_parallel_size {w} and num_key_value_heads {num_kv_heads}: one must divide the other")
+        return r * num_heads // w, num_heads // w, r * num_kv_heads // w, max(1, num_kv_heads // w)
+
+    def agree(self, error: BaseException | None) -> None:
+        """Collective: raise on every rank if any rank failed (the lowest failing rank's error, with
+        its rank named), so that no rank goes on alone into a collective the others never join."""
+        errors = [None] * self.world_size
+        dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: {error}",
+                               group=self.group)
+        bad = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if bad:
+            rank, message = bad[0]
+            raise ParallelError(f"tensor-parallel rank {rank} of {self.world_size} failed: {message}") from error
+
+
+@contextmanager
+def rank_zero_first(tp: TensorParallel | None):
+    """Rank 0 runs the block first (it writes the embedded checkpoints into the shared cache),
+    the other ranks after it has finished (they find them written)."""
+    if tp is not None and tp.rank:
+        dist.barrier(group=tp.group)
+    yield
+    if tp is not None and not tp.rank:
+        dist.barrier(group=tp.group)
+
+
+def join_ranks(tp_size: int | None) -> TensorParallel | None:
+    """The CLI's `--tp N`: this process's TensorParallel for N > 1, else None."""
+    return init_tensor_parallel(tp_size) if tp_size is not None and tp_size > 1 else None
+
+
+def init_tensor_parallel(size: int | None = None, *, backend: str | None = None,
+                         timeout_s: float = 600.0) -> TensorParallel:
+    """Join (or start) the default process group from torchrun's environment (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and return this rank's TensorParallel. NCCL when CUDA is
+    available, else gloo. On CUDA the rank's device becomes cuda:LOCAL_RANK."""
+    if not dist.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            raise RuntimeError("tensor parallelism needs one process per rank: launch with torchrun "
+                               "--nproc-per-node N or `graphrt ... --tp N`")
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    world = dist.get_world_size()
+    if size is not None and size != world:
+        raise ValueError(f"tensor_parallel_size {size} but the process group has {world} ranks")
+    return TensorParallel(dist.group.WORLD, dist.get_rank(), world)

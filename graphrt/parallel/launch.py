@@ -1,0 +1,57 @@
+"""`graphrt ... --tp N` without torchrun: start N processes as the ranks of one group (the
+environment torchrun would give them), and stop them all when one fails, so that no rank waits
+forever in a collective that a dead rank will never join."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if quiet and rank:  # rank 0 reports; the others' output would repeat it
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+    code = fn(*args)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(code or 0)
+
+
+def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float | None = None) -> int:
+    """Run fn(*args) in world_size fresh processes, rank r on cuda:r when CUDA is there. Returns
+    the first non-zero exit code (0 when all succeed); a rank's failure or the timeout ends the
+    rest. fn must be importable (a module-level function)."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    code = 0
+    while any(p.is_alive() for p in procs):
+        failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if failed or (deadline is not None and time.monotonic() > deadline):
+            code = failed[0] if failed else 124
+            break
+        time.sleep(0.05)
+    # a failed rank's peers get a moment to raise the same error themselves (TensorParallel.agree)
+    for p in procs:
+        p.join(timeout=10 if code else None)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join()
+    return code or next((p.exitcode for p in procs if p.exitcode), 0)

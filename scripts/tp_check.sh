@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The multi-GPU pass (tensor parallelism), in one device call on a machine of >= 2 GPUs. Results land
+# in $OUT (default ./out). From the root of a checkout installed with `pip install -e .`:
+#   bash scripts/tp_check.sh [step ...]
+# Steps: tests (NCCL + graphs against one GPU), bench (llama-8b-shape, TP = 1 then TP = N in the same
+# call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), profile (compute against
+# communication per phase at TP = N), sampler (vocab-parallel sampler and argmax against all-gather
+# + the one-GPU kernels). Default: all. TP=N sets the ranks (default: every GPU, at most 4).
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export GRAPHRT_CACHE=${GRAPHRT_CACHE:-/tmp/graphrt-cache}
+ngpu=$(nvidia-smi -L | wc -l)
+TP=${TP:-$(( ngpu < 4 ? ngpu : 4 ))}
+steps=${*:-tests bench profile sampler}
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda",
+torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+} | tee "$OUT/env.txt"
+log() { tee -a "$OUT/log.txt"; }
+for step in $steps; do
+  echo "=== $step (TP = $TP)" | log
+  case $step in
+    tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tensor_parallel.py \
+               tests/test_vocab_parallel.py 2>&1 | log | tail -30 ;;
+    bench)   for tp in 1 "$TP"; do
+               python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
+                 --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
+             done ;;
+    profile) for d in --no-draft "--draft-kind eagle3"; do
+               python3 -m graphrt profile --preset llama-8b-shape $d --batch-sizes 1,8,64 --tp "$TP" \
+                 --json "$OUT/profile_tp${TP}_$(echo $d | tr -dc a-z0-9).json" 2>&1 | log | tail -60
+             done ;;
+    sampler) torchrun --nproc-per-node "$TP" scripts/bench_vocab_parallel.py --out "$OUT/sampler_tp$TP.json" 2>&1 \
+               | log | tail -30 ;;
+    *) echo "unknown step $step" | log ;;
+  esac
+done

@@ -1,0 +1,146 @@
+"""Tensor parallelism on the CPU: 2 and 4 gloo processes against one process.
+
+Each check spawns the ranks once (graphrt.parallel.launch.run_ranks, the launcher behind `graphrt
+--tp N`); every rank writes what it saw and the parent compares it with a single-process run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.errors import ConfigMismatchError
+from graphrt.parallel.launch import run_ranks
+from tests.helpers import draft_dir, tiny_dir
+
+PROMPTS = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250, 17, 3]]
+DRAFTS = {"lm": "self", "eagle": "eagle-self", "eagle3": "eagle3"}  # kind -> tests.helpers.draft_dir kind
+_RT = dict(device="cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=64, num_draft_tokens=3)
+_GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
+
+
+def _forward(rt: Runtime, prompt):
+    """(final hidden [P, H], logits [P, V]) of the target over the prompt, through the paged KV."""
+    rid = rt.add_request(prompt, SamplingParams(max_new_tokens=4))
+    slot = rt.running_slots()[0]
+    positions = torch.arange(len(prompt))[None, :]
+    meta = rt.cycle._meta(torch.tensor([slot]), positions)
+    hidden, _ = rt.target.forward(torch.tensor(prompt), positions[0], meta, rt.target_kv)
+    logits = rt.target.logits(hidden)
+    while not rt.finished(rid):
+        rt.step()
+    rt.pop_generation(rid)
+    return hidden, logits
+
+
+def _run(target, draft, tp_size, **kw):
+    rt = Runtime.from_pretrained(target, draft, tensor_parallel_size=tp_size, **{**_RT, **kw})
+    sampled = SamplingParams(max_new_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
+    greedy = [g.token_ids for g in rt.generate(PROMPTS, _GREEDY)]
+    accepted = sum(rt.acceptance_counts)
+    return greedy, [g.token_ids for g in rt.generate(PROMPTS, sampled)], accepted
+
+
+def _worker(out_dir, world, target, drafts, kw):
+    torch.set_num_threads(1)
+    rt = Runtime.from_pretrained(target, None, tensor_parallel_size=world, **{**_RT, **kw})
+    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])], "rank": rt.tp.rank}
+    for kind, path in {"plain": None, **drafts}.items():
+        res[kind] = _run(target, path, world, **kw)
+    torch.save(res, f"{out_dir}/rank{rt.tp.rank}.pt")
+    return 0
+
+
+def _check_ranks(ranks, single):
+    hidden, logits = single["forward"]
+    for res in ranks:
+        h, lg = res["forward"]
+        # fp32; the row-parallel partial sums add in another order than one GEMM's
+        torch.testing.assert_close(h, hidden, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lg, logits, rtol=1e-5, atol=1e-5)
+        # greedy: every draft kind's speculative output is plain greedy decoding, token for token
+        for kind in ["plain", *DRAFTS]:
+            assert res[kind][0] == single["plain"][0], kind
+        # seeded sampling: every rank draws the same tokens (the schedulers never diverge)
+        for kind in ["plain", *DRAFTS]:
+            assert res[kind][1] == ranks[0][kind][1], kind
+        # the self-drafts agree with the target, so the accepted-token path ran under TP too
+        assert res["lm"][2] > 0 and res["eagle"][2] > 0
+
+
+def _single(**kw):
+    target = tiny_dir()
+    rt = Runtime.from_pretrained(target, None, **{**_RT, **kw})
+    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])]}
+    for kind, path in {"plain": None, **{k: draft_dir(d) for k, d in DRAFTS.items()}}.items():
+        res[kind] = _run(target, path, None, **kw)
+    return res
+
+
+@pytest.fixture(scope="module")
+def single():
+    """One process: forward and greedy/sampled outputs per draft kind."""
+    return _single()
+
+
+def _ranks(world, tmp_path, **kw):
+    drafts = {k: draft_dir(d) for k, d in DRAFTS.items()}
+    assert run_ranks(world, _worker, str(tmp_path), world, tiny_dir(), drafts, kw, quiet=False, timeout_s=300) == 0
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tensor_parallel_matches_one_process(world, single, tmp_path):
+    _check_ranks(_ranks(world, tmp_path), single)
+
+
+@pytest.mark.gpu
+def test_nccl_with_graphs_matches_one_gpu(tmp_path):
+    """The same on 2 GPUs: NCCL collectives inside the captured graphs (fp32 for exact greedy)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    kw = dict(device="cuda", use_cuda_graphs=True)
+    _check_ranks(_ranks(2, tmp_path, **kw), _single(**kw))
+
+
+def _failing_worker(out_dir, world, target):
+    from graphrt.errors import ParallelError
+
+    torch.set_num_threads(1)
+    rank = int(__import__("os").environ["RANK"])
+    path = target if rank != 1 else f"{target}-missing"
+    try:
+        Runtime.from_pretrained(path, None, tensor_parallel_size=world, **_RT)
+    except ParallelError as exc:
+        (__import__("pathlib").Path(out_dir) / f"rank{rank}.txt").write_text(str(exc))
+        return 0
+    return 1
+
+
+def test_a_rank_that_fails_to_load_fails_every_rank(tmp_path):
+    assert run_ranks(2, _failing_worker, str(tmp_path), 2, str(tiny_dir()), quiet=False, timeout_s=120) == 0
+    messages = {(tmp_path / f"rank{r}.txt").read_text() for r in range(2)}
+    assert len(messages) == 1
+    (message,) = messages
+    assert "rank 1 of 2" in message and "missing" in message
+
+
+def test_shard_rule():
+    from graphrt.checkpoint_config import load_config
+    from graphrt.parallel import TensorParallel, target_shard_rule
+
+    cfg = load_config(tiny_dir())  # 4 q heads, 2 KV heads of 16, intermediate 128, vocab 512
+    rule = target_shard_rule(cfg, TensorParallel(None, 1, 2))
+    assert rule("layers.0.self_attn.q_proj.weight") == (0, 32, 64)
+    assert rule("layers.0.self_attn.k_proj.weight") == (0, 16, 32)
+    assert rule("layers.1.self_attn.o_proj.weight") == (1, 32, 64)
+    assert rule("layers.0.mlp.gate_proj.weight") == (0, 64, 128)
+    assert rule("layers.0.mlp.down_proj.weight") == (1, 64, 128)
+    assert rule("lm_head.weight") == (0, 256, 512)
+    assert rule("layers.0.input_layernorm.weight") is None
+    # 4 ranks over 2 KV heads: ranks 2 and 3 share KV head 1
+    rule = target_shard_rule(cfg, TensorParallel(None, 3, 4))
+    assert rule("layers.0.self_attn.q_proj.weight") == (0, 48, 64)
+    assert rule("layers.0.self_attn.v_proj.weight") == (0, 16, 32)
+    with pytest.raises(ConfigMismatchError, match="num_attention_heads"):
+        target_shard_rule(cfg, TensorParallel(None, 0, 3))
