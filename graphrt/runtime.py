@@ -168,6 +168,9 @@ class Runtime:
             self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
                            state=self.state, num_draft_tokens=max(self.K, 1))
+        if self.tp is not None and self.tp.one_shot is None:
+            # the decode phases' all-reduces: at most B * (K + 1) rows of the hidden size
+            self.all_reduce_path = self.tp.use_one_shot(device, dtype, max_batch_size * (self.K + 1) * tcfg.hidden_size)
 
         pin = device.type == "cuda"
 

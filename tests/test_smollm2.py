@@ -168,10 +168,10 @@ def loaded_once(monkeypatch, smollm2, tokenizer, smollm2_file):
 
     real_ckpt, real_tok = graphrt.runtime.load_checkpoint, graphrt.tokenizer.load_tokenizer
 
-    def ckpt(path, *, dtype=None, device="cpu"):
+    def ckpt(path, *, dtype=None, device="cpu", shard=None):
         if not os.path.samefile(path, smollm2_file):
-            return real_ckpt(path, dtype=dtype, device=device)
-        assert dtype in (None, torch.float32) and str(device) == "cpu"  # None: float32 from GGUF
+            return real_ckpt(path, dtype=dtype, device=device, shard=shard)
+        assert dtype in (None, torch.float32) and str(device) == "cpu" and shard is None  # None: float32 from GGUF
         return smollm2
 
     def tok(path):
