@@ -81,13 +81,15 @@ def main(args) -> list[dict]:
     max_new = args.max_new_tokens or (128 if on_cuda else 32)
     if args.target is None:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
-        print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device})")
+        cut = f", first {args.layers} layers" if getattr(args, "layers", None) else ""
+        print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device}{cut})")
     draft_kind = args.draft_kind or ("eagle3" if on_cuda else "lm")
     tp = join_ranks(getattr(args, "tp", 1))
     with rank_zero_first(tp):
         target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
                                                         draft_layers=args.draft_layers, preset=args.preset,
-                                                        damped=args.damped, draft_kind=draft_kind)
+                                                        damped=args.damped, draft_kind=draft_kind,
+                                                        preset_layers=getattr(args, "layers", None))
     if getattr(args, "sweep_accept", False):
         if not draft:
             raise GraphrtError("--sweep-accept needs a draft")

@@ -70,6 +70,10 @@ PRESETS: dict[str, dict] = {
     "llama-1b-shape": _LLAMA_1B,
     "llama-8b-shape": {**_LLAMA_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                        "head_dim": 128, "rope_scaling": {**_LLAMA3_8K, "factor": 8.0}, "tie_word_embeddings": False},
+    # Llama-3.1-70B's shape: 141 GB in bf16, for tensor parallelism; `--layers N` keeps N of its 80 layers
+    "llama-70b-shape": {**_LLAMA_1B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                        "num_attention_heads": 64, "head_dim": 128, "rope_scaling": {**_LLAMA3_8K, "factor": 8.0},
+                        "tie_word_embeddings": False},
 }
 
 _DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}

@@ -46,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", help="target checkpoint directory (default: an embedded random preset)")
     b.add_argument("--model", choices=sorted(NAMED_MODELS), help="a named real model as the target (smollm2)")
     b.add_argument("--preset",
-                   help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape")
+                   help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape, "
+                        "llama-70b-shape")
     b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
+    b.add_argument("--layers", type=int, metavar="N",
+                   help="keep the preset's first N layers (llama-70b-shape: 141 GB whole; times scale per layer)")
     b.add_argument("--batch-sizes", type=int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
     b.add_argument("--prompt-len", type=int, default=32)
     b.add_argument("--max-new-tokens", type=int, help="tokens generated per request (default 32 CPU / 128 CUDA)")

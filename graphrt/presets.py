@@ -36,9 +36,11 @@ def _once(path: Path, write) -> Path:
     return path
 
 
-def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
-    return _once(cache_dir() / f"{name}-{_DTYPES[dtype]}-seed{seed}",
-                 lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed))
+def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0, layers: int | None = None) -> Path:
+    """layers: keep only the first N layers (a shape too large for the disk, timed per layer)."""
+    cut = f"-{layers}l" if layers else ""
+    return _once(cache_dir() / f"{name}{cut}-{_DTYPES[dtype]}-seed{seed}",
+                 lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed, num_layers=layers))
 
 
 def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
@@ -101,17 +103,22 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
 
 
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,
-                        preset: str | None = None, damped: float | None = None, draft_kind: str = "lm"):
+                        preset: str | None = None, damped: float | None = None, draft_kind: str = "lm",
+                        preset_layers: int | None = None):
     """(target, draft, description of the draft) for the CLI: given paths, or an embedded preset
     (llama-1b-shape on CUDA, tiny on the CPU) with a draft of draft_kind: "lm", a self-draft of a
     quarter of its layers; "eagle", an EAGLE-1/2 head of its first layer (the published heads have
     one); "eagle3", a random EAGLE-3 head (ensure_eagle3_head).
-    damped: use ensure_agreeable_preset with this factor (the description says so)."""
+    damped: use ensure_agreeable_preset with this factor (the description says so). preset_layers:
+    the preset's first N layers only."""
     if target is None:
         preset = preset or ("llama-1b-shape" if torch.cuda.is_available() else "tiny")
-        layers = draft_layers or max(1, load_config(ensure_preset(preset, dtype)).num_hidden_layers // 4)
-        target = ensure_preset(preset, dtype) if damped is None else ensure_agreeable_preset(preset, dtype, layers,
-                                                                                            damped)
+        base = ensure_preset(preset, dtype, layers=preset_layers)
+        if damped is None:
+            target = base
+        else:
+            n = draft_layers or max(1, load_config(base).num_hidden_layers // 4)
+            target = ensure_agreeable_preset(preset, dtype, n, damped)
     if no_draft:
         return target, None, "none"
     if draft is not None:
