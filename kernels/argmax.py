@@ -181,6 +181,7 @@ def _validate(logits: torch.Tensor) -> None:
 def argmax_triton(
     logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, block_v: int | None = None,
     num_splits: int | None = None, num_warps: int | None = None, fused: bool | None = None, pdl: bool | None = None,
+    wide_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
@@ -192,7 +193,8 @@ def argmax_triton(
     exercise the split logic at small V); unset ones come from _launch_config. fused: one launch,
     the last chunk of each row to finish merges the row; without the
     counter buffer (first call inside a capture) the two-launch path runs (kernels/counters.py). pdl: launch as
-    programmatic dependents (default: kernels/pdl.pdl_enabled).
+    programmatic dependents (default: kernels/pdl.pdl_enabled). wide_out: `out` is (fp32 [B], int32
+    [B]) instead (kernels/vocab_parallel.py writes its send buffer so; the fp32 max is exact).
     """
     _validate(logits)
     batch, vocab = logits.shape
@@ -201,13 +203,12 @@ def argmax_triton(
         indices = torch.empty(batch, dtype=torch.int64, device=logits.device)
     else:
         values, indices = out
-        # fp32 values / int32 indices: the vocab-parallel argmax's send buffer (kernels/vocab_parallel.py)
-        if values.shape != (batch,) or values.dtype not in (logits.dtype, torch.float32) \
-                or values.device != logits.device:
-            raise ValueError(f"out[0] (values) must be [{batch}] {logits.dtype} (or fp32) on {logits.device}")
-        if indices.shape != (batch,) or indices.dtype not in (torch.int64, torch.int32) \
-                or indices.device != logits.device:
-            raise ValueError(f"out[1] (indices) must be [{batch}] int64 (or int32) on {logits.device}")
+        # wide_out: fp32 values, int32 indices (the vocab-parallel argmax's send buffer)
+        val_dtype, idx_dtype = (torch.float32, torch.int32) if wide_out else (logits.dtype, torch.int64)
+        if values.shape != (batch,) or values.dtype != val_dtype or values.device != logits.device:
+            raise ValueError(f"out[0] (values) must be [{batch}] {val_dtype} on {logits.device}")
+        if indices.shape != (batch,) or indices.dtype != idx_dtype or indices.device != logits.device:
+            raise ValueError(f"out[1] (indices) must be [{batch}] {idx_dtype} on {logits.device}")
         if not (values.is_contiguous() and indices.is_contiguous()):
             raise ValueError("out tensors must be contiguous")
     cfg_block, cfg_splits, cfg_warps, cfg_fused = _launch_config(batch)

@@ -133,7 +133,7 @@ def argmax_shard(logits: torch.Tensor, use_triton: bool) -> torch.Tensor:
         vals.fill_(float("-inf"))
         send[1].zero_()
     elif use_triton:
-        argmax_triton(logits, out=(vals, send[1]))
+        argmax_triton(logits, out=(vals, send[1]), wide_out=True)
     else:
         v, i = argmax_reference(logits)
         vals.copy_(v)
@@ -149,9 +149,9 @@ def argmax_vocab_parallel(
     -> (values [B] logits.dtype, global indices [B] int64), the same on every rank and equal to the
     single-process argmax of the full rows (kernels/argmax.py's NaN / -inf / tie rules).
     impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or "reference"."""
-    world, rank = _group_layout(group)
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise ValueError(f"vocab_size (the full vocabulary) is required with a process group, got {vocab_size!r}")
+    world, rank = _group_layout(group)
     start, end = vocab_shard(vocab_size, world, rank)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != end - start:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -329,13 +329,13 @@ def rejection_sample_vocab_parallel(
     draft_logits (full q) and the filters raise ValueError. config: the row pass's launch
     (fuse_race is forced on); impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or
     "reference"; race_chunk: tests only (vocab_plan)."""
-    world, rank = _group_layout(group)
     if draft_logits is not None:
         raise ValueError("draft_logits (full-q rejection sampling) is not supported with a process group yet")
     if top_k is not None or top_p is not None or min_p is not None:
         raise ValueError("top_k / top_p / min_p are not supported with a process group yet")
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
         raise ValueError(f"vocab_size (the full vocabulary) is required with a process group, got {vocab_size!r}")
+    world, rank = _group_layout(group)
     if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
         raise ValueError("target_logits must be this rank's shard [B, K+1, V_local]")
     b, r, vl = target_logits.shape
