@@ -274,7 +274,9 @@ def _row_stats_kernel(
     n_full = tl.maximum(tl.minimum(n_tiles, V // BLOCK_V - tile0), 0)
     # The chunk holding the draft stores its logits for the walk (no dependent read there).
     dc = tl.minimum(tl.maximum(d, 0), v_all - 1) - voff
-    mine = (j < K) & (dc >= chunk_start) & (dc < chunk_start + n_tiles * BLOCK_V) & (dc < V)
+    mine = (j < K) & (dc >= chunk_start) & (dc < chunk_start + n_tiles * BLOCK_V)
+    if SHARDED:  # the last tile may reach past this shard: the next rank's entry is not here
+        mine = mine & (dc < V)
     x_d = _scaled(_keep(tl.load(row_ptr + dc, mask=mine, other=0.0).to(tl.float32), tau, FILTER), inv_t)
     if FULL_Q:
         y_d = _scaled(tl.load(q_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
