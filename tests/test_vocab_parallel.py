@@ -351,8 +351,8 @@ def test_gloo_wrong_shard_width(gloo_results):
 
 def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int) -> None:
     """Per rank: the vocab-parallel sampler and argmax on its shard of bf16 logits against the
-    single-GPU Triton path on the full logits (same split layout: bit for bit), then the sampler
-    captured in a CUDA graph with its collective, replayed on new inputs, against eager."""
+    single-GPU Triton path on the full logits (same split layout: bit for bit), then both
+    captured in one CUDA graph with their collectives, replayed on new inputs, against eager."""
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
@@ -411,10 +411,12 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
     with torch.cuda.stream(s):
         for _ in range(2):  # warm up (compile, NCCL communicator) outside the capture
             rejection_sample(**static, acceptance_counts=counts, group=group, vocab_size=v)
+            argmax(static["target_logits"][:, 0], group=group, vocab_size=v)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         res = rejection_sample(**static, acceptance_counts=counts, group=group, vocab_size=v)
+        top = argmax(static["target_logits"][:, 0], group=group, vocab_size=v)
     for step in range(3):
         new = inputs()
         for n, t in new.items():
@@ -426,6 +428,8 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
         want = rejection_sample(**new, acceptance_counts=c_eager, group=group, vocab_size=v)
         check(all(torch.equal(a, w) for a, w in zip(res, want)) and torch.equal(counts, c_eager),
               f"graph replay {step}")
+        want_top = argmax(new["target_logits"][:, 0], group=group, vocab_size=v)
+        check(all(torch.equal(a, w) for a, w in zip(top, want_top)), f"argmax graph replay {step}")
     with open(out_file.format(rank), "w") as f:
         f.write("\n".join(fails))
     dist.barrier()
