@@ -31,6 +31,7 @@ call with the same replicated arguments (drafts, temperature, seed, position, ..
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -60,19 +61,31 @@ __all__ = ["VocabPlan", "argmax_vocab_parallel", "rejection_sample_vocab_paralle
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_sizes(vocab_size: int, world_size: int) -> None:
+def _as_int(name: str, n) -> int:
+    """Any integral value (a config's numpy int too), never a bool or a float."""
+    try:
+        if isinstance(n, bool):
+            raise TypeError
+        return operator.index(n)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {n!r}") from None
+
+
+def _check_sizes(vocab_size, world_size) -> tuple[int, int]:
+    vocab_size, world_size = _as_int("vocab_size", vocab_size), _as_int("world_size", world_size)
     for name, n in (("vocab_size", vocab_size), ("world_size", world_size)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+        if n < 1:
+            raise ValueError(f"{name} must be >= 1, got {n}")
     if vocab_size < world_size:
         raise ValueError(f"vocab_size {vocab_size} < world_size {world_size}: every rank needs a vocab entry")
+    return vocab_size, world_size
 
 
 def vocab_race_chunk(vocab_size: int, world_size: int) -> int:
     """The two-level race's chunk under W-way vocab parallelism: RACE_CHUNK for real vocabularies
     (V >= W * RACE_CHUNK), else the next power of two >= ceil(V / W), so shards stay chunk-aligned
     at test sizes. The single-process sampler draws the same tokens with race_chunk = this."""
-    _check_sizes(vocab_size, world_size)
+    vocab_size, world_size = _check_sizes(vocab_size, world_size)
     return min(RACE_CHUNK, triton.next_power_of_2(-(-vocab_size // world_size)))
 
 
@@ -86,9 +99,10 @@ def vocab_shard(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
     embedding's rows, the samplers) uses this rule. Shards are ceil(ceil(V / W) / chunk) * chunk
     entries (chunk = vocab_race_chunk(V, W)), in rank order; the last is shorter, and in degenerate
     cases (e.g. V = 5, W = 4) a last rank owns nothing: (V, V). Every kernel here handles that."""
-    _check_sizes(vocab_size, world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    vocab_size, world_size = _check_sizes(vocab_size, world_size)
+    rank = _as_int("rank", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
     s = _shard_size(vocab_size, world_size, vocab_race_chunk(vocab_size, world_size))
     return min(rank * s, vocab_size), min((rank + 1) * s, vocab_size)
 
@@ -149,8 +163,9 @@ def argmax_vocab_parallel(
     -> (values [B] logits.dtype, global indices [B] int64), the same on every rank and equal to the
     single-process argmax of the full rows (kernels/argmax.py's NaN / -inf / tie rules).
     impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or "reference"."""
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise ValueError(f"vocab_size (the full vocabulary) is required with a process group, got {vocab_size!r}")
+    if vocab_size is None:
+        raise ValueError("vocab_size (the full vocabulary) is required with a process group")
+    vocab_size = _as_int("vocab_size", vocab_size)
     world, rank = _group_layout(group)
     start, end = vocab_shard(vocab_size, world, rank)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != end - start:
@@ -333,8 +348,9 @@ def rejection_sample_vocab_parallel(
         raise ValueError("draft_logits (full-q rejection sampling) is not supported with a process group yet")
     if top_k is not None or top_p is not None or min_p is not None:
         raise ValueError("top_k / top_p / min_p are not supported with a process group yet")
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise ValueError(f"vocab_size (the full vocabulary) is required with a process group, got {vocab_size!r}")
+    if vocab_size is None:
+        raise ValueError("vocab_size (the full vocabulary) is required with a process group")
+    vocab_size = _as_int("vocab_size", vocab_size)
     world, rank = _group_layout(group)
     if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
         raise ValueError("target_logits must be this rank's shard [B, K+1, V_local]")

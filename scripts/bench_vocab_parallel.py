@@ -14,7 +14,7 @@ Also the single-GPU sampler on full logits already in place ("single": no commun
 scale. Times: median microseconds per call over graph replays (kernels/timing.time_in_graph,
 rotating input sets past L2), the max over ranks; on CPU, median of eager calls. Bytes per row:
 what every rank receives per logits row (B*(K+1) rows for the sampler, B for argmax). Prints a
-table; rank 0 writes DIR/bench_vocab_parallel.json.
+table; rank 0 writes the JSON (--out FILE.json, or DIR/bench_vocab_parallel.json).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def timed(fn, sets: list[dict], dev: torch.device, replays: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="folder for bench_vocab_parallel.json")
+    ap.add_argument("--out", required=True, help="a .json file, or a folder for bench_vocab_parallel.json")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--vocab", type=int, default=None, help="default 128256 (cuda), 1000 (cpu)")
     ap.add_argument("--k", type=int, default=3)
@@ -172,8 +172,10 @@ def main() -> None:
                   f"{'':>9} {row['argmax_ratio_gather_over_vp']:>9.2f} {row['bytes_per_row']['argmax_vp']:>9} "
                   f"{row['bytes_per_row']['argmax_gather']:>12}")
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_vocab_parallel.json").write_text(json.dumps(dict(device=name, rows=rows_out), indent=1))
+        if out.suffix != ".json":
+            out = out / "bench_vocab_parallel.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(dict(device=name, rows=rows_out), indent=1))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -76,6 +76,11 @@ def test_vocab_shard_examples_and_errors():
         vp.vocab_shard(0, 1, 0)
     with pytest.raises(ValueError, match="world_size"):
         vp.vocab_race_chunk(100, 0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        vp.vocab_shard(100.0, 2, 0)
+    import numpy as np
+
+    assert vp.vocab_shard(np.int64(75), 2, np.int32(1)) == (64, 75)  # a config's numpy ints
 
 
 def test_unsupported_modes_raise_before_any_collective():
