@@ -70,7 +70,7 @@ def _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, S
     # m is the winner widened to fp32, so narrowing it back is exact (-inf for a row of NaN/-inf):
     # no dependent load of the logits at the end of the chain.
     tl.store(out_val_ptr + row, m.to(out_val_ptr.dtype.element_ty))
-    tl.store(out_idx_ptr + row, i.to(tl.int64))
+    tl.store(out_idx_ptr + row, i.to(out_idx_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -181,6 +181,7 @@ def _validate(logits: torch.Tensor) -> None:
 def argmax_triton(
     logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, block_v: int | None = None,
     num_splits: int | None = None, num_warps: int | None = None, fused: bool | None = None, pdl: bool | None = None,
+    wide_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
@@ -192,7 +193,8 @@ def argmax_triton(
     exercise the split logic at small V); unset ones come from _launch_config. fused: one launch,
     the last chunk of each row to finish merges the row; without the
     counter buffer (first call inside a capture) the two-launch path runs (kernels/counters.py). pdl: launch as
-    programmatic dependents (default: kernels/pdl.pdl_enabled).
+    programmatic dependents (default: kernels/pdl.pdl_enabled). wide_out: `out` is (fp32 [B], int32
+    [B]) instead (kernels/vocab_parallel.py writes its send buffer so; the fp32 max is exact).
     """
     _validate(logits)
     batch, vocab = logits.shape
@@ -201,10 +203,12 @@ def argmax_triton(
         indices = torch.empty(batch, dtype=torch.int64, device=logits.device)
     else:
         values, indices = out
-        if values.shape != (batch,) or values.dtype != logits.dtype or values.device != logits.device:
-            raise ValueError(f"out[0] (values) must be [{batch}] {logits.dtype} on {logits.device}")
-        if indices.shape != (batch,) or indices.dtype != torch.int64 or indices.device != logits.device:
-            raise ValueError(f"out[1] (indices) must be [{batch}] int64 on {logits.device}")
+        # wide_out: fp32 values, int32 indices (the vocab-parallel argmax's send buffer)
+        val_dtype, idx_dtype = (torch.float32, torch.int32) if wide_out else (logits.dtype, torch.int64)
+        if values.shape != (batch,) or values.dtype != val_dtype or values.device != logits.device:
+            raise ValueError(f"out[0] (values) must be [{batch}] {val_dtype} on {logits.device}")
+        if indices.shape != (batch,) or indices.dtype != idx_dtype or indices.device != logits.device:
+            raise ValueError(f"out[1] (indices) must be [{batch}] {idx_dtype} on {logits.device}")
         if not (values.is_contiguous() and indices.is_contiguous()):
             raise ValueError("out tensors must be contiguous")
     cfg_block, cfg_splits, cfg_warps, cfg_fused = _launch_config(batch)
@@ -237,12 +241,23 @@ def argmax_triton(
 
 
 def argmax(
-    logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, group=None,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
-    CUDA tensors run the Triton kernel, anything else the PyTorch reference.
+    CUDA tensors run the Triton kernel, anything else the PyTorch reference. With a process group
+    (vocab parallel, kernels/vocab_parallel.py): logits is this rank's shard [B, end - start] of
+    vocab_shard(vocab_size, W, rank), vocab_size the full V; every rank gets the full rows' result
+    (global indices) through one all_gather of 8 bytes a row.
     """
+    if group is not None:
+        from graphrt.kernels.vocab_parallel import argmax_vocab_parallel
+
+        return argmax_vocab_parallel(logits, group=group, vocab_size=vocab_size, out=out)
+    if vocab_size is not None and isinstance(logits, torch.Tensor) and logits.dim() == 2 \
+            and vocab_size != logits.shape[1]:
+        raise ValueError(f"vocab_size {vocab_size} != logits' last dim {logits.shape[1]} (no process group)")
     if isinstance(logits, torch.Tensor) and logits.is_cuda:
         return argmax_triton(logits, out=out)
     values, indices = argmax_reference(logits)

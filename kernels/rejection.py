@@ -105,6 +105,23 @@ def _on_gpu(dev: torch.device) -> bool:
     return dev.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
+def _vocab_parallel(target_logits, draft_token_ids, temperature, seed, position, draft_logits, num_draft_tokens,
+                    acceptance_counts, out, top_k, top_p, min_p, group, vocab_size, impl=None, config=None):
+    from graphrt.kernels.vocab_parallel import rejection_sample_vocab_parallel
+
+    return rejection_sample_vocab_parallel(
+        target_logits, draft_token_ids, temperature, seed, position, group=group, vocab_size=vocab_size,
+        draft_logits=draft_logits, num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out,
+        top_k=top_k, top_p=top_p, min_p=min_p, config=config, impl=impl)
+
+
+def _check_no_group(vocab_size, target_logits) -> None:
+    if vocab_size is not None and isinstance(target_logits, torch.Tensor) and target_logits.dim() == 3 \
+            and vocab_size != target_logits.shape[2]:
+        raise ValueError(f"vocab_size {vocab_size} != target_logits' last dim {target_logits.shape[2]} "
+                         "(no process group)")
+
+
 def rejection_sample_triton(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
@@ -121,6 +138,8 @@ def rejection_sample_triton(
     min_p: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
     race_chunk: int | None = None,
+    group=None,
+    vocab_size: int | None = None,
 ) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
@@ -133,8 +152,14 @@ def rejection_sample_triton(
     config: the launch (launch_config(B, K, full q) by default; tests force every path with it,
     scripts/rejection_sweep.py times variants). race_chunk: the two-level race's chunk (a power of
     two, RACE_CHUNK by default); it changes which tokens a seed draws, so the reference must get
-    the same.
+    the same. group / vocab_size: vocab parallel, as in `rejection_sample` (config: the row pass's
+    launch there; race_chunk is then vocab_race_chunk(V, W)).
     """
+    if group is not None:
+        return _vocab_parallel(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+                               num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p, group, vocab_size,
+                               impl="triton", config=config)
+    _check_no_group(vocab_size, target_logits)
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
               num_draft_tokens, acceptance_counts, out)
     b, r, v = target_logits.shape
@@ -189,7 +214,7 @@ def rejection_sample_triton(
     _row_stats_kernel[(rows, splits)](
         target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
-        r, v, splits, tiles_per_split,
+        r, v, splits, tiles_per_split, 0, v,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
         num_warps=cfg.num_warps, enable_fp_fusion=False, **common, **launch,
     )
@@ -225,6 +250,8 @@ def rejection_sample(
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
     min_p: torch.Tensor | None = None,
+    group=None,
+    vocab_size: int | None = None,
 ) -> RejectionOutput:
     """Speculative rejection sampling (rules in kernels/rejection_reference.py).
 
@@ -244,7 +271,18 @@ def rejection_sample(
     graph capture: checking a CUDA tensor's values would sync the host. On the GPU a negative or
     NaN temperature is greedy and num_draft_tokens is clamped to [0, K].
     CUDA tensors run the Triton kernels, anything else the PyTorch reference.
+
+    group (a torch.distributed process group) with vocab_size (the full V): vocab parallel
+    (kernels/vocab_parallel.py). target_logits is then this rank's shard [B, K+1, end - start] of
+    vocab_shard(vocab_size, W, rank), every other argument replicated; every rank returns the
+    single-process result on the full logits with race_chunk = vocab_race_chunk(V, W), through one
+    all_gather of per-row statistics. Greedy and one-hot only: draft_logits and the filters raise
+    ValueError with a group.
     """
+    if group is not None:
+        return _vocab_parallel(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+                               num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p, group, vocab_size)
+    _check_no_group(vocab_size, target_logits)
     fn = rejection_sample_triton if target_logits.is_cuda else rejection_sample_reference
     return fn(target_logits, draft_token_ids, temperature, seed, position, draft_logits=draft_logits,
               num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out,

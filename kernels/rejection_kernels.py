@@ -220,6 +220,7 @@ def _row_stats_kernel(
     tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
     stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
     R, V, SPLITS, TILES_PER_SPLIT,
+    VOFF, V_ALL,  # SHARDED only: global id of this shard's entry 0, the full vocabulary's size
     HAS_ND: tl.constexpr,
     FULL_Q: tl.constexpr,
     FUSE_RACE: tl.constexpr,
@@ -230,7 +231,13 @@ def _row_stats_kernel(
     PDL: tl.constexpr = 0,
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
     FILTER: tl.constexpr = False,  # top_k / top_p / min_p: entries under tau are -inf
+    SHARDED: tl.constexpr = False,  # vocab parallel (kernels/vocab_parallel.py), below
 ):
+    """SHARDED: logits_ptr holds the V entries [VOFF, VOFF + V) of a V_ALL-entry row (one rank's
+    vocab shard, VOFF a multiple of the race chunk); loads and tiles are local, every id that
+    leaves the kernel or feeds the RNG is global (argmax ids, race bits and winners, the draft), so
+    a rank's splits are the ones a single GPU computes over the same entries. The draft's logit goes
+    to every split's own P_XD slot, -inf where the split does not hold it (the finish takes the max)."""
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -246,8 +253,14 @@ def _row_stats_kernel(
     if HAS_ND:
         kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int64), 0), K)
     d = tl.load(draft_ptr + b * stride_db + j * stride_dk, mask=j < K, other=-1).to(tl.int64)
-    # Row j's correction excludes its draft; the bonus row (j == k_b) excludes nothing.
-    excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
+    v_all = V
+    voff = 0
+    if SHARDED:
+        v_all = V_ALL
+        voff = VOFF
+    # Row j's correction excludes its draft; the bonus row (j == k_b) excludes nothing. Sharded:
+    # excl is local (negative or >= V when another rank holds the draft: it then matches nothing).
+    excl = tl.where((j < kb) & (d >= 0) & (d < v_all), d - voff, -1)
     if FUSE_RACE:  # only the fused race uses it, and the interpreter runs dead code too
         rkey = tl_race_key(tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j)
     need_q = (j < kb) & ~greedy
@@ -260,8 +273,10 @@ def _row_stats_kernel(
     n_tiles = tl.minimum(TILES_PER_SPLIT, tl.cdiv(V, BLOCK_V) - tile0)
     n_full = tl.maximum(tl.minimum(n_tiles, V // BLOCK_V - tile0), 0)
     # The chunk holding the draft stores its logits for the walk (no dependent read there).
-    dc = tl.minimum(tl.maximum(d, 0), V - 1)
+    dc = tl.minimum(tl.maximum(d, 0), v_all - 1) - voff
     mine = (j < K) & (dc >= chunk_start) & (dc < chunk_start + n_tiles * BLOCK_V)
+    if SHARDED:  # the last tile may reach past this shard: the next rank's entry is not here
+        mine = mine & (dc < V)
     x_d = _scaled(_keep(tl.load(row_ptr + dc, mask=mine, other=0.0).to(tl.float32), tau, FILTER), inv_t)
     if FULL_Q:
         y_d = _scaled(tl.load(q_ptr + dc, mask=mine, other=0.0).to(tl.float32), inv_t)
@@ -289,10 +304,10 @@ def _row_stats_kernel(
         if FUSE_RACE:
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
-                    ra, offs_a, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
+                    ra, offs_a + voff, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
                     PRUNE, FAST)
                 race_best, race_idx, race_x, best_run = _race_tile(
-                    rb, offs_a + BLOCK_V, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
+                    rb, offs_a + BLOCK_V + voff, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
                     race_x, best_run, PRUNE, FAST)
         if FULL_Q:
             if need_q:
@@ -310,7 +325,7 @@ def _row_stats_kernel(
         if FUSE_RACE:
             if ~greedy:
                 race_best, race_idx, race_x, best_run = _race_tile(
-                    raw, offs, inb & (offs != excl), inv_t, rkey, race_best, race_idx, race_x, best_run,
+                    raw, offs + voff, inb & (offs != excl), inv_t, rkey, race_best, race_idx, race_x, best_run,
                     PRUNE, FAST)
         if FULL_Q:
             if need_q:
@@ -335,7 +350,10 @@ def _row_stats_kernel(
                 qm_run, qs_run, _ = _exact_lse_chunk(q_ptr, chunk_start, n_tiles, V, inv_t, -1, tau, BLOCK_V,
                                                      False)
         tl.store(fstat_ptr + _P_YD * plane + row * SPLITS, y_d, mask=mine)
-    tl.store(fstat_ptr + _P_XD * plane + row * SPLITS, x_d, mask=mine)
+    if SHARDED:
+        tl.store(fstat_ptr + _P_XD * plane + o, tl.where(mine, x_d, _NEG_INF))
+    else:
+        tl.store(fstat_ptr + _P_XD * plane + row * SPLITS, x_d, mask=mine)
     tl.store(fstat_ptr + _P_RAW_MAX * plane + o, rm)
     tl.store(fstat_ptr + _P_MAX * plane + o, m_run)
     tl.store(fstat_ptr + _P_SUM * plane + o, s_run)
@@ -343,7 +361,7 @@ def _row_stats_kernel(
         tl.store(fstat_ptr + _P_XSUM * plane + o, sx_run)
     tl.store(fstat_ptr + _P_QMAX * plane + o, qm_run)
     tl.store(fstat_ptr + _P_QSUM * plane + o, qs_run)
-    tl.store(istat_ptr + o, ri)
+    tl.store(istat_ptr + o, ri + voff)
     if FUSE_RACE:
         kmax, kidx, kx = _race_result(race_best, race_idx, race_x)
         tl.store(fstat_ptr + _P_RACE * plane + o, kmax)
