@@ -170,13 +170,16 @@ class Cycle:
         logits = self.target.logits(hidden).view(B, K + 1, -1)
         simulated = s.simulated_rate is not None
         seed = s.seed[slots]
+        shard = self.target.logits_shard  # under tensor parallelism: the rank's vocab shard
         rejection_sample(  # writes the cycle's results straight into the static buffers
             logits, drafts, s.temperature[slots], seed, n,
             num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=None if simulated else s.acceptance_counts,
-            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]), **s.filters(slots),
+            out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]), **s.filters(slots), **shard,
         )
         if simulated:  # benchmarking: the same cycle, with the accepted counts drawn at a set rate
-            simulate_acceptance(logits, drafts, s.batch_num_drafts[:B], seed, n, s.simulated_rate,
+            # a vocab shard cannot give the row's top-1 alone: every row's, vocab-parallel
+            top = argmax(logits.flatten(0, 1), **shard)[1].view(B, K + 1) if shard else None
+            simulate_acceptance(logits, drafts, s.batch_num_drafts[:B], seed, n, s.simulated_rate, top=top,
                                 out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B], s.acceptance_counts))
         if s.target_hidden is not None:
             s.target_hidden[: B * (K + 1)] = aux if self.draft.target_hidden == "aux" else hidden
@@ -221,7 +224,7 @@ class Cycle:
     def _propose(self, slots, state, *, column: int) -> torch.Tensor:
         """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. Writes it
         to draft_tokens[:, column] and returns it (target ids, [B] int64)."""
-        _, ids = argmax(self.draft.draft_logits(state))
+        _, ids = argmax(self.draft.draft_logits(state), **self.draft.logits_shard)
         ids = self.draft.draft_to_target_ids(ids)
         self.s.draft_tokens[slots, column] = ids
         return ids
@@ -236,7 +239,7 @@ class Cycle:
                                         self.target_kv)
         logits = self.target.logits(hidden).view(B, 1, -1)
         out = rejection_sample(logits, self.no_drafts[:B], s.temperature[slots], s.seed[slots], n,
-                               **s.filters(slots))
+                               **s.filters(slots), **self.target.logits_shard)
         s.emitted[:B].fill_(-1)
         s.emitted[:B, :1] = out.token_ids
         s.num_emitted[:B] = out.num_emitted
@@ -284,7 +287,8 @@ class Cycle:
         hidden, aux = self.target.forward(prompt, positions[0], self._meta(slots, positions), self.target_kv)
         logits = self.target.logits(hidden[-1:]).view(1, 1, -1)
         out = rejection_sample(logits, self.no_drafts[:1], s.temperature[slots], s.seed[slots],
-                               torch.full((1,), P, dtype=torch.int64, device=prompt.device), **s.filters(slots))
+                               torch.full((1,), P, dtype=torch.int64, device=prompt.device), **s.filters(slots),
+                               **self.target.logits_shard)
         first = out.token_ids[:, 0]  # [1]
         s.num_tokens[slot] = P + 1
         s.last_token[slots] = first

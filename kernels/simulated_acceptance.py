@@ -11,7 +11,8 @@ request's outcome:
                   (alpha from `acceptance_rate_for`; L = K + 1 gives alpha = 1);
   emitted tokens  the drafts d_1 .. d_a, then the target's own top-1 at position a (its argmax over
                   row a of the logits: NaN never wins, ties to the lowest index, so every id is in
-                  [0, V)); entries past a are -1;
+                  [0, V); or top[b, a] when the caller has the rows' top-1 already, as a
+                  tensor-parallel rank holding a vocab shard does); entries past a are -1;
   logprobs        NaN: nothing here is sampled from the target's distribution;
   counts          acceptance_counts[j] += 1 for every accepted draft j (give the real kernel none).
 
@@ -68,10 +69,11 @@ def _check(logits, drafts, num_drafts, seed, position, alpha, out):
         raise ValueError("out must be (emitted [B, K+1], num_emitted [B], logprobs [B, K+1], counts [K])")
 
 
-def simulate_acceptance_reference(logits, drafts, num_drafts, seed, position, alpha, *, out):
+def simulate_acceptance_reference(logits, drafts, num_drafts, seed, position, alpha, *, out, top=None):
     """logits [B, K+1, V]; drafts [B, K] int64; num_drafts, seed, position [B] int64 (num_drafts:
     any int dtype); alpha [1] fp32; out = (emitted [B, K+1] int64, num_emitted [B] int32,
-    logprobs [B, K+1] fp32, acceptance_counts [K] int64), written in place."""
+    logprobs [B, K+1] fp32, acceptance_counts [K] int64), written in place; top: [B, K+1] int64,
+    each row's top-1 (then the logits are not read)."""
     _check(logits, drafts, num_drafts, seed, position, alpha, out)
     emitted, num_emitted, logprobs, counts = out
     B, R, _ = logits.shape
@@ -81,7 +83,7 @@ def simulate_acceptance_reference(logits, drafts, num_drafts, seed, position, al
     alive = ((u < alpha) & (j[None, :] < num_drafts.to(torch.int64)[:, None])).to(torch.int64).cumprod(dim=1)
     a = alive.sum(dim=1)  # [B]
     rows = torch.arange(B, device=logits.device)
-    _, top = lowest_argmax(logits[rows, a])
+    top = lowest_argmax(logits[rows, a])[1] if top is None else top[rows, a]
     cols = torch.arange(R, device=logits.device)[None, :]
     drafts_padded = torch.cat([drafts, drafts.new_full((B, 1), -1)], dim=1)
     tokens = torch.where(cols < a[:, None], drafts_padded, torch.full_like(drafts_padded, -1))
@@ -105,10 +107,12 @@ def _simulate_kernel(
     nemit_ptr,  # [B] int32
     lp_ptr,  # [B, K+1] fp32
     counts_ptr,  # [K] int64
+    top_ptr,  # [B, K+1] int64 (HAS_TOP): each row's top-1
     V,
     K: tl.constexpr,
     KP: tl.constexpr,  # next power of 2 >= K + 1
     BLOCK_V: tl.constexpr,
+    HAS_TOP: tl.constexpr = False,
 ):
     b = tl.program_id(0).to(tl.int64)
     seed = tl.load(seed_ptr + b)
@@ -122,20 +126,22 @@ def _simulate_kernel(
         alive = alive & (u < alpha) & (j < nd)
         a += alive.to(tl.int64)
         tl.atomic_add(counts_ptr + j, alive.to(tl.int64))
-    # The target's own top-1 at row a (lowest index among the maxima, NaN never wins).
-    row = logits_ptr + (b * (K + 1) + a) * V
-    offs = tl.arange(0, BLOCK_V)
-    best_val = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK_V], tl.int64)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        x = tl.load(row + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        take = x > best_val  # NaN compares false
-        best_val = tl.where(take, x, best_val)
-        best_idx = tl.where(take, idx.to(tl.int64), best_idx)
-    m = tl.max(best_val, axis=0)
-    top = tl.min(tl.where(best_val == m, best_idx, V), axis=0)
-    top = tl.where(top >= V, 0, top)  # a row of NaN / -inf: index 0
+    if HAS_TOP:
+        top = tl.load(top_ptr + b * (K + 1) + a)
+    else:  # the target's own top-1 at row a (lowest index among the maxima, NaN never wins)
+        row = logits_ptr + (b * (K + 1) + a) * V
+        offs = tl.arange(0, BLOCK_V)
+        best_val = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        best_idx = tl.zeros([BLOCK_V], tl.int64)
+        for start in range(0, V, BLOCK_V):
+            idx = start + offs
+            x = tl.load(row + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+            take = x > best_val  # NaN compares false
+            best_val = tl.where(take, x, best_val)
+            best_idx = tl.where(take, idx.to(tl.int64), best_idx)
+        m = tl.max(best_val, axis=0)
+        top = tl.min(tl.where(best_val == m, best_idx, V), axis=0)
+        top = tl.where(top >= V, 0, top)  # a row of NaN / -inf: index 0
     cols = tl.arange(0, KP)
     d = tl.load(drafts_ptr + b * K + cols, mask=cols < K, other=-1)
     tok = tl.where(cols < a, d, -1)
@@ -145,7 +151,8 @@ def _simulate_kernel(
     tl.store(nemit_ptr + b, (a + 1).to(tl.int32))
 
 
-def simulate_acceptance_triton(logits, drafts, num_drafts, seed, position, alpha, *, out, block_v: int = 4096):
+def simulate_acceptance_triton(logits, drafts, num_drafts, seed, position, alpha, *, out, top=None,
+                               block_v: int = 4096):
     """Same contract as simulate_acceptance_reference. One launch, one program per request."""
     _check(logits, drafts, num_drafts, seed, position, alpha, out)
     emitted, num_emitted, logprobs, counts = out
@@ -154,14 +161,14 @@ def simulate_acceptance_triton(logits, drafts, num_drafts, seed, position, alpha
             and logprobs.is_contiguous()):
         raise ValueError("logits, drafts, emitted and logprobs must be contiguous")
     _simulate_kernel[(B,)](
-        logits, drafts, num_drafts, seed, position, alpha, emitted, num_emitted, logprobs, counts, V,
-        K=R - 1, KP=triton.next_power_of_2(R), BLOCK_V=min(block_v, triton.next_power_of_2(V)), num_warps=4,
+        logits, drafts, num_drafts, seed, position, alpha, emitted, num_emitted, logprobs, counts,
+        top if top is not None else emitted, V, K=R - 1, KP=triton.next_power_of_2(R),
+        BLOCK_V=min(block_v, triton.next_power_of_2(V)), HAS_TOP=top is not None, num_warps=4,
     )
     return out
 
 
-def simulate_acceptance(logits, drafts, num_drafts, seed, position, alpha, *, out):
+def simulate_acceptance(logits, drafts, num_drafts, seed, position, alpha, *, out, top=None):
     """Triton on CUDA, the reference elsewhere (contract: simulate_acceptance_reference)."""
-    if logits.is_cuda:
-        return simulate_acceptance_triton(logits, drafts, num_drafts, seed, position, alpha, out=out)
-    return simulate_acceptance_reference(logits, drafts, num_drafts, seed, position, alpha, out=out)
+    fn = simulate_acceptance_triton if logits.is_cuda else simulate_acceptance_reference
+    return fn(logits, drafts, num_drafts, seed, position, alpha, out=out, top=top)

@@ -3,16 +3,18 @@
 # in $OUT (default ./out). From the root of a checkout installed with `pip install -e .`:
 #   bash scripts/tp_check.sh [step ...]
 # Steps: tests (NCCL + graphs against one GPU), bench (llama-8b-shape, TP = 1 then TP = N in the same
-# call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), profile (compute against
-# communication per phase at TP = N), sampler (vocab-parallel sampler and argmax against all-gather
-# + the one-GPU kernels). Default: all. TP=N sets the ranks (default: every GPU, at most 4).
+# call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), ab (TP = N plain decode with the
+# one-shot symmetric-memory all-reduce against NCCL's), b70 (llama-70b-shape's first 10 layers, as
+# bench), profile (kernel time per phase by family, communication included, at TP = N), sampler
+# (vocab-parallel sampler and argmax against all-gather + the one-GPU kernels). Default: all.
+# TP=N sets the ranks (default: every GPU, at most 4).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export GRAPHRT_CACHE=${GRAPHRT_CACHE:-/tmp/graphrt-cache}
 ngpu=$(nvidia-smi -L | wc -l)
 TP=${TP:-$(( ngpu < 4 ? ngpu : 4 ))}
-steps=${*:-tests bench profile sampler}
+steps=${*:-tests bench ab b70 profile sampler}
 {
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -29,6 +31,15 @@ for step in $steps; do
     bench)   for tp in 1 "$TP"; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
+             done ;;
+    ab)      for r in 1 2; do for ar in auto nccl; do
+               GRAPHRT_ALLREDUCE=$ar python3 -m graphrt bench --preset llama-8b-shape --no-draft --batch-sizes 1,8,64 \
+                 --max-new-tokens 64 --tp "$TP" 2>&1 | grep '^plain-graphs ' | sed "s/^/allreduce=$ar /" | log
+             done; done ;;
+    b70)     for tp in 1 "$TP"; do
+               python3 -m graphrt bench --preset llama-70b-shape --layers 10 --sweep-accept --sweep-k 3 \
+                 --batch-sizes 1,8,64 --max-new-tokens 32 --tp "$tp" --json "$OUT/b70_tp$tp.json" 2>&1 \
+                 | grep -v '^bench' | log | tail -30
              done ;;
     profile) for d in --no-draft "--draft-kind eagle3"; do
                python3 -m graphrt profile --preset llama-8b-shape $d --batch-sizes 1,8,64 --tp "$TP" \

@@ -54,6 +54,25 @@ def test_triton_equals_reference(B, K, V, L):
     assert counts.tolist() == [int((a > j).sum()) for j in range(K)], msg
 
 
+def test_given_top_tokens_replace_the_logits_argmax():
+    """A tensor-parallel rank passes every row's top-1 (its logits are a vocab shard): the token at
+    row a is then top[b, a], in both versions, and the counts are the same draws."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    B, K, V = 6, 3, 50
+    args = _case(B, K, V, gen)
+    top = torch.randint(0, 10 * V, (B, K + 1), generator=gen)  # ids no argmax of these logits gives
+    alpha = torch.tensor([acceptance_rate_for(2.5, K)])
+    plain = simulate_acceptance_reference(*args, alpha, out=_out(B, K))
+    ref = simulate_acceptance_reference(*args, alpha, out=_out(B, K), top=top)
+    tri = simulate_acceptance_triton(*args, alpha, out=_out(B, K), top=top, block_v=16)
+    for r, t in zip(ref, tri):
+        assert torch.equal(r.nan_to_num(-7.0), t.nan_to_num(-7.0)), f"seed={seed}"
+    assert torch.equal(ref[1], plain[1]) and torch.equal(ref[3], plain[3]), f"seed={seed}"
+    a = ref[1].long() - 1
+    assert torch.equal(ref[0][torch.arange(B), a], top[torch.arange(B), a]), f"seed={seed}"
+
+
 @pytest.mark.parametrize("K,L", [(3, 1.0), (3, 2.0), (3, 3.0), (3, 4.0), (5, 3.5)])
 def test_mean_length_is_what_was_set(K, L):
     n = 100_000

@@ -2,8 +2,9 @@
 
 A draft is anything with the draft interface: `draft_forward(tokens, positions, meta, kv,
 hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `draft_to_target_ids(ids)`,
-`position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`
-and `cfg`.
+`position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`,
+`cfg` and `logits_shard` (argmax's group and vocab_size when draft_logits is a tensor-parallel
+vocab shard, else {}).
 """
 
 from __future__ import annotations

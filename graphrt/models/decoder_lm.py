@@ -35,7 +35,7 @@ class DecoderLM:
         self.logits_shard = {}
         if tp is not None:
             self.vocab_start = vocab_shard(cfg.vocab_size, tp.world_size, tp.rank)[0]
-            self.logits_shard = {}  # placeholder: logits() gathers
+            self.logits_shard = dict(group=tp.group, vocab_size=cfg.vocab_size)
 
     def embed_tokens(self, tokens):
         """tokens [N] int64 -> [N, H]. Vocab-parallel: each rank gathers the rows it holds, zeros
@@ -72,8 +72,7 @@ class DecoderLM:
 
     def logits(self, hidden):
         """[N, V] ([N, vocab shard] under tensor parallelism)."""
-        out = linear(hidden, self.lm_head)  # Triton at decode sizes (kernels/gemv.py)
-        return out if self.tp is None else self.tp.gather_vocab(out, self.cfg.vocab_size)  # placeholder
+        return linear(hidden, self.lm_head)  # Triton at decode sizes (kernels/gemv.py)
 
     # The draft interface (see graphrt/models/__init__.py): a standalone LM drafts from its own
     # tokens only, at the tokens' own positions.

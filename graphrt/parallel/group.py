@@ -72,17 +72,6 @@ class TensorParallel:
             return f"nccl ({type(exc).__name__}: {exc})"
         return "one-shot"
 
-    def gather_vocab(self, x: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """[..., shard] -> [..., V]: every rank's vocab shard, in order (placeholder)."""
-        from graphrt.kernels.vocab_parallel import vocab_shard
-
-        s = max(e - b for b, e in (vocab_shard(vocab_size, self.world_size, r) for r in range(self.world_size)))
-        pad = torch.nn.functional.pad(x, (0, s - x.shape[-1]), value=float("-inf")).contiguous()
-        out = torch.empty((self.world_size * pad.numel(),), dtype=x.dtype, device=x.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-        gather(out, pad.reshape(-1), group=self.group)  # gloo wants flat, concatenated
-        return torch.cat(list(out.view(self.world_size, *pad.shape).unbind(0)), dim=-1)[..., :vocab_size]
-
     def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
         """(first q head, q heads, first kv head, kv heads) of this rank. With fewer KV heads than
         ranks each KV head is replicated on world_size / num_kv_heads ranks, as vLLM does."""
