@@ -32,10 +32,10 @@ for step in $steps; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
              done ;;
-    ab)      for r in 1 2; do for ar in auto nccl; do
+    ab)      for ar in nccl auto; do
                GRAPHRT_ALLREDUCE=$ar python3 -m graphrt bench --preset llama-8b-shape --no-draft --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$TP" 2>&1 | grep '^plain-graphs ' | sed "s/^/allreduce=$ar /" | log
-             done; done ;;
+             done ;;
     b70)     for tp in 1 "$TP"; do
                python3 -m graphrt bench --preset llama-70b-shape --layers 10 --sweep-accept --sweep-k 3 \
                  --batch-sizes 1,8,64 --max-new-tokens 32 --tp "$tp" --json "$OUT/b70_tp$tp.json" 2>&1 \
