@@ -51,7 +51,7 @@ def _worker(out_dir, world, target, drafts, kw):
     return 0
 
 
-def _check_ranks(ranks, single):
+def _check_ranks(ranks, single, kinds):
     hidden, logits = single["forward"]
     # each rank's logits are its vocab shard, in rank order
     torch.testing.assert_close(torch.cat([res["forward"][1] for res in ranks], dim=-1), logits, rtol=1e-5, atol=1e-5)
@@ -59,20 +59,20 @@ def _check_ranks(ranks, single):
         # fp32; the row-parallel partial sums add in another order than one GEMM's
         torch.testing.assert_close(res["forward"][0], hidden, rtol=1e-5, atol=1e-5)
         # greedy: every draft kind's speculative output is plain greedy decoding, token for token
-        for kind in ["plain", *DRAFTS]:
+        for kind in ["plain", *kinds]:
             assert res[kind][0] == single["plain"][0], kind
         # seeded sampling: every rank draws the same tokens (the schedulers never diverge)
-        for kind in ["plain", *DRAFTS]:
+        for kind in ["plain", *kinds]:
             assert res[kind][1] == ranks[0][kind][1], kind
         # the self-drafts agree with the target, so the accepted-token path ran under TP too
-        assert res["lm"][2] > 0 and res["eagle"][2] > 0
+        assert all(res[k][2] > 0 for k in ("lm", "eagle") if k in kinds)
 
 
-def _single(**kw):
+def _single(kinds=tuple(DRAFTS), **kw):
     target = tiny_dir()
     rt = Runtime.from_pretrained(target, None, **{**_RT, **kw})
     res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])]}
-    for kind, path in {"plain": None, **{k: draft_dir(d) for k, d in DRAFTS.items()}}.items():
+    for kind, path in {"plain": None, **{k: draft_dir(DRAFTS[k]) for k in kinds}}.items():
         res[kind] = _run(target, path, None, **kw)
     return res
 
@@ -83,24 +83,28 @@ def single():
     return _single()
 
 
-def _ranks(world, tmp_path, **kw):
-    drafts = {k: draft_dir(d) for k, d in DRAFTS.items()}
-    assert run_ranks(world, _worker, str(tmp_path), world, tiny_dir(), drafts, kw, quiet=False, timeout_s=300) == 0
+def _ranks(world, tmp_path, kinds=tuple(DRAFTS), timeout_s=300, **kw):
+    drafts = {k: draft_dir(DRAFTS[k]) for k in kinds}
+    code = run_ranks(world, _worker, str(tmp_path), world, tiny_dir(), drafts, kw, quiet=False, timeout_s=timeout_s)
+    assert code == 0, "timed out" if code == 124 else f"a rank exited with {code}"
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_matches_one_process(world, single, tmp_path):
-    _check_ranks(_ranks(world, tmp_path), single)
+    _check_ranks(_ranks(world, tmp_path), single, DRAFTS)
 
 
 @pytest.mark.gpu
 def test_nccl_with_graphs_matches_one_gpu(tmp_path):
-    """The same on 2 GPUs: NCCL collectives inside the captured graphs (fp32 for exact greedy)."""
+    """The same on 2 GPUs: NCCL and the symmetric-memory all-reduce inside the captured graphs,
+    fp32 for exact greedy; the EAGLE-1/2 head drafts through the vocab-parallel argmax. Each
+    runtime compiles its own kernel variants (cold Triton cache: minutes)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     kw = dict(device="cuda", use_cuda_graphs=True)
-    _check_ranks(_ranks(2, tmp_path, **kw), _single(**kw))
+    _check_ranks(_ranks(2, tmp_path, kinds=("eagle",), timeout_s=900, **kw), _single(kinds=("eagle",), **kw),
+                 ("eagle",))
 
 
 def _failing_worker(out_dir, world, target):
