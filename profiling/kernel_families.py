@@ -25,9 +25,10 @@ _RULES = [
     ("norm", r"rms_?norm|layer_?norm|norm_kernel"),
     ("argmax", r"argmax"),
     # kernels/rejection.py and kernels/simulated_acceptance.py name theirs _row_stats, _walk,
-    # _race, _finish and _simulate; softmax and top-k only ever run to sample here
+    # _race, _finish and _simulate, kernels/vocab_parallel_kernels.py _assemble; softmax and top-k
+    # only ever run to sample here
     ("sampler", r"rejection|sampl|gumbel|multinomial|softmax|topk|top_k"
-                r"|^_(row_stats|walk|race|finish|simulate)_kernel"),
+                r"|^_(row_stats|walk|race|finish|simulate|assemble)_kernel"),
     ("GEMM", r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|^sm\d+_"),
 ]
 _COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in _RULES]

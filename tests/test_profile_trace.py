@@ -174,6 +174,11 @@ def test_cycle_numbers_per_host_thread():
      "(int, at::native::FillFunctor<long>, std::array<char*, 1ul>)", "other"),
     ("void at::native::normal_kernel<float>(at::TensorIteratorBase&)", "other"),  # not a norm
     ("cuda_graph_replay", "other"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "comm"), ("ncclDevKernel_AllGather_RING_LL", "comm"),
+    ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(c10::BFloat16**, "
+     "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+     "comm"),
+    ("_assemble_kernel", "sampler"), ("_argmax_finish_kernel", "argmax"),
 ])
 def test_kernel_family(name, family):
     assert kernel_family(name) == family

@@ -148,3 +148,25 @@ def test_shard_rule():
     assert rule("layers.0.self_attn.v_proj.weight") == (0, 16, 32)
     with pytest.raises(ConfigMismatchError, match="num_attention_heads"):
         target_shard_rule(cfg, TensorParallel(None, 0, 3))
+
+
+def test_sliced_load_reads_the_rank_slice():
+    """load_checkpoint(shard=rule) gives what slicing the whole checkpoint gives, for every rank
+    of 2 and 4, and records which slice it holds."""
+    from graphrt.checkpoint import load_checkpoint
+    from graphrt.checkpoint_config import load_config
+    from graphrt.parallel import TensorParallel, shard_checkpoint, target_shard_rule
+
+    path = tiny_dir("tiny-tied")  # tied: the LM head is the embedding's slice, one tensor
+    whole = load_checkpoint(path)
+    for world in (2, 4):
+        for rank in range(world):
+            tp = TensorParallel(None, rank, world)
+            part = load_checkpoint(path, shard=target_shard_rule(load_config(path), tp))
+            ref = shard_checkpoint(whole, tp)
+            assert part.parallel == ref.parallel == (rank, world)
+            assert part.weights.keys() == ref.weights.keys()
+            for name, t in ref.weights.items():
+                assert torch.equal(part.weights[name], t), name
+            assert part.weights["lm_head.weight"] is part.weights["embed_tokens.weight"]
+            assert part.weights["layers.0.mlp.down_proj.weight"].shape[1] == 128 // world
