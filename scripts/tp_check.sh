@@ -26,8 +26,11 @@ log() { tee -a "$OUT/log.txt"; }
 for step in $steps; do
   echo "=== $step (TP = $TP)" | log
   case $step in
-    tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tensor_parallel.py \
-               tests/test_vocab_parallel.py 2>&1 | log | tail -30 ;;
+    # one file at a time, each with a deadline inside the call's 10 minutes: a cold Triton cache
+    # makes each take minutes, and a hang must not take the other's output with it
+    tests)   for f in tests/test_tensor_parallel.py tests/test_vocab_parallel.py; do
+               timeout 280 python3 -m pytest -q -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
+             done ;;
     bench)   for tp in 1 "$TP"; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
