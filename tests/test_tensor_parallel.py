@@ -103,7 +103,7 @@ def test_nccl_with_graphs_matches_one_gpu(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     kw = dict(device="cuda", use_cuda_graphs=True)
-    _check_ranks(_ranks(2, tmp_path, kinds=("eagle",), timeout_s=900, **kw), _single(kinds=("eagle",), **kw),
+    _check_ranks(_ranks(2, tmp_path, kinds=("eagle",), timeout_s=240, **kw), _single(kinds=("eagle",), **kw),
                  ("eagle",))
 
 
