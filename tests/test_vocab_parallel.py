@@ -370,8 +370,10 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
             fails.append(what)
 
     gen = torch.Generator().manual_seed(seed)
-    for v in (128256, 32000, 1000):
-        for b in (1, 8, 64):
+    # each shape is new kernel variants to compile on a cold cache: the real vocabulary and a small
+    # one, one request and many
+    for v in (128256, 1000):
+        for b in (1, 64):
             for temps, k in (([0.0], 3), ([0.5, 1.3], 3), ([1.0, 0.0], 0)):
                 args = make_inputs(b, k, v, gen=gen, temps=temps, ragged=True, hazards=True, dtype=torch.bfloat16)
                 args.pop("draft_logits")
@@ -446,7 +448,7 @@ def test_nccl_two_gpus_match_single_gpu_and_graph_replay(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     seed = fresh_seed()
-    _spawn(_gpu_worker, 2, (str(tmp_path / "init"), str(tmp_path / "fails{}.txt"), seed), timeout=600.0)
+    _spawn(_gpu_worker, 2, (str(tmp_path / "init"), str(tmp_path / "fails{}.txt"), seed), timeout=270.0)
     for r in range(2):
         fails = (tmp_path / f"fails{r}.txt").read_text()
         assert not fails, f"seed {seed} rank {r}: {fails}"
