@@ -30,7 +30,7 @@ class _OneShotAllReduce:
     def __init__(self, group, device, dtype, numel: int):
         import torch.distributed._symmetric_memory as symm_mem
 
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9, deprecated after
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # older torch needs it; newer ones warn it is not
             symm_mem.enable_symm_mem_for_group(group.group_name)
         self.name = group.group_name
         self.buffer = symm_mem.empty(numel, dtype=dtype, device=device)
