@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
 from graphrt.checkpoint_config import load_config
@@ -168,9 +169,9 @@ class Runtime:
             self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
                            state=self.state, num_draft_tokens=max(self.K, 1))
-        if self.tp is not None and self.tp.one_shot is None:
-            # the decode phases' all-reduces: at most B * (K + 1) rows of the hidden size
-            self.all_reduce_path = self.tp.use_one_shot(device, dtype, max_batch_size * (self.K + 1) * tcfg.hidden_size)
+        # tensor parallelism's all-reduces: the group's backend (NCCL, gloo) until capture() sets up the
+        # one-shot path
+        self.all_reduce_path = None if self.tp is None else str(dist.get_backend(self.tp.group))
 
         pin = device.type == "cuda"
 
@@ -358,6 +359,12 @@ class Runtime:
         if self.tp is not None:
             # NCCL sets up its communicator at the first collective, which must not be inside a capture
             self.tp.agree(None)
+            if self.tp.one_shot is None:  # collective too: here, where every rank surely arrives
+                # the decode phases' all-reduces: at most B * (K + 1) rows of the hidden size
+                numel = self.max_batch_size * (self.K + 1) * self.target.cfg.hidden_size
+                self.all_reduce_path = self.tp.use_one_shot(self.device, self.target.embed.dtype, numel)
+            else:
+                self.all_reduce_path = "one-shot"
         graphs = CycleGraphs(self.cycle, self.buckets)
         self.cycle.graphs = None
         records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)

@@ -44,7 +44,8 @@ def _run(target, draft, tp_size, **kw):
 def _worker(out_dir, world, target, drafts, kw):
     torch.set_num_threads(1)
     rt = Runtime.from_pretrained(target, None, tensor_parallel_size=world, **{**_RT, **kw})
-    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])], "rank": rt.tp.rank}
+    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])], "rank": rt.tp.rank,
+           "all_reduce": rt.all_reduce_path}
     for kind, path in {"plain": None, **drafts}.items():
         res[kind] = _run(target, path, world, **kw)
     torch.save(res, f"{out_dir}/rank{rt.tp.rank}.pt")
@@ -56,6 +57,7 @@ def _check_ranks(ranks, single, kinds):
     # each rank's logits are its vocab shard, in rank order
     torch.testing.assert_close(torch.cat([res["forward"][1] for res in ranks], dim=-1), logits, rtol=1e-5, atol=1e-5)
     for res in ranks:
+        assert res["all_reduce"] == "gloo"  # what the bench header reports
         # fp32; the row-parallel partial sums add in another order than one GEMM's
         torch.testing.assert_close(res["forward"][0], hidden, rtol=1e-5, atol=1e-5)
         # greedy: every draft kind's speculative output is plain greedy decoding, token for token
