@@ -6,7 +6,7 @@ kernels/rejection_reference.py. The Triton path matches the reference token for 
 there) in two launches, the row pass and the walk (kernels/rejection_kernels.py), four in full q
 (draft logits given: its race pass and finish are kernels/rejection_fullq.py), chained by
 programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
-before. With top_k / top_p / min_p, one kernel before them finds each row's threshold
+before. With top_k / top_p / min_p, three kernels before them find each row's threshold
 (kernels/rejection_filter.py).
 """
 
@@ -55,8 +55,8 @@ class LaunchConfig:
     pruned), else 1 or 4 by the number of splits the walk merges. pdl: programmatic dependent
     launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
     row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
-    filter_warps: the filters' threshold kernel (kernels/rejection_filter.py), launched only when
-    the call passes filters.
+    filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
+    passes filters.
     """
 
     block_v: int = 1024
@@ -90,8 +90,9 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
-    - The threshold kernel (filters only) on 4096-entry tiles up to 8 rows, 2048 beyond: of 512 to
-      4096 entries on 4 to 16 warps, the fastest at B = 1 and B = 64 (top_k 50 + top_p 0.9).
+    - The filters' kernels (filters only) on 4096-entry tiles up to 8 rows, 2048 beyond: what the
+      one-program-per-row search they replace measured fastest at B = 1 and B = 64 (top_k 50 +
+      top_p 0.9); not swept since.
     """
     rows = batch * (k + 1)
     prune = batch >= 128

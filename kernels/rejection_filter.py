@@ -1,11 +1,23 @@
 """The filters' per-row thresholds on the GPU, without sorting: the rule (top_k, top_p, min_p) and
-its reference, thresholds_reference, are in kernels/rejection_reference.py; _threshold_kernel
-finds the same threshold bit for bit by a radix select over the logits' order-preserving integer
-keys (_select). No [rows, V] buffer and no sort. One program per row, one pass over the row each:
-the max; top_k: a 256-bin histogram level per 8 bits of the key range (2 for the 16-bit keys of
-bf16 / fp16 logits, up to 4 for fp32); top_p / min_p: the kept mass; top_p: pivot rounds (8 keys
-each) while its range spans more than 256 keys, then one histogram level. The sampler then reads
-the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's race.
+its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
+no sort; rows that filter nothing return at once in every kernel.
+
+Three launches, the first two spread over many programs per row:
+  1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max) and, with top_k,
+     the largest of its tiles' k-th largest keys (bisection in registers, atomic max): the row's
+     k-th largest is at least that, and at most about tiles * k entries reach it.
+  2. _filter_gather_kernel, grid (rows, splits): the candidates, a superset of what the filters
+     keep, copied to a [rows, cap] buffer: top_k: every entry from kernel 1's key up; otherwise
+     every entry whose weight (relative to the row's max) reaches (1 - top_p) / V of the max's
+     (the entries left out then weigh less than 1 - top_p of the row, so top_p's threshold is a
+     candidate), or min_p's bar. With top_p and no top_k it also sums the row's weight.
+  3. _threshold_kernel, grid rows: the exact threshold (_row_tau) over the candidates, bit for bit
+     the reference's: a radix select over the order-preserving integer keys (_select). A row whose
+     candidates overflow the buffer, or whose candidates turn out to weigh less than top_p of the
+     row, runs _row_tau over the whole row instead. It also resets the workspace rows it used,
+     which every call and graph replay shares (_workspace).
+The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
+race.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.counters import capturing
 from graphrt.kernels.rejection_kernels import _NEG_INF, _inv_temperature, _pdl_wait, _scaled
 from graphrt.kernels.rejection_reference import LOG2E_F32, POLY, W_BITS
 
@@ -21,6 +34,7 @@ _TL_LOG2E_F32 = tl.constexpr(LOG2E_F32)
 _C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in POLY)
 _INT32_BIG = tl.constexpr(2**31 - 1)
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
+FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,13 +56,18 @@ def _tl_weights(x, x_max):
 
 
 @triton.jit
-def _keys(raw, SHIFT: tl.constexpr):
-    """Order-preserving int64 keys of fp32 values (NaN as -inf, -0.0 as +0.0): equal keys <=> equal
-    values. SHIFT drops the low bits that the logits' dtype always leaves zero."""
+def _keys32(raw):
+    """Order-preserving int32 keys of fp32 values (NaN as -inf, -0.0 as +0.0): equal keys <=> equal
+    values."""
     raw = tl.where(raw != raw, _NEG_INF, raw) + 0.0
     bits = raw.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return (key >> SHIFT).to(tl.int64)
+    return tl.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+@triton.jit
+def _keys(raw, SHIFT: tl.constexpr):
+    """_keys32 as int64 without the low SHIFT bits, which the logits' dtype always leaves zero."""
+    return (_keys32(raw) >> SHIFT).to(tl.int64)
 
 
 @triton.jit
@@ -110,23 +129,9 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
 
 
 @triton.jit
-def _threshold_kernel(
-    logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
-    temp_ptr,  # [B] fp32
-    topk_ptr,  # [B] int32/int64 (HAS_K only)
-    topp_ptr,  # [B] fp32 (HAS_P only)
-    minp_ptr,  # [B] fp32 (HAS_M only)
-    tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
-    stride_lb, stride_lj, R, V,
-    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
-    SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
-    BLOCK_V: tl.constexpr,
-    NP: tl.constexpr = 8,  # pivots per bisection round
-    PDL: tl.constexpr = 0,
-):
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // R
+def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+             HAS_M: tl.constexpr):
+    """Request b's (active, inv_t, k, use_k, top_p, min_p); active: a sampled row that filters."""
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     k = tl.zeros_like(b)
     if HAS_K:
@@ -138,60 +143,239 @@ def _threshold_kernel(
     if HAS_M:
         min_p = tl.load(minp_ptr + b)
     use_k = (k > 0) & (k < V)
+    return ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
+
+
+@triton.jit
+def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.constexpr, SHIFT: tl.constexpr,
+             BLOCK_V: tl.constexpr, NP: tl.constexpr):
+    """(tau, ok) of one row from its n entries at src_ptr: the whole row, or (CAND) its candidates
+    (fp32, n >= 0), a superset of what the filters keep; use_k: 0 < k < the row's V. With CAND and
+    top_p without top_k the kept mass is mass_total, the row's; ok is False when the candidates
+    weigh less than top_p of it (the caller then passes the whole row). n = 0: a dead row."""
+    offs0 = tl.arange(0, BLOCK_V)
+    kmax = tl.max(tl.full([BLOCK_V], -_INT32_BIG, tl.int64), axis=0)
+    kmin = -kmax
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
+        offs = t * BLOCK_V + offs0
+        key = _keys(tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32), SHIFT)
+        kmax = tl.maximum(kmax, tl.max(tl.where(offs < n, key, -_INT32_BIG), axis=0))
+        kmin = tl.minimum(kmin, tl.min(tl.where(offs < n, key, _INT32_BIG), axis=0))
+    x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
     tau = tl.zeros_like(inv_t) + _NEG_INF
-    if ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)):  # rows that filter nothing stop here
-        row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
-        offs0 = tl.arange(0, BLOCK_V)
-        kmax = tl.max(tl.full([BLOCK_V], -_INT32_BIG, tl.int64), axis=0)
-        kmin = -kmax
-        for t in range(0, tl.cdiv(V, BLOCK_V)):
-            offs = t * BLOCK_V + offs0
-            key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
-            kmax = tl.maximum(kmax, tl.max(tl.where(offs < V, key, -_INT32_BIG), axis=0))
-            kmin = tl.minimum(kmin, tl.min(tl.where(offs < V, key, _INT32_BIG), axis=0))
-        x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
-        if x_max > _NEG_INF:  # a dead row keeps -inf
-            lo = kmin
-            if use_k:
-                lo = _select(row_ptr, V, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
-            tau_key = lo
-            if (top_p < 1.0) | (min_p > 0.0):
-                # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
-                thr = min_p.to(tl.float64) * 4294967296.0
-                mass = tl.zeros([BLOCK_V], tl.int64)
-                wmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
-                mmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
-                for t in range(0, tl.cdiv(V, BLOCK_V)):
-                    offs = t * BLOCK_V + offs0
-                    raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                    key = _keys(raw, SHIFT)
-                    w = tl.where((offs < V) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
-                    mass += w
-                    wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_BIG))
-                    mmin = tl.minimum(mmin, tl.where((offs < V) & (w.to(tl.float64) >= thr), key, _INT32_BIG))
-                if top_p < 1.0:
-                    target = top_p.to(tl.float64) * tl.sum(mass, axis=0).to(tl.float64)
-                    tau_key = _select(row_ptr, V, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max,
+    ok = n >= 0
+    if (n > 0) & (x_max > _NEG_INF):  # a dead row keeps -inf
+        lo = kmin
+        if use_k:
+            lo = _select(src_ptr, n, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
+        tau_key = lo
+        if (top_p < 1.0) | (min_p > 0.0):
+            # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
+            thr = min_p.to(tl.float64) * 4294967296.0
+            mass = tl.zeros([BLOCK_V], tl.int64)
+            wmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
+            mmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
+            for t in range(0, tl.cdiv(n, BLOCK_V)):
+                offs = t * BLOCK_V + offs0
+                raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+                key = _keys(raw, SHIFT)
+                w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
+                mass += w
+                wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_BIG))
+                mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_BIG))
+            if top_p < 1.0:
+                kept = tl.sum(mass, axis=0)
+                total = kept
+                if CAND:
+                    total = tl.where(use_k, kept, mass_total)
+                target = top_p.to(tl.float64) * total.to(tl.float64)
+                ok = kept.to(tl.float64) >= target
+                if ok:
+                    tau_key = _select(src_ptr, n, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max,
                                       inv_t, True, SHIFT, BLOCK_V, NP)
-                if min_p > 0.0:
-                    tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
-            tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
+            if min_p > 0.0:
+                tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
+        tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
+    return tau, ok
+
+
+@triton.jit
+def _filter_stats_kernel(
+    logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
+    temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # [B] fp32, int32/int64, fp32, fp32 (as _threshold_kernel)
+    kmax_ptr,  # [rows] int32, -(2**31 - 1) on entry: the row's largest key (atomic max)
+    kcut_ptr,  # [rows] int32, -(2**31 - 1) on entry: top_k: the largest tile's k-th largest key (atomic max)
+    stride_lb, stride_lj, R, V,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # one tile per program
+    PDL: tl.constexpr = 0,
+):
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // R
+    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
+                                                     HAS_M)
+    if active:
+        offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        inr = offs < V
+        raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=inr, other=float("-inf"))
+        key = _keys32(raw.to(tl.float32)) >> SHIFT
+        hi = tl.max(tl.where(inr, key, -_INT32_BIG), axis=0)
+        tl.atomic_max(kmax_ptr + row, hi)
+        if use_k & (tl.sum(inr.to(tl.int32), axis=0) >= k):
+            # the tile's k-th largest key by bisection; the row's is at least as large, so no more
+            # than the entries from the largest of these up are candidates
+            lo = tl.min(tl.where(inr, key, _INT32_BIG), axis=0).to(tl.int64)
+            top = hi.to(tl.int64)  # int64: the span of fp32 keys overflows int32
+            while lo < top:
+                mid = lo + (top - lo + 1) // 2
+                if tl.sum((inr & (key >= mid)).to(tl.int32), axis=0) >= k:
+                    lo = mid
+                else:
+                    top = mid - 1
+            tl.atomic_max(kcut_ptr + row, lo.to(tl.int32))
+
+
+@triton.jit
+def _filter_gather_kernel(
+    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, kcut_ptr,  # as _filter_stats_kernel
+    n_ptr,  # [rows] int32 zeros on entry: candidates found (atomic adds; > CAP: they overflowed)
+    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p without top_k)
+    cand_ptr,  # [rows, CAP] fp32 out: the candidates' logits, in no particular order
+    stride_lb, stride_lj, R, V, tiles_per_split, CAP,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // R
+    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
+                                                     HAS_M)
+    if active:
+        x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
+        if x_max > _NEG_INF:  # a dead row has no candidates
+            cut = tl.load(kcut_ptr + row)
+            # top_p: what weighs under thr sums to under (1 - top_p) * 2**32 <= (1 - top_p) * the row's
+            # weight, the max's being 2**32; min_p: its own bar
+            thr = tl.where(top_p < 1.0, (1.0 - top_p.to(tl.float64)) * 4294967296.0 / V,
+                           min_p.to(tl.float64) * 4294967296.0)
+            row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
+            offs0 = tl.arange(0, BLOCK_V)
+            mass = tl.zeros([BLOCK_V], tl.int64)
+            t0 = tl.program_id(1) * tiles_per_split
+            for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
+                offs = t * BLOCK_V + offs0
+                raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                if use_k:
+                    take = (offs < V) & ((_keys32(raw) >> SHIFT) >= cut)
+                else:
+                    w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
+                    mass += w
+                    take = w.to(tl.float64) >= thr
+                take_i = take.to(tl.int32)
+                count = tl.sum(take_i, axis=0)
+                if count > 0:
+                    pos = tl.atomic_add(n_ptr + row, count) + tl.cumsum(take_i, axis=0) - 1
+                    tl.store(cand_ptr + row * CAP + pos, raw, mask=take & (pos < CAP))
+            if not use_k:
+                tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
+
+
+@triton.jit
+def _threshold_kernel(
+    logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
+    temp_ptr,  # [B] fp32
+    topk_ptr,  # [B] int32/int64 (HAS_K only)
+    topp_ptr,  # [B] fp32 (HAS_P only)
+    minp_ptr,  # [B] fp32 (HAS_M only)
+    tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
+    kmax_ptr, kcut_ptr, n_ptr, mass_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
+    stride_lb, stride_lj, R, V, CAP,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
+    SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
+    BLOCK_V: tl.constexpr,
+    CAND: tl.constexpr = True,  # the candidates of kernels 1 and 2; False: every row from its logits
+    NP: tl.constexpr = 8,  # pivots per bisection round
+    PDL: tl.constexpr = 0,
+):
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // R
+    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
+                                                     HAS_M)
+    tau = tl.zeros_like(inv_t) + _NEG_INF
+    if active:  # rows that filter nothing stop here
+        done = row < 0
+        if CAND:
+            n = tl.load(n_ptr + row)
+            if n <= CAP:
+                tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, tl.load(mass_ptr + row),
+                                     True, SHIFT, BLOCK_V, NP)
+            tl.store(kmax_ptr + row, -_INT32_BIG)
+            tl.store(kcut_ptr + row, -_INT32_BIG)
+            tl.store(n_ptr + row, 0)
+            tl.store(mass_ptr + row, 0)
+        if ~done:
+            tau, done = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p,
+                                 inv_t, 0, False, SHIFT, BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
 
 
+_workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_retired: list[tuple[torch.Tensor, ...]] = []
+
+
+def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ...] | None:
+    """(kmax, kcut [rows'] int32, n [rows'] int32, mass [rows'] int64, candidates [rows', cap] fp32)
+    with rows' >= rows, one per device and cap, shared by every call and graph replay: the
+    threshold kernel leaves each row it used as it found it. None inside a capture when it would
+    have to grow (allocating there would tie it to that graph's pool)."""
+    ws = _workspaces.get((dev, cap))
+    if ws is None or ws[0].numel() < rows:
+        if capturing():
+            return None
+        if ws is not None:
+            _retired.append(ws)  # graphs captured before may still point at it
+        n = max(rows, 2 * ws[0].numel() if ws is not None else 64)
+        low = torch.full((2, n), -(2**31 - 1), dtype=torch.int32, device=dev)
+        ws = (low[0], low[1], torch.zeros(n, dtype=torch.int32, device=dev),
+              torch.zeros(n, dtype=torch.int64, device=dev), torch.empty((n, cap), dtype=torch.float32, device=dev))
+        _workspaces[(dev, cap)] = ws
+    return ws
+
+
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
-                      pdl: int) -> torch.Tensor:
-    """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32, temperature [B] fp32 and
-    the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off); the rule of
-    kernels/rejection_reference.thresholds_reference. One program per row; rows that filter nothing return at once."""
+                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 4096, programs: int = 1024) -> torch.Tensor:
+    """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
+    temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
+    the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
+    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2 aims at about that many;
+    cap: candidates per row (0: every row reads its whole row in the one exact kernel)."""
     b, r, v = target_logits.shape
-    tau = torch.empty(b * r, dtype=torch.float32, device=target_logits.device)
+    rows = b * r
+    dev = target_logits.device
+    tau = torch.empty(rows, dtype=torch.float32, device=dev)
     some = next(t for t in (top_k, top_p, min_p) if t is not None)  # a valid pointer when unused
-    _threshold_kernel[(b * r,)](
-        target_logits, temperature, top_k if top_k is not None else some, top_p if top_p is not None else some,
-        min_p if min_p is not None else some, tau, target_logits.stride(0), target_logits.stride(1), r, v,
-        HAS_K=top_k is not None, HAS_P=top_p is not None, HAS_M=min_p is not None,
-        SHIFT=_KEY_SHIFT[target_logits.dtype], BLOCK_V=block_v, PDL=pdl, num_warps=num_warps,
-        enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
-    )
+    filters = (top_k if top_k is not None else some, top_p if top_p is not None else some,
+               min_p if min_p is not None else some)
+    flags = dict(HAS_K=top_k is not None, HAS_P=top_p is not None, HAS_M=min_p is not None,
+                 SHIFT=_KEY_SHIFT[target_logits.dtype], PDL=pdl)
+    launch = dict(num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}))
+    strides = (target_logits.stride(0), target_logits.stride(1), r, v)
+    ws = _workspace(dev, rows, cap) if cap > 0 else None
+    if ws is not None:
+        kmax, kcut, n, mass, cand = ws
+        _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
+            target_logits, temperature, *filters, kmax, kcut, *strides, BLOCK_V=stats_block_v, **flags, **launch)
+        tiles = triton.cdiv(v, block_v)
+        per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
+        _filter_gather_kernel[(rows, triton.cdiv(tiles, per_split))](
+            target_logits, temperature, *filters, kmax, kcut, n, mass, cand, *strides, per_split, cap,
+            BLOCK_V=block_v, **flags, **launch)
+    else:
+        kmax = kcut = n = mass = cand = tau  # valid pointers, unused
+    _threshold_kernel[(rows,)](
+        target_logits, temperature, *filters, tau, kmax, kcut, n, mass, cand, *strides, cap,
+        CAND=ws is not None, BLOCK_V=block_v, **flags, **launch)
     return tau

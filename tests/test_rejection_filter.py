@@ -101,6 +101,66 @@ def test_thresholds_triton_match_reference(dtype):
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"seed {seed} {kinds}: {got} vs {ref}"
 
 
+def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list[str]:
+    """Per row, which way the Triton path takes it (kernels/rejection_filter.py, mirrored here in
+    torch): "candidates", "whole row" (too many candidates) or "" (filters nothing)."""
+    b, r, v = x.shape
+    out = []
+    for i in range(b):
+        k = int(f["top_k"][i]) if "top_k" in f else 0
+        p = float(f["top_p"][i]) if "top_p" in f else 1.0
+        m = float(f["min_p"][i]) if "min_p" in f else 0.0
+        use_k = 0 < k < v
+        for j in range(r):
+            if not temps[i] > 0 or not (use_k or p < 1 or m > 0):
+                out.append("")
+                continue
+            vals = torch.where(torch.isnan(x[i, j]), -INF, x[i, j].float()) + 0.0
+            xs = (vals * (1.0 / temps[i])).nan_to_num(nan=-INF).clamp(max=3.4028234663852886e38)
+            if xs.max() == -INF:
+                out.append("candidates")  # none: a dead row
+                continue
+            if use_k:  # the largest tile's k-th largest (tiles of 4096 = the whole row here)
+                n = int((vals >= vals.sort(descending=True).values[k - 1]).sum())
+            else:
+                w = weights(xs, xs.max())
+                thr = (1 - p) * 2.0**32 / v if p < 1 else m * 2.0**32
+                n = int((w.double() >= thr).sum())
+            out.append("candidates" if n <= cap else "whole row")
+    return out
+
+
+@pytest.mark.parametrize("programs, stats_block_v", [(1024, 4096), (2, 16)])
+def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
+    """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
+    buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
+    shared workspace is left as found."""
+    from graphrt.kernels.rejection_filter import _workspace
+
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b, r, v = 8, 2, 75
+    x = torch.randn(b, r, v, generator=gen) * 3
+    x[::2] = tied(x[::2])
+    x[1, 1, 3], x[2, 0, :], x[4, 1, 9] = float("nan"), -INF, INF
+    x = x.to(torch.bfloat16)
+    temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 0.8, 100.0, 1.0, 0.7])
+    seen = set()
+    for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("top_p", "min_p")):
+        f = random_filters(b, v, gen, kinds)
+        args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
+        ref = thresholds_reference(x, temps, *args).flatten()
+        got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=6, programs=programs,
+                                stats_block_v=stats_block_v)
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), \
+            f"seed {seed} {kinds}: {got} vs {ref}"
+        if stats_block_v >= v:
+            seen.update(_candidates(x, temps, f, 6))
+    assert stats_block_v < v or {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
+    kmax, kcut, n, mass, _ = _workspace(x.device, b * r, 6)
+    assert bool((kmax == -(2**31 - 1)).all() and (kcut == -(2**31 - 1)).all()) and not n.any() and not mass.any()
+
+
 CASES = {  # name: (temps, full_q, ragged, fuse_race)
     "onehot_fused": ([1.0, 0.5, 1.3], False, False, True),
     "onehot_race_pass": ([1.3, 0.7], False, True, False),
