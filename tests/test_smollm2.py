@@ -61,16 +61,13 @@ def hf_model(smollm2_file):
                                                              dtype=torch.float32).eval()
 
 
-def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
-    tokens, logits, past, x = [], [], None, torch.tensor([ids])
+def _hf_choices(model, ids: list[int], generated: list[int]) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy choice after the prompt and after each generated token, from one
+    forward over them all: where every choice is the token generated, its own greedy decoding
+    produces these tokens."""
     with torch.no_grad():
-        for _ in range(n):
-            out = model(x, past_key_values=past, use_cache=True)
-            past, last = out.past_key_values, out.logits[0, -1]
-            tokens.append(int(last.argmax()))
-            logits.append(last)
-            x = torch.tensor([[tokens[-1]]])
-    return tokens, logits
+        logits = model(torch.tensor([ids + generated[:-1]])).logits[0, len(ids) - 1:]
+    return logits.argmax(-1).tolist(), logits
 
 
 def test_the_file_is_the_model_the_issue_names(smollm2, tokenizer):
@@ -89,7 +86,7 @@ def test_greedy_tokens_equal_transformers(smollm2, tokenizer, hf_model):
     # past the end-of-turn token too: more positions compared
     gens = rt.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     for (text, chat, anchor), ids, gen in zip(CASES, prompts, gens):
-        want, logits = _hf_greedy(hf_model, ids, NEW_TOKENS)
+        want, logits = _hf_choices(hf_model, ids, gen.token_ids)
         if gen.token_ids != want:
             i = next(j for j, (a, b) in enumerate(zip(gen.token_ids, want)) if a != b)
             top2 = logits[i].topk(2).values
