@@ -3,14 +3,15 @@ its reference, thresholds_reference, are in kernels/rejection_reference.py. No [
 no sort; rows that filter nothing return at once in every kernel.
 
 Three launches, the first two spread over many programs per row:
-  1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max) and, with top_k,
-     the largest of its tiles' k-th largest keys (bisection in registers, atomic max): the row's
-     k-th largest is at least that, and at most about tiles * k entries reach it.
-  2. _filter_gather_kernel, grid (rows, splits): the candidates, a superset of what the filters
-     keep, copied to a [rows, cap] buffer: top_k: every entry from kernel 1's key up; otherwise
-     every entry whose weight (relative to the row's max) reaches (1 - top_p) / V of the max's
-     (the entries left out then weigh less than 1 - top_p of the row, so top_p's threshold is a
-     candidate), or min_p's bar. With top_p and no top_k it also sums the row's weight.
+  1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max); with top_k, the
+     candidates, a superset of what the filters keep, appended to a [rows, cap] buffer: the
+     entries from the tile's k-th largest key up (bisection in registers). The row's k-th largest
+     is at least as large as any tile's, so all the row's top k are among them, in at most about
+     tiles * k entries.
+  2. _filter_gather_kernel, grid (rows, splits), rows without top_k: the candidates, every entry
+     whose weight (relative to the row's max) reaches (1 - top_p) / V of the max's (the entries
+     left out then weigh less than 1 - top_p of the row, so top_p's threshold is a candidate), or
+     min_p's bar, and the row's exact weight. Not launched without top_p or min_p.
   3. _threshold_kernel, grid rows: the exact threshold (_row_tau) over the candidates, bit for bit
      the reference's: a radix select over the order-preserving integer keys (_select). A row whose
      candidates overflow the buffer, or whose candidates turn out to weigh less than top_p of the
@@ -200,12 +201,23 @@ def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.con
 
 
 @triton.jit
+def _gather(cand_ptr, n_ptr, row, CAP, raw, take):
+    """Append raw's entries where take to the row's candidates (n: the count so far, atomic)."""
+    take_i = take.to(tl.int32)
+    count = tl.sum(take_i, axis=0)
+    if count > 0:
+        pos = tl.atomic_add(n_ptr + row, count) + tl.cumsum(take_i, axis=0) - 1
+        tl.store(cand_ptr + row * CAP + pos, raw, mask=take & (pos < CAP))
+
+
+@triton.jit
 def _filter_stats_kernel(
     logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
     temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # [B] fp32, int32/int64, fp32, fp32 (as _threshold_kernel)
     kmax_ptr,  # [rows] int32, -(2**31 - 1) on entry: the row's largest key (atomic max)
-    kcut_ptr,  # [rows] int32, -(2**31 - 1) on entry: top_k: the largest tile's k-th largest key (atomic max)
-    stride_lb, stride_lj, R, V,
+    n_ptr,  # [rows] int32 zeros on entry: candidates found (atomic adds; > CAP: they overflowed)
+    cand_ptr,  # [rows, CAP] fp32 out (top_k rows): the candidates' logits, in no particular order
+    stride_lb, stride_lj, R, V, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,  # one tile per program
     PDL: tl.constexpr = 0,
@@ -218,30 +230,30 @@ def _filter_stats_kernel(
     if active:
         offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         inr = offs < V
-        raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=inr, other=float("-inf"))
-        key = _keys32(raw.to(tl.float32)) >> SHIFT
+        raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=inr,
+                      other=float("-inf")).to(tl.float32)
+        key = _keys32(raw) >> SHIFT
         hi = tl.max(tl.where(inr, key, -_INT32_BIG), axis=0)
         tl.atomic_max(kmax_ptr + row, hi)
-        if use_k & (tl.sum(inr.to(tl.int32), axis=0) >= k):
-            # the tile's k-th largest key by bisection; the row's is at least as large, so no more
-            # than the entries from the largest of these up are candidates
+        if use_k:
+            # the tile's entries from its k-th largest up (bisection on the key): every entry of the
+            # row's top k is among its own tile's, whose k-th largest is at most the row's
             lo = tl.min(tl.where(inr, key, _INT32_BIG), axis=0).to(tl.int64)
-            top = hi.to(tl.int64)  # int64: the span of fp32 keys overflows int32
-            while lo < top:
-                mid = lo + (top - lo + 1) // 2
-                if tl.sum((inr & (key >= mid)).to(tl.int32), axis=0) >= k:
-                    lo = mid
-                else:
-                    top = mid - 1
-            tl.atomic_max(kcut_ptr + row, lo.to(tl.int32))
+            if tl.sum(inr.to(tl.int32), axis=0) >= k:
+                top = hi.to(tl.int64)  # int64: the span of fp32 keys overflows int32
+                while lo < top:
+                    mid = lo + (top - lo + 1) // 2
+                    if tl.sum((inr & (key >= mid)).to(tl.int32), axis=0) >= k:
+                        lo = mid
+                    else:
+                        top = mid - 1
+            _gather(cand_ptr, n_ptr, row, CAP, raw, inr & (key >= lo))
 
 
 @triton.jit
 def _filter_gather_kernel(
-    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, kcut_ptr,  # as _filter_stats_kernel
-    n_ptr,  # [rows] int32 zeros on entry: candidates found (atomic adds; > CAP: they overflowed)
-    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p without top_k)
-    cand_ptr,  # [rows, CAP] fp32 out: the candidates' logits, in no particular order
+    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, n_ptr, cand_ptr,  # as _filter_stats_kernel
+    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p)
     stride_lb, stride_lj, R, V, tiles_per_split, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -252,10 +264,9 @@ def _filter_gather_kernel(
     b = row // R
     active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
                                                      HAS_M)
-    if active:
+    if active & ~use_k:  # top_k rows have their candidates from kernel 1
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
         if x_max > _NEG_INF:  # a dead row has no candidates
-            cut = tl.load(kcut_ptr + row)
             # top_p: what weighs under thr sums to under (1 - top_p) * 2**32 <= (1 - top_p) * the row's
             # weight, the max's being 2**32; min_p: its own bar
             thr = tl.where(top_p < 1.0, (1.0 - top_p.to(tl.float64)) * 4294967296.0 / V,
@@ -267,19 +278,10 @@ def _filter_gather_kernel(
             for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                if use_k:
-                    take = (offs < V) & ((_keys32(raw) >> SHIFT) >= cut)
-                else:
-                    w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
-                    mass += w
-                    take = w.to(tl.float64) >= thr
-                take_i = take.to(tl.int32)
-                count = tl.sum(take_i, axis=0)
-                if count > 0:
-                    pos = tl.atomic_add(n_ptr + row, count) + tl.cumsum(take_i, axis=0) - 1
-                    tl.store(cand_ptr + row * CAP + pos, raw, mask=take & (pos < CAP))
-            if not use_k:
-                tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
+                w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
+                mass += w
+                _gather(cand_ptr, n_ptr, row, CAP, raw, w.to(tl.float64) >= thr)
+            tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
 
 
 @triton.jit
@@ -290,7 +292,7 @@ def _threshold_kernel(
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
-    kmax_ptr, kcut_ptr, n_ptr, mass_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
+    kmax_ptr, n_ptr, mass_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
     stride_lb, stride_lj, R, V, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
@@ -313,7 +315,6 @@ def _threshold_kernel(
                 tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, tl.load(mass_ptr + row),
                                      True, SHIFT, BLOCK_V, NP)
             tl.store(kmax_ptr + row, -_INT32_BIG)
-            tl.store(kcut_ptr + row, -_INT32_BIG)
             tl.store(n_ptr + row, 0)
             tl.store(mass_ptr + row, 0)
         if ~done:
@@ -327,10 +328,10 @@ _retired: list[tuple[torch.Tensor, ...]] = []
 
 
 def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ...] | None:
-    """(kmax, kcut [rows'] int32, n [rows'] int32, mass [rows'] int64, candidates [rows', cap] fp32)
-    with rows' >= rows, one per device and cap, shared by every call and graph replay: the
-    threshold kernel leaves each row it used as it found it. None inside a capture when it would
-    have to grow (allocating there would tie it to that graph's pool)."""
+    """(kmax [rows'] int32, n [rows'] int32, mass [rows'] int64, candidates [rows', cap] fp32) with
+    rows' >= rows, one per device and cap, shared by every call and graph replay: the threshold
+    kernel leaves each row it used as it found it. None inside a capture when it would have to grow
+    (allocating there would tie it to that graph's pool)."""
     ws = _workspaces.get((dev, cap))
     if ws is None or ws[0].numel() < rows:
         if capturing():
@@ -338,15 +339,15 @@ def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ..
         if ws is not None:
             _retired.append(ws)  # graphs captured before may still point at it
         n = max(rows, 2 * ws[0].numel() if ws is not None else 64)
-        low = torch.full((2, n), -(2**31 - 1), dtype=torch.int32, device=dev)
-        ws = (low[0], low[1], torch.zeros(n, dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int64, device=dev), torch.empty((n, cap), dtype=torch.float32, device=dev))
+        ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
+              torch.zeros(n, dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int64, device=dev),
+              torch.empty((n, cap), dtype=torch.float32, device=dev))
         _workspaces[(dev, cap)] = ws
     return ws
 
 
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
-                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 4096, programs: int = 1024) -> torch.Tensor:
+                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
@@ -365,17 +366,19 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
     ws = _workspace(dev, rows, cap) if cap > 0 else None
     if ws is not None:
-        kmax, kcut, n, mass, cand = ws
+        kmax, n, mass, cand = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
-            target_logits, temperature, *filters, kmax, kcut, *strides, BLOCK_V=stats_block_v, **flags, **launch)
-        tiles = triton.cdiv(v, block_v)
-        per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
-        _filter_gather_kernel[(rows, triton.cdiv(tiles, per_split))](
-            target_logits, temperature, *filters, kmax, kcut, n, mass, cand, *strides, per_split, cap,
-            BLOCK_V=block_v, **flags, **launch)
+            target_logits, temperature, *filters, kmax, n, cand, *strides, cap, BLOCK_V=stats_block_v, **flags,
+            **launch)
+        if top_p is not None or min_p is not None:
+            tiles = triton.cdiv(v, block_v)
+            per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
+            _filter_gather_kernel[(rows, triton.cdiv(tiles, per_split))](
+                target_logits, temperature, *filters, kmax, n, cand, mass, *strides, per_split, cap,
+                BLOCK_V=block_v, **flags, **launch)
     else:
-        kmax = kcut = n = mass = cand = tau  # valid pointers, unused
+        kmax = n = mass = cand = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, kcut, n, mass, cand, *strides, cap,
+        target_logits, temperature, *filters, tau, kmax, n, mass, cand, *strides, cap,
         CAND=ws is not None, BLOCK_V=block_v, **flags, **launch)
     return tau

@@ -120,7 +120,7 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
             if xs.max() == -INF:
                 out.append("candidates")  # none: a dead row
                 continue
-            if use_k:  # the largest tile's k-th largest (tiles of 4096 = the whole row here)
+            if use_k:  # from the tile's k-th largest up (one tile: the whole row here)
                 n = int((vals >= vals.sort(descending=True).values[k - 1]).sum())
             else:
                 w = weights(xs, xs.max())
@@ -130,7 +130,7 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
     return out
 
 
-@pytest.mark.parametrize("programs, stats_block_v", [(1024, 4096), (2, 16)])
+@pytest.mark.parametrize("programs, stats_block_v", [(1024, 8192), (2, 16)])
 def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
     buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
@@ -148,6 +148,8 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     seen = set()
     for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("top_p", "min_p")):
         f = random_filters(b, v, gen, kinds)
+        if "top_k" in f:
+            f["top_k"][::3] = 14  # more than the last 16-entry tile holds (11)
         args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
         ref = thresholds_reference(x, temps, *args).flatten()
         got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=6, programs=programs,
@@ -157,8 +159,8 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
         if stats_block_v >= v:
             seen.update(_candidates(x, temps, f, 6))
     assert stats_block_v < v or {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
-    kmax, kcut, n, mass, _ = _workspace(x.device, b * r, 6)
-    assert bool((kmax == -(2**31 - 1)).all() and (kcut == -(2**31 - 1)).all()) and not n.any() and not mass.any()
+    kmax, n, mass, _ = _workspace(x.device, b * r, 6)
+    assert bool((kmax == -(2**31 - 1)).all()) and not n.any() and not mass.any()
 
 
 CASES = {  # name: (temps, full_q, ragged, fuse_race)
