@@ -112,21 +112,25 @@ def _rejection_rows(bw_gbs, Bs, Ks, Vs):
 
 
 def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
-    """One-hot rejection sampling with top_k = 50 and top_p = 0.9 on every request: ours
-    (ours_us; unfiltered_us: the same call without the filters) vs torch (torch_us: the reference's
-    sort-based thresholds and masking, then the plain-torch sampler)."""
+    """One-hot rejection sampling with filters on every request: top_k = 50 with top_p = 0.9 (the
+    issue's case), top_k = 50 alone and top_p = 0.9 alone. Ours (ours_us; unfiltered_us: the same
+    call without the filters) vs torch (torch_us: the reference's sort-based thresholds and
+    masking, then the plain-torch sampler). The logits are randn: flat enough that top_p alone
+    keeps most of the vocabulary, so its rows overflow the candidate buffer and take the
+    whole-row search (kernels/rejection_filter.py): its worst case."""
     rows = []
     for b in Bs:
         sets = rejection_sets(b, k, v, "onehot")
-        top_k = torch.full((b,), 50, dtype=torch.int64, device="cuda")
-        top_p = torch.full((b,), 0.9, dtype=torch.float32, device="cuda")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
-        ours = time_in_graph(lambda t, d, tt, s, p, q, k_=top_k, p_=top_p: rejection_sample_triton(
-            t, d, tt, s, p, top_k=k_, top_p=p_), sets)
-        ref = time_in_graph(lambda t, d, tt, s, p, q, k_=top_k, p_=top_p: torch_rejection_baseline(
-            apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
-        rows.append(dict(kernel="rejection_onehot_topk50_topp0.9", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
-                         torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain))
+        for name, top_k, top_p in (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9)):
+            fk = None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda")
+            fp = None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda")
+            ours = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(
+                t, d, tt, s, p, top_k=k_, top_p=p_), sets)
+            ref = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: torch_rejection_baseline(
+                apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
+            rows.append(dict(kernel=f"rejection_onehot_{name}", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
+                             torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain))
     return rows
 
 
