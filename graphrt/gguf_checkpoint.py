@@ -27,6 +27,7 @@ tensor is dequantized.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -117,11 +118,18 @@ class _Tensor:
     raw: Any  # gguf.ReaderTensor
 
 
+@functools.lru_cache(maxsize=4)
+def _reader(file: str, size: int, mtime_ns: int):
+    """gguf's reader of a file, kept for the file's size and modification time: it parses every
+    metadata field up front (seconds for a vocabulary of 50k tokens), and a config read followed by
+    a load, or a target and its self-draft from one file, would parse it again."""
+    return gguf_module().GGUFReader(file)
+
+
 class GGUFFile:
     """An opened, header-checked GGUF file: its metadata and tensor table (no tensor data read)."""
 
     def __init__(self, file: str):
-        gguf = gguf_module()
         self.file = file
         try:
             with open(file, "rb") as f:
@@ -131,7 +139,8 @@ class GGUFFile:
         if magic != b"GGUF":
             raise CheckpointError(f"{file}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         try:
-            self.reader = gguf.GGUFReader(file)
+            st = os.stat(file)
+            self.reader = _reader(os.path.abspath(file), st.st_size, st.st_mtime_ns)
         except ValueError as exc:
             if "GGMLQuantizationType" in str(exc):
                 raise CheckpointError(f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); "
