@@ -4,7 +4,8 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b realpair plainab capture kernels profile removal (default: tests capture profile).
+# sweep1b sweep8b realpair plainab capture kernels filters profile removal (default: tests capture
+# profile).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -70,6 +71,9 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
+    filters)  # top-k / top-p / min-p: bit-exact GPU tests, then the filtered sampler against the unfiltered one
+              python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection_filter.py 2>&1 | log | tail -15
+              python3 -m graphrt.kernels.bench --filters "$OUT/filters.json" 2>&1 | log | tail -15 ;;
     profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
               python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60
