@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of the Triton kernels against their PyTorch references (issue 7, item 3).
+"""Hypothesis fuzzing of the Triton kernels against their PyTorch references.
 
 On the CPU the Triton kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at small sizes
 (V <= 300, B <= 4, K <= 4), with few examples: the interpreter costs ~0.1-1 s per call. The `gpu`

@@ -342,7 +342,7 @@ def test_reference_follows_target_distribution(mode):
         # The draft proposes a p = 0 token now and then: it must always be rejected.
         q_logits[1, 5] = row_logits[1][torch.isfinite(row_logits[1])].mean()
         q = torch.softmax(q_logits / temp, -1)
-        # About 1 draw in 70 leaves under 1000 requests expected to reach position K (CI, session 8):
+        # About 1 draw in 70 leaves under 1000 requests expected to reach position K (seen on CI):
         # such draws are redrawn, so every position gets a chi-square test with some power.
         p_rows, q_rows = _processed_probs(row_logits, temp)[:k], q.double()
         accept = (p_rows * q_rows).sum(-1) if mode != "fullq" else torch.minimum(p_rows, q_rows).sum(-1)
