@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
-from graphrt.kernels.rejection_filter import thresholds_triton
+from graphrt.kernels.rejection_filter import FILTER_CAP, thresholds_triton
 from graphrt.kernels.rejection_fullq import race_and_finish
 from graphrt.kernels.rejection_kernels import (
     _NUM_FPLANES,
@@ -56,7 +56,8 @@ class LaunchConfig:
     launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
     row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
     filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
-    passes filters.
+    passes filters; filter_cap: their candidates per row (past it a row's threshold search reads
+    the whole row; 0: every row's does).
     """
 
     block_v: int = 1024
@@ -72,6 +73,7 @@ class LaunchConfig:
     pdl: int = 0
     filter_block_v: int = 1024
     filter_warps: int = 8
+    filter_cap: int = FILTER_CAP
 
 
 def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
@@ -206,7 +208,7 @@ def rejection_sample_triton(
     tau = None
     if top_k is not None or top_p is not None or min_p is not None:
         tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, block_v=cfg.filter_block_v,
-                                num_warps=cfg.filter_warps, pdl=pdl)
+                                num_warps=cfg.filter_warps, pdl=pdl, cap=cfg.filter_cap)
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
                   FILTER=tau is not None)
     tau_arg = tau if tau is not None else race_f  # a valid pointer when unused
