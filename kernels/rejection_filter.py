@@ -130,9 +130,13 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
 
 
 @triton.jit
-def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-             HAS_M: tl.constexpr):
-    """Request b's (active, inv_t, k, use_k, top_p, min_p); active: a sampled row that filters."""
+def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+             HAS_M: tl.constexpr, PDL: tl.constexpr):
+    """Every filter kernel's start: the PDL wait, then this program's row, its request b and b's
+    (active, inv_t, k, use_k, top_p, min_p); active: a sampled row that filters."""
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // R
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     k = tl.zeros_like(b)
     if HAS_K:
@@ -144,7 +148,7 @@ def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K: tl.constexpr, 
     if HAS_M:
         min_p = tl.load(minp_ptr + b)
     use_k = (k > 0) & (k < V)
-    return ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
+    return row, b, ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
 
 
 @triton.jit
@@ -222,11 +226,8 @@ def _filter_stats_kernel(
     BLOCK_V: tl.constexpr,  # one tile per program
     PDL: tl.constexpr = 0,
 ):
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // R
-    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
-                                                     HAS_M)
+    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
+                                                             HAS_P, HAS_M, PDL)
     if active:
         offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         inr = offs < V
@@ -259,11 +260,8 @@ def _filter_gather_kernel(
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // R
-    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
-                                                     HAS_M)
+    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
+                                                             HAS_P, HAS_M, PDL)
     if active & ~use_k:  # top_k rows have their candidates from kernel 1
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
         if x_max > _NEG_INF:  # a dead row has no candidates
@@ -301,11 +299,8 @@ def _threshold_kernel(
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
 ):
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // R
-    active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, b, V, HAS_K, HAS_P,
-                                                     HAS_M)
+    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
+                                                             HAS_P, HAS_M, PDL)
     tau = tl.zeros_like(inv_t) + _NEG_INF
     if active:  # rows that filter nothing stop here
         done = row < 0

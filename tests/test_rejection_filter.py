@@ -43,6 +43,14 @@ def tied(x: torch.Tensor) -> torch.Tensor:
     return (x * 2).round() / 2
 
 
+def hazard_logits(b: int, r: int, v: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Random rows, every other one tied, with a NaN entry, a dead row and a +inf entry."""
+    x = torch.randn(b, r, v, generator=gen) * 3
+    x[::2] = tied(x[::2])
+    x[1, 1, 3], x[2, 0, :], x[4, 1, 9] = float("nan"), -INF, INF
+    return x.to(dtype)
+
+
 def rule_tau(raw: torch.Tensor, inv_t: float, k: int, p: float, m: float) -> float:
     """The threshold of one sampled row straight from the rule (kernels/rejection_reference.py)."""
     vals = torch.where(torch.isnan(raw), -INF, raw.float()) + 0.0
@@ -88,10 +96,7 @@ def test_thresholds_triton_match_reference(dtype):
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     b, r, v = 6, 2, 75
-    x = torch.randn(b, r, v, generator=gen) * 3
-    x[::2] = tied(x[::2])
-    x[1, 1, 3], x[2, 0, :], x[4, 1, 9] = float("nan"), -INF, INF
-    x = x.to(dtype)
+    x = hazard_logits(b, r, v, gen, dtype)
     temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 1e-6, 100.0])
     for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p")):
         f = random_filters(b, v, gen, kinds)
@@ -140,10 +145,7 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     b, r, v = 8, 2, 75
-    x = torch.randn(b, r, v, generator=gen) * 3
-    x[::2] = tied(x[::2])
-    x[1, 1, 3], x[2, 0, :], x[4, 1, 9] = float("nan"), -INF, INF
-    x = x.to(torch.bfloat16)
+    x = hazard_logits(b, r, v, gen, torch.bfloat16)
     temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 0.8, 100.0, 1.0, 0.7])
     seen = set()
     for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("top_p", "min_p")):
