@@ -8,10 +8,12 @@ Three launches, the first two spread over many programs per row:
      entries from the tile's k-th largest key up (bisection in registers). The row's k-th largest
      is at least as large as any tile's, so all the row's top k are among them, in at most about
      tiles * k entries.
-  2. _filter_gather_kernel, grid (rows, splits), rows without top_k: the candidates, every entry
-     whose weight (relative to the row's max) reaches (1 - top_p) / V of the max's (the entries
-     left out then weigh less than 1 - top_p of the row, so top_p's threshold is a candidate), or
-     min_p's bar, and the row's exact weight. Not launched without top_p or min_p.
+  2. _filter_weigh_kernel, grid (rows, splits), rows without top_k, twice: first (top_p rows) the
+     row's exact weight (relative to its max, fixed point) and a histogram of its entries by
+     half-octave of weight; then the candidates: top_p: every entry from the highest histogram
+     bin below which the entries weigh at most 1 - top_p of the row (bounded from the counts), so
+     that top_p's threshold is a candidate; min_p alone: every entry over its bar. Not launched
+     without top_p or min_p; the first launch not without top_p.
   3. _threshold_kernel, grid rows: the exact threshold (_row_tau) over the candidates, bit for bit
      the reference's: a radix select over the order-preserving integer keys (_select). A row whose
      candidates overflow the buffer, or whose candidates turn out to weigh less than top_p of the
@@ -252,34 +254,60 @@ def _filter_stats_kernel(
 
 
 @triton.jit
-def _filter_gather_kernel(
+def _weight_bin(w):
+    """The half-octave bin of weights w > 0 (fixed point, at most 2**32): floor(2 log2 w), <= 63."""
+    return tl.minimum(tl.floor(tl.log2(w.to(tl.float32)) * 2.0).to(tl.int32), 63)
+
+
+@triton.jit
+def _filter_weigh_kernel(
     logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, n_ptr, cand_ptr,  # as _filter_stats_kernel
-    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p)
+    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p rows, not GATHER)
+    hist_ptr,  # [rows, 64] int32 zeros on entry: its entries by _weight_bin (top_p rows, not GATHER)
     stride_lb, stride_lj, R, V, tiles_per_split, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    GATHER: tl.constexpr,  # False: weigh top_p rows; True: gather the candidates of rows without top_k
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
-    if active & ~use_k:  # top_k rows have their candidates from kernel 1
+    run = active & ~use_k  # top_k rows have their candidates from kernel 1
+    if not GATHER:
+        run = run & (top_p < 1.0)
+    if run:
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
         if x_max > _NEG_INF:  # a dead row has no candidates
-            # top_p: what weighs under thr sums to under (1 - top_p) * 2**32 <= (1 - top_p) * the row's
-            # weight, the max's being 2**32; min_p: its own bar
-            thr = tl.where(top_p < 1.0, (1.0 - top_p.to(tl.float64)) * 4294967296.0 / V,
-                           min_p.to(tl.float64) * 4294967296.0)
+            d = tl.arange(0, 64)
+            thr = min_p.to(tl.float64) * 4294967296.0
+            cut = tl.zeros_like(row).to(tl.int32)
+            if GATHER:
+                if top_p < 1.0:
+                    # the highest bin c such that all that weighs less than its floor (an entry of bin
+                    # j under 2**((j + 2) / 2): a margin for log2's rounding) is at most 1 - top_p
+                    # of the row's weight: top_p's threshold is then in bin c or above
+                    ub = tl.load(hist_ptr + row * 64 + d).to(tl.float32) * tl.exp2((d + 2).to(tl.float32) * 0.5)
+                    allowed = ((1.0 - top_p.to(tl.float64)) * tl.load(mass_ptr + row).to(tl.float64)).to(tl.float32)
+                    cut = tl.max(tl.where(tl.cumsum(ub, axis=0) - ub <= allowed, d, 0), axis=0)
             row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
             offs0 = tl.arange(0, BLOCK_V)
             mass = tl.zeros([BLOCK_V], tl.int64)
+            hist = tl.zeros([64], tl.int32)
             t0 = tl.program_id(1) * tiles_per_split
             for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
                 w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
-                mass += w
-                _gather(cand_ptr, n_ptr, row, CAP, raw, w.to(tl.float64) >= thr)
-            tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
+                if GATHER:
+                    # top_p: its bins from the cut up; min_p alone: its own bar
+                    take = tl.where(top_p < 1.0, (w > 0) & (_weight_bin(w) >= cut), w.to(tl.float64) >= thr)
+                    _gather(cand_ptr, n_ptr, row, CAP, raw, take)
+                else:
+                    mass += w
+                    hist += tl.histogram(tl.maximum(_weight_bin(w), 0), 64, mask=w > 0)
+            if not GATHER:
+                tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
+                tl.atomic_add(hist_ptr + row * 64 + d, hist, mask=hist > 0)
 
 
 @triton.jit
@@ -290,7 +318,7 @@ def _threshold_kernel(
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
-    kmax_ptr, n_ptr, mass_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
+    kmax_ptr, n_ptr, mass_ptr, hist_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
     stride_lb, stride_lj, R, V, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
@@ -312,6 +340,7 @@ def _threshold_kernel(
             tl.store(kmax_ptr + row, -_INT32_BIG)
             tl.store(n_ptr + row, 0)
             tl.store(mass_ptr + row, 0)
+            tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
         if ~done:
             tau, done = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p,
                                  inv_t, 0, False, SHIFT, BLOCK_V, NP)
@@ -323,10 +352,10 @@ _retired: list[tuple[torch.Tensor, ...]] = []
 
 
 def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ...] | None:
-    """(kmax [rows'] int32, n [rows'] int32, mass [rows'] int64, candidates [rows', cap] fp32) with
-    rows' >= rows, one per device and cap, shared by every call and graph replay: the threshold
-    kernel leaves each row it used as it found it. None inside a capture when it would have to grow
-    (allocating there would tie it to that graph's pool)."""
+    """(kmax [rows'] int32, n [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, candidates
+    [rows', cap] fp32) with rows' >= rows, one per device and cap, shared by every call and graph
+    replay: the threshold kernel leaves each row it used as it found it. None inside a capture when
+    it would have to grow (allocating there would tie it to that graph's pool)."""
     ws = _workspaces.get((dev, cap))
     if ws is None or ws[0].numel() < rows:
         if capturing():
@@ -336,6 +365,7 @@ def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ..
         n = max(rows, 2 * ws[0].numel() if ws is not None else 64)
         ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
               torch.zeros(n, dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int64, device=dev),
+              torch.zeros((n, 64), dtype=torch.int32, device=dev),
               torch.empty((n, cap), dtype=torch.float32, device=dev))
         _workspaces[(dev, cap)] = ws
     return ws
@@ -346,8 +376,8 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
-    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2 aims at about that many;
-    cap: candidates per row (0: every row reads its whole row in the one exact kernel)."""
+    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
+    that many; cap: candidates per row (0: every row reads its whole row in the one exact kernel)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
@@ -362,19 +392,19 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
     ws = _workspace(dev, rows, cap) if cap > 0 else None
     if ws is not None:
-        kmax, n, mass, cand = ws
+        kmax, n, mass, hist, cand = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
             target_logits, temperature, *filters, kmax, n, cand, *strides, cap, BLOCK_V=stats_block_v, **flags,
             **launch)
-        if top_p is not None or min_p is not None:
-            tiles = triton.cdiv(v, block_v)
-            per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
-            _filter_gather_kernel[(rows, triton.cdiv(tiles, per_split))](
-                target_logits, temperature, *filters, kmax, n, cand, mass, *strides, per_split, cap,
-                BLOCK_V=block_v, **flags, **launch)
+        tiles = triton.cdiv(v, block_v)
+        per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
+        for gather in (False, True) if top_p is not None else (True,) if min_p is not None else ():
+            _filter_weigh_kernel[(rows, triton.cdiv(tiles, per_split))](
+                target_logits, temperature, *filters, kmax, n, cand, mass, hist, *strides, per_split, cap,
+                BLOCK_V=block_v, GATHER=gather, **flags, **launch)
     else:
-        kmax = n = mass = cand = tau  # valid pointers, unused
+        kmax = n = mass = hist = cand = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, n, mass, cand, *strides, cap,
+        target_logits, temperature, *filters, tau, kmax, n, mass, hist, cand, *strides, cap,
         CAND=ws is not None, BLOCK_V=block_v, **flags, **launch)
     return tau

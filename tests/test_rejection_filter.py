@@ -108,7 +108,8 @@ def test_thresholds_triton_match_reference(dtype):
 
 def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list[str]:
     """Per row, which way the Triton path takes it (kernels/rejection_filter.py, mirrored here in
-    torch): "candidates", "whole row" (too many candidates) or "" (filters nothing)."""
+    torch): "candidates", "whole row" (too many candidates) or "" (filters nothing, or top_p without
+    top_k)."""
     b, r, v = x.shape
     out = []
     for i in range(b):
@@ -127,10 +128,11 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
                 continue
             if use_k:  # from the tile's k-th largest up (one tile: the whole row here)
                 n = int((vals >= vals.sort(descending=True).values[k - 1]).sum())
+            elif p < 1:  # its cut comes from a histogram of the weights: not mirrored here
+                out.append("")
+                continue
             else:
-                w = weights(xs, xs.max())
-                thr = (1 - p) * 2.0**32 / v if p < 1 else m * 2.0**32
-                n = int((w.double() >= thr).sum())
+                n = int((weights(xs, xs.max()).double() >= m * 2.0**32).sum())
             out.append("candidates" if n <= cap else "whole row")
     return out
 
@@ -161,8 +163,8 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
         if stats_block_v >= v:
             seen.update(_candidates(x, temps, f, 6))
     assert stats_block_v < v or {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
-    kmax, n, mass, _ = _workspace(x.device, b * r, 6)
-    assert bool((kmax == -(2**31 - 1)).all()) and not n.any() and not mass.any()
+    kmax, n, mass, hist, _ = _workspace(x.device, b * r, 6)
+    assert bool((kmax == -(2**31 - 1)).all()) and not n.any() and not mass.any() and not hist.any()
 
 
 CASES = {  # name: (temps, full_q, ragged, fuse_race)
