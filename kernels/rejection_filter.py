@@ -381,7 +381,8 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
-    stats_block_v = min(stats_block_v, triton.next_power_of_2(v))  # no tile past the row
+    # no tile wider than the row
+    block_v, stats_block_v = (min(bv, triton.next_power_of_2(v)) for bv in (block_v, stats_block_v))
     tau = torch.empty(rows, dtype=torch.float32, device=dev)
     some = next(t for t in (top_k, top_p, min_p) if t is not None)  # a valid pointer when unused
     filters = (top_k if top_k is not None else some, top_p if top_p is not None else some,

@@ -309,7 +309,7 @@ def check_rejection(spec, device="cpu"):
         assert same_bits(args[name], t), f"{name} modified"
 
 
-@cpu_settings(45)
+@cpu_settings(30)
 @given(rejection_specs(max_v=160))  # the interpreter's cost grows with V; 160 still splits into many tiles
 def test_fuzz_rejection_sample(spec):
     check_rejection(spec)
