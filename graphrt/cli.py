@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap --prompt in the checkpoint's chat template as a user turn")
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="keep the most likely tokens holding this mass (1: off)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this times as likely as the most likely one (0: off)")
     g.add_argument("--seed", type=int)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -125,7 +129,7 @@ def cmd_generate(args) -> int:
                                  device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
                                  max_seq_len=len(prompt) + args.max_new_tokens + 1, tensor_parallel_size=args.tp)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                            ignore_eos=args.ignore_eos)
+                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, ignore_eos=args.ignore_eos)
     stream = TextStream(tokenizer) if tokenizer is not None and not args.json else None
     rid = rt.add_request(prompt, params)  # prefills: the first token is there already
     while True:

@@ -57,6 +57,19 @@ def test_generate_with_prompt_ids_matches_the_api(capsys):
     assert got["token_ids"] == expected
 
 
+def test_generate_passes_the_filters(capsys):
+    """--top-k 1 leaves one token: sampling at any temperature is greedy; a bad --top-p is refused
+    with its name."""
+    args = ["generate", str(tiny_dir()), "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--ignore-eos",
+            "--device", "cpu", "--dtype", "fp32", "--json"]
+    assert main(args) == 0
+    greedy = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main(args + ["--temperature", "1.5", "--seed", "5", "--top-k", "1", "--top-p", "0.5", "--min-p", "0.1"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
+    assert main(args + ["--temperature", "1.0", "--top-p", "0"]) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
 def test_generate_text_prompt_without_tokenizer_is_a_clear_error(capsys):
     assert main(["generate", str(tiny_dir()), "--prompt", "hello", "--device", "cpu"]) == 2
     assert "tokenizer" in capsys.readouterr().err
