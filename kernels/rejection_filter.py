@@ -362,7 +362,7 @@ def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ..
             return None
         if ws is not None:
             _retired.append(ws)  # graphs captured before may still point at it
-        n = max(rows, 2 * ws[0].numel() if ws is not None else 64)
+        n = max(rows, 2 * ws[0].numel() if ws is not None else 1024)  # B = 256 at K = 3 from the start
         ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
               torch.zeros(n, dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int64, device=dev),
               torch.zeros((n, 64), dtype=torch.int32, device=dev),

@@ -27,7 +27,11 @@ def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool) -> 
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    sys.exit(code or 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: gloo's worker threads can still hold tensors at interpreter teardown, which then
+    # aborts the process ("terminate called without an active exception", SIGABRT) now and then.
+    os._exit(code or 0)
 
 
 def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float | None = None) -> int:
