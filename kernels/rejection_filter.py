@@ -5,9 +5,10 @@ no sort; rows that filter nothing return at once in every kernel.
 Three launches, the first two spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max); with top_k, the
      candidates, a superset of what the filters keep, appended to a [rows, cap] buffer: the
-     entries from the tile's k-th largest key up (bisection in registers). The row's k-th largest
-     is at least as large as any tile's, so all the row's top k are among them, in at most about
-     tiles * k entries.
+     entries from the k-th largest of the tile's 16-entry groups' maxima up (bisection in
+     registers). k entries reach that key, so the row's k-th largest is no lower, and all the
+     row's top k are among them: about tiles * k entries when the vocabulary order is unrelated
+     to the logits.
   2. _filter_weigh_kernel, grid (rows, splits), rows without top_k, twice: first (top_p rows) the
      row's exact weight (relative to its max, fixed point) and a histogram of its entries by
      half-octave of weight; then the candidates: top_p: every entry from the highest histogram
@@ -226,6 +227,7 @@ def _filter_stats_kernel(
     stride_lb, stride_lj, R, V, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,  # one tile per program
+    GROUP: tl.constexpr = 16,  # top_k: entries per group (BLOCK_V // GROUP groups; a k above that takes all)
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
@@ -239,14 +241,19 @@ def _filter_stats_kernel(
         hi = tl.max(tl.where(inr, key, -_INT32_BIG), axis=0)
         tl.atomic_max(kmax_ptr + row, hi)
         if use_k:
-            # the tile's entries from its k-th largest up (bisection on the key): every entry of the
-            # row's top k is among its own tile's, whose k-th largest is at most the row's
-            lo = tl.min(tl.where(inr, key, _INT32_BIG), axis=0).to(tl.int64)
-            if tl.sum(inr.to(tl.int32), axis=0) >= k:
+            # The tile's entries from the k-th largest of its GROUP-entry groups' maxima up: k groups
+            # reach that key, so k entries do, and the tile's k-th largest, which is at most the
+            # row's, is no lower; every entry of the row's top k is thus among its own tile's. A
+            # bisection over the BLOCK_V / GROUP maxima costs 1 / GROUP of one over the entries.
+            gmax = tl.max(tl.reshape(tl.where(inr, key, -_INT32_BIG), [BLOCK_V // GROUP, GROUP]), axis=1)
+            live = gmax > -_INT32_BIG
+            lo = tl.min(tl.where(inr, key, _INT32_BIG), axis=0).to(tl.int64)  # too few groups: all
+            if tl.sum(live.to(tl.int32), axis=0) >= k:
+                lo = tl.min(tl.where(live, gmax, _INT32_BIG), axis=0).to(tl.int64)
                 top = hi.to(tl.int64)  # int64: the span of fp32 keys overflows int32
                 while lo < top:
                     mid = lo + (top - lo + 1) // 2
-                    if tl.sum((inr & (key >= mid)).to(tl.int32), axis=0) >= k:
+                    if tl.sum((gmax >= mid).to(tl.int32), axis=0) >= k:
                         lo = mid
                     else:
                         top = mid - 1

@@ -126,8 +126,9 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
             if xs.max() == -INF:
                 out.append("candidates")  # none: a dead row
                 continue
-            if use_k:  # from the tile's k-th largest up (one tile: the whole row here)
-                n = int((vals >= vals.sort(descending=True).values[k - 1]).sum())
+            if use_k:  # from the k-th largest 16-entry group max up (one tile: the whole row here)
+                gmax = [float(vals[g:g + 16].max()) for g in range(0, v, 16)]
+                n = int((vals >= sorted(gmax, reverse=True)[k - 1]).sum()) if k <= len(gmax) else v
             elif p < 1:  # its cut comes from a histogram of the weights: not mirrored here
                 out.append("")
                 continue
@@ -137,7 +138,7 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
     return out
 
 
-@pytest.mark.parametrize("programs, stats_block_v", [(1024, 8192), (2, 16)])
+@pytest.mark.parametrize("programs, stats_block_v", [(1024, 8192), (2, 64)])
 def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
     buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
@@ -153,7 +154,7 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("top_p", "min_p")):
         f = random_filters(b, v, gen, kinds)
         if "top_k" in f:
-            f["top_k"][::3] = 14  # more than the last 16-entry tile holds (11)
+            f["top_k"][::3] = 14  # more groups than a tile has: every entry of the tile is a candidate
         args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
         ref = thresholds_reference(x, temps, *args).flatten()
         got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=6, programs=programs,
