@@ -261,16 +261,10 @@ def _filter_stats_kernel(
 
 
 @triton.jit
-def _weight_bin(w):
-    """The half-octave bin of weights w > 0 (fixed point, at most 2**32): floor(2 log2 w), <= 63."""
-    return tl.minimum(tl.floor(tl.log2(w.to(tl.float32)) * 2.0).to(tl.int32), 63)
-
-
-@triton.jit
 def _filter_weigh_kernel(
     logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, n_ptr, cand_ptr,  # as _filter_stats_kernel
     mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p rows, not GATHER)
-    hist_ptr,  # [rows, 64] int32 zeros on entry: its entries by _weight_bin (top_p rows, not GATHER)
+    hist_ptr,  # [rows, 64] int32 zeros on entry: its entries by half-octave of weight (top_p rows, not GATHER)
     stride_lb, stride_lj, R, V, tiles_per_split, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -285,17 +279,19 @@ def _filter_weigh_kernel(
     if run:
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
         if x_max > _NEG_INF:  # a dead row has no candidates
+            # An entry's weight is about 2**(32 + z), z = (x - x_max) * log2(e): the histogram's bin
+            # j holds 32 + z in [j / 2, (j + 1) / 2), so its entries weigh under 2**((j + 2) / 2)
+            # (half a bin of margin for the polynomial and the rounding).
             d = tl.arange(0, 64)
-            thr = min_p.to(tl.float64) * 4294967296.0
-            cut = tl.zeros_like(row).to(tl.int32)
+            zcut = tl.log2(tl.maximum(min_p, 1e-30)) - 0.5  # min_p: its bar, with the same margin
             if GATHER:
                 if top_p < 1.0:
-                    # the highest bin c such that all that weighs less than its floor (an entry of bin
-                    # j under 2**((j + 2) / 2): a margin for log2's rounding) is at most 1 - top_p
-                    # of the row's weight: top_p's threshold is then in bin c or above
+                    # the highest bin c under which all weighs at most 1 - top_p of the row: top_p's
+                    # threshold is then in bin c or above
                     ub = tl.load(hist_ptr + row * 64 + d).to(tl.float32) * tl.exp2((d + 2).to(tl.float32) * 0.5)
                     allowed = ((1.0 - top_p.to(tl.float64)) * tl.load(mass_ptr + row).to(tl.float64)).to(tl.float32)
                     cut = tl.max(tl.where(tl.cumsum(ub, axis=0) - ub <= allowed, d, 0), axis=0)
+                    zcut = cut.to(tl.float32) * 0.5 - 32.5
             row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
             offs0 = tl.arange(0, BLOCK_V)
             mass = tl.zeros([BLOCK_V], tl.int64)
@@ -304,14 +300,15 @@ def _filter_weigh_kernel(
             for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
-                if GATHER:
-                    # top_p: its bins from the cut up; min_p alone: its own bar
-                    take = tl.where(top_p < 1.0, (w > 0) & (_weight_bin(w) >= cut), w.to(tl.float64) >= thr)
-                    _gather(cand_ptr, n_ptr, row, CAP, raw, take)
+                x = _scaled(raw, inv_t)
+                z = (x - x_max) * _TL_LOG2E_F32
+                if GATHER:  # no weights here: a value bar a little under the exact one
+                    _gather(cand_ptr, n_ptr, row, CAP, raw, (offs < V) & (z >= zcut))
                 else:
+                    w = tl.where(offs < V, _tl_weights(x, x_max), 0)
                     mass += w
-                    hist += tl.histogram(tl.maximum(_weight_bin(w), 0), 64, mask=w > 0)
+                    bins = tl.minimum(tl.maximum(tl.floor(2.0 * z + 64.0), 0.0), 63.0).to(tl.int32)
+                    hist += tl.histogram(bins, 64, mask=w > 0)
             if not GATHER:
                 tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
                 tl.atomic_add(hist_ptr + row * 64 + d, hist, mask=hist > 0)
