@@ -2,7 +2,7 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Three launches, the first two spread over many programs per row:
+Up to four launches, all but the last spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max); with top_k, the
      candidates, a superset of what the filters keep, appended to a [rows, cap] buffer: the
      entries from the k-th largest of the tile's 16-entry groups' maxima up (bisection in
@@ -13,8 +13,9 @@ Three launches, the first two spread over many programs per row:
      row's exact weight (relative to its max, fixed point) and a histogram of its entries by
      half-octave of weight; then the candidates: top_p: every entry from the highest histogram
      bin below which the entries weigh at most 1 - top_p of the row (bounded from the counts), so
-     that top_p's threshold is a candidate; min_p alone: every entry over its bar. Not launched
-     without top_p or min_p; the first launch not without top_p.
+     that top_p's threshold is a candidate; min_p alone: every entry over its bar (both bars a
+     value compare, with margin). Not launched without top_p or min_p; the first launch not
+     without top_p.
   3. _threshold_kernel, grid rows: the exact threshold (_row_tau) over the candidates, bit for bit
      the reference's: a radix select over the order-preserving integer keys (_select). A row whose
      candidates overflow the buffer, or whose candidates turn out to weigh less than top_p of the
