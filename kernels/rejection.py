@@ -279,8 +279,8 @@ def rejection_sample(
     (kernels/vocab_parallel.py). target_logits is then this rank's shard [B, K+1, end - start] of
     vocab_shard(vocab_size, W, rank), every other argument replicated; every rank returns the
     single-process result on the full logits with race_chunk = vocab_race_chunk(V, W), through one
-    all_gather of per-row statistics. Greedy and one-hot only: draft_logits and the filters raise
-    ValueError with a group.
+    all_gather of per-row statistics; with draft_logits (sharded like target_logits) or a filter,
+    through one all_gather of the logits and the single-process sampler.
     """
     if group is not None:
         return _vocab_parallel(target_logits, draft_token_ids, temperature, seed, position, draft_logits,

@@ -39,9 +39,9 @@ import torch.distributed as dist
 import triton
 from graphrt.kernels.argmax import argmax_reference, argmax_triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
-from graphrt.kernels.rejection import LaunchConfig, _on_gpu, launch_config
+from graphrt.kernels.rejection import LaunchConfig, _on_gpu, launch_config, rejection_sample_triton
 from graphrt.kernels.rejection_kernels import _NUM_FPLANES, _chunk_splits, _row_stats_kernel, _walk_kernel
-from graphrt.kernels.rejection_reference import RACE_CHUNK, RejectionOutput, _validate
+from graphrt.kernels.rejection_reference import RACE_CHUNK, RejectionOutput, _validate, rejection_sample_reference
 from graphrt.kernels.vocab_parallel_kernels import (
     _NPLANES,
     argmax_finish_reference,
@@ -338,16 +338,14 @@ def rejection_sample_vocab_parallel(
     race_chunk: int | None = None,
 ) -> RejectionOutput:
     """rejection_sample on this rank's shard: target_logits [B, K+1, end - start] (vocab_shard's
-    [start, end) of vocab_size); every other argument is replicated, identical on every rank.
-    Returns the same RejectionOutput on every rank: the single-process sampler's on the full
-    logits with race_chunk = vocab_race_chunk(V, W). Greedy and one-hot sampled rows, any K >= 0;
-    draft_logits (full q) and the filters raise ValueError. config: the row pass's launch
-    (fuse_race is forced on); impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or
-    "reference"; race_chunk: tests only (vocab_plan)."""
-    if draft_logits is not None:
-        raise ValueError("draft_logits (full-q rejection sampling) is not supported with a process group yet")
-    if top_k is not None or top_p is not None or min_p is not None:
-        raise ValueError("top_k / top_p / min_p are not supported with a process group yet")
+    [start, end) of vocab_size; draft_logits [B, K, end - start] likewise); every other argument is
+    replicated, identical on every rank. Returns the same RejectionOutput on every rank: the
+    single-process sampler's on the full logits with race_chunk = vocab_race_chunk(V, W). Greedy
+    and one-hot rows exchange per-row statistics only; with draft_logits (full q) or a filter
+    (top_k / top_p / min_p) every rank gathers the full logits (2 bytes x V per row in bf16) and
+    runs the single-process sampler on them. config: the row pass's launch (fuse_race is forced
+    on); impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or "reference"; race_chunk: tests
+    only (vocab_plan)."""
     if vocab_size is None:
         raise ValueError("vocab_size (the full vocabulary) is required with a process group")
     vocab_size = _as_int("vocab_size", vocab_size)
@@ -363,6 +361,10 @@ def rejection_sample_vocab_parallel(
         raise ValueError(f"target_logits must be this rank's shard [B, K+1, {plan.end - plan.start}] (vocab "
                          f"[{plan.start}, {plan.end}) of {vocab_size}, rank {rank} of {world}), got "
                          f"{tuple(target_logits.shape)}")
+    if draft_logits is not None or top_k is not None or top_p is not None or min_p is not None:
+        return _sample_gathered(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
+                                num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p, group, plan,
+                                {"config": config} if use_triton else None)
     # An empty shard is checked through a one-entry stand-in (the checks need V >= 1).
     _validate(target_logits if vl > 0 else target_logits.new_empty((b, r, 1)), draft_token_ids, temperature,
               seed, position, None, num_draft_tokens, acceptance_counts, out)
@@ -375,3 +377,32 @@ def rejection_sample_vocab_parallel(
            acceptance_counts, out, plan, use_triton)
     return RejectionOutput(*out)
 
+
+def _gather_vocab(shard: torch.Tensor, group, plan: VocabPlan) -> torch.Tensor:
+    """This rank's [B, R, end - start] -> the full [B, R, V] on every rank: one all_gather of the
+    shards, each padded to the full shard width (shards lie in rank order)."""
+    b, r, vl = shard.shape
+    if vl == plan.shard:
+        send = shard.contiguous()
+    else:
+        send = shard.new_zeros((b, r, plan.shard))
+        send[..., :vl] = shard
+    full = _all_gather(send, group, plan.world)  # [W, B, R, shard]
+    return full.permute(1, 2, 0, 3).reshape(b, r, plan.world * plan.shard)[..., :plan.vocab].contiguous()
+
+
+def _sample_gathered(target_logits, draft_token_ids, temperature, seed, position, draft_logits, num_draft_tokens,
+                     acceptance_counts, out, top_k, top_p, min_p, group, plan, triton_kw) -> RejectionOutput:
+    """Full q and the filters under a process group: the single-process sampler on the gathered
+    logits, the same on every rank (it is deterministic), with the shards' race chunk; triton_kw:
+    the Triton sampler's launch ({"config": ...}), None for the PyTorch one."""
+    if draft_logits is not None and (not isinstance(draft_logits, torch.Tensor) or draft_logits.dim() != 3
+                                     or draft_logits.shape[-1] != plan.end - plan.start):
+        raise ValueError(f"draft_logits must be this rank's shard [B, K, {plan.end - plan.start}] (vocab "
+                         f"[{plan.start}, {plan.end}) of {plan.vocab})")
+    full = _gather_vocab(target_logits, group, plan)
+    q = None if draft_logits is None else _gather_vocab(draft_logits, group, plan)
+    fn = rejection_sample_triton if triton_kw is not None else rejection_sample_reference
+    return fn(full, draft_token_ids, temperature, seed, position, draft_logits=q, num_draft_tokens=num_draft_tokens,
+              acceptance_counts=acceptance_counts, out=out, top_k=top_k, top_p=top_p, min_p=min_p,
+              race_chunk=plan.chunk, **(triton_kw or {}))

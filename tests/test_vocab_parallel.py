@@ -83,13 +83,9 @@ def test_vocab_shard_examples_and_errors():
     assert vp.vocab_shard(np.int64(75), 2, np.int32(1)) == (64, 75)  # a config's numpy ints
 
 
-def test_unsupported_modes_raise_before_any_collective():
-    args = make_inputs(2, 2, 40, gen=torch.Generator().manual_seed(0), temps=[1.0], full_q=True)
-    with pytest.raises(ValueError, match="not supported with a process group yet"):
-        rejection_sample(**args, group=object(), vocab_size=80)
+def test_bad_calls_raise_before_any_collective():
+    args = make_inputs(2, 2, 40, gen=torch.Generator().manual_seed(0), temps=[1.0])
     args["draft_logits"] = None
-    with pytest.raises(ValueError, match="not supported with a process group yet"):
-        rejection_sample(**args, group=object(), vocab_size=80, top_k=torch.tensor([5, 5]))
     with pytest.raises(ValueError, match="vocab_size"):
         rejection_sample(**args, group=object())
     with pytest.raises(ValueError, match="vocab_size"):
@@ -243,10 +239,22 @@ def _gloo_cases(world: int, seed: int) -> dict:
                 args["draft_token_ids"] = torch.where(keep | (args["draft_token_ids"] >= v),
                                                       args["draft_token_ids"], top)
             cases[f"{name} V{v}"] = dict(kind="sampler", v=v, args=args)
+    # full q and the filters: the gathered logits through the single-process sampler
+    for v, dtype in _GLOO_SIZES[world]:
+        fq = make_inputs(6, 2, v, gen=gen, temps=[0.0, 1.3, 0.7], full_q=True, ragged=True, dtype=dtype)
+        cases[f"fullq V{v}"] = dict(kind="sampler", v=v, args=fq)
+        filt = make_inputs(8, 3, v, gen=gen, temps=[1.0, 0.0, 0.7, 1.3], dtype=dtype)
+        filt.pop("draft_logits")
+        filt.update(top_k=torch.tensor([3, 0, 1, 0, 5, 0, 2, 0]), top_p=torch.tensor([1.0, 0.5, 0.9, 0.3] * 2),
+                    min_p=torch.tensor([0.0, 0.1, 0.0, 0.05] * 2))
+        cases[f"filters V{v}"] = dict(kind="sampler", v=v, args=filt)
     v = _GLOO_SIZES[world][0][0]
     tri = make_inputs(3, 2, v, gen=gen, temps=[0.0, 1.3, 0.5], ragged=True)
     tri.pop("draft_logits")
     cases[f"sampler_triton V{v}"] = dict(kind="sampler_triton", v=v, args=tri)
+    tri = make_inputs(3, 2, v, gen=gen, temps=[1.0, 1.3, 0.5], full_q=True)
+    tri.update(top_k=torch.tensor([2, 0, 4]), top_p=torch.tensor([1.0, 0.6, 0.9]))
+    cases[f"sampler_triton_fullq_filters V{v}"] = dict(kind="sampler_triton", v=v, args=tri)
     cases[f"argmax_triton V{v}"] = dict(kind="argmax_triton", v=v, x=hard_logits(5, v, torch.bfloat16, gen))
     return cases
 
@@ -270,6 +278,8 @@ def _gloo_worker(rank: int, world: int, init_file: str, cases_file: str, out_fil
         args = dict(case["args"])
         k = args["draft_token_ids"].shape[1]
         args["target_logits"] = args["target_logits"][..., start:end]
+        if args.get("draft_logits") is not None:
+            args["draft_logits"] = args["draft_logits"][..., start:end]
         counts = torch.arange(k, dtype=torch.int64)
         if case["kind"] == "sampler":
             res = rejection_sample(**args, acceptance_counts=counts, group=group, vocab_size=v)
