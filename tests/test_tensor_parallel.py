@@ -48,6 +48,11 @@ def _worker(out_dir, world, target, drafts, kw):
            "all_reduce": rt.all_reduce_path}
     for kind, path in {"plain": None, **drafts}.items():
         res[kind] = _run(target, path, world, **kw)
+    # filters under TP (the sampler gathers the logits): top_k = 1 samples the argmax, and a
+    # seeded top_k + top_p request draws the same tokens on every rank
+    params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, top_k=1, ignore_eos=True),
+              SamplingParams(max_new_tokens=12, temperature=0.9, seed=5, top_k=4, top_p=0.8, ignore_eos=True)]
+    res["filtered"] = [g.token_ids for g in rt.generate([PROMPTS[0], PROMPTS[1]], params)]
     torch.save(res, f"{out_dir}/rank{rt.tp.rank}.pt")
     return 0
 
@@ -66,6 +71,7 @@ def _check_ranks(ranks, single, kinds):
         # seeded sampling: every rank draws the same tokens (the schedulers never diverge)
         for kind in ["plain", *kinds]:
             assert res[kind][1] == ranks[0][kind][1], kind
+        assert res["filtered"][0] == single["plain"][0][0] and res["filtered"] == ranks[0]["filtered"]
         # the self-drafts agree with the target, so the accepted-token path ran under TP too
         assert all(res[k][2] > 0 for k in ("lm", "eagle") if k in kinds)
 
