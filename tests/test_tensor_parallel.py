@@ -93,7 +93,8 @@ def single():
 
 def _ranks(world, tmp_path, kinds=tuple(DRAFTS), timeout_s=300, **kw):
     drafts = {k: draft_dir(DRAFTS[k]) for k in kinds}
-    code = run_ranks(world, _worker, str(tmp_path), world, tiny_dir(), drafts, kw, quiet=False, timeout_s=timeout_s)
+    code = run_ranks(world, _worker, str(tmp_path), world, tiny_dir(), drafts, kw, quiet=False, timeout_s=timeout_s,
+                     start_method="spawn" if kw.get("device") == "cuda" else "fork")
     assert code == 0, "timed out" if code == 124 else f"a rank exited with {code}"
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
@@ -130,7 +131,8 @@ def _failing_worker(out_dir, world, target):
 
 
 def test_a_rank_that_fails_to_load_fails_every_rank(tmp_path):
-    assert run_ranks(2, _failing_worker, str(tmp_path), 2, str(tiny_dir()), quiet=False, timeout_s=120) == 0
+    assert run_ranks(2, _failing_worker, str(tmp_path), 2, str(tiny_dir()), quiet=False, timeout_s=120,
+                     start_method="fork") == 0
     messages = {(tmp_path / f"rank{r}.txt").read_text() for r in range(2)}
     assert len(messages) == 1
     (message,) = messages

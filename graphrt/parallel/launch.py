@@ -34,11 +34,13 @@ def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool) -> 
     os._exit(code or 0)
 
 
-def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float | None = None) -> int:
+def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float | None = None,
+              start_method: str = "spawn") -> int:
     """Run fn(*args) in world_size fresh processes, rank r on cuda:r when CUDA is there. Returns
     the first non-zero exit code (0 when all succeed); a rank's failure or the timeout ends the
-    rest. fn must be importable (a module-level function)."""
-    ctx = mp.get_context("spawn")
+    rest. fn must be importable (a module-level function). start_method "fork" (CPU only: CUDA
+    needs "spawn") saves each rank its imports."""
+    ctx = mp.get_context(start_method)
     port = _free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet)) for r in range(world_size)]
     for p in procs:
