@@ -18,7 +18,9 @@ import sys
 
 import torch
 from graphrt.kernels.argmax import argmax_triton
-from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.pdl import pdl_enabled
+from graphrt.kernels.rejection import launch_config, rejection_sample_triton
+from graphrt.kernels.rejection_filter import thresholds_triton
 from graphrt.kernels.rejection_reference import apply_thresholds, thresholds_reference
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 
@@ -122,15 +124,21 @@ def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
     for b in Bs:
         sets = rejection_sets(b, k, v, "onehot")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
+        cfg = launch_config(b, k, False)  # the thresholds alone are launched as the sampler launches them
+        launch = dict(block_v=cfg.filter_block_v, num_warps=cfg.filter_warps, cap=cfg.filter_cap,
+                      pdl=cfg.pdl if pdl_enabled(sets[0][0].device) else 0)
         for name, top_k, top_p in (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9)):
             fk = None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda")
             fp = None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda")
             ours = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(
                 t, d, tt, s, p, top_k=k_, top_p=p_), sets)
+            alone = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, kw_=launch: thresholds_triton(
+                t, tt, k_, p_, None, **kw_), sets)
             ref = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: torch_rejection_baseline(
                 apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
             rows.append(dict(kernel=f"rejection_onehot_{name}", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
-                             torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain))
+                             torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain,
+                             thresholds_us=alone))
     return rows
 
 
@@ -166,7 +174,8 @@ def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 1519
 
 
 def print_table(rows) -> None:
-    cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor", "unfiltered_us"]
+    cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor", "unfiltered_us",
+            "thresholds_us"]
     print(" ".join(f"{c:>18}" if i == 0 else f"{c:>10}" for i, c in enumerate(cols)))
     for row in rows:
         cells = []
