@@ -145,7 +145,7 @@ def main(args) -> list[dict]:
     if simulated is not None:
         print(f"simulated acceptance {simulated:g}: each verify step accepts a drawn number of drafts "
               f"(mean tokens per cycle {simulated:g}); costs are the real cycle's, tokens are not the target's")
-    tp_note = f"; tensor parallel over {tp.world_size} ranks, all-reduce {plain.all_reduce_path}" if tp else ""
+    tp_note = f"; {_tp_desc(tp, plain)}" if tp else ""
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else "")
           + tp_note)
@@ -256,7 +256,7 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
           f"drafts, mean tokens per cycle L; the target forward and rejection kernel run as always)\n"
           f"target: {target}\ndraft: {draft_desc}\n{max_new} new tokens per request, prompt {args.prompt_len}, "
           f"greedy, {'graphs' if graphs else 'eager'}, {device}"
-          + (f", tensor parallel over {tp.world_size} ranks, all-reduce {plain.all_reduce_path}" if tp else ""))
+          + (f", {_tp_desc(tp, plain)}" if tp else ""))
     print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7}  "
           + "  ".join(f"{p + ' us':>16}" for p in SWEEP_PHASES) + f"  {'plain step us':>13}")
     for r in rows:
@@ -347,3 +347,7 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
     sizes = sorted({r["batch_size"] for r in results})
     ax.set_xticks(sizes, [str(b) for b in sizes])
     _finish(plt, fig, ax, path, title, "batch size", "decode tokens/s", legend_size=8, which="both")
+
+
+def _tp_desc(tp, rt) -> str:
+    return f"tensor parallel over {tp.world_size} ranks, all-reduce {rt.all_reduce_path}"

@@ -162,10 +162,21 @@ def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 1519
         raise RuntimeError("the kernel benchmarks need CUDA")
     bw = memory_bandwidth_gbs()
     rows = _argmax_rows(bw, Bs, Vs) + _rejection_rows(bw, Bs, Ks, Vs) + _filter_rows(bw)
+    return _report(rows, bw, out_json, extra_benches(contexts=attention_contexts))
+
+
+def run_filters(out_json=None, Bs=(1, 64, 256)) -> list[dict]:
+    """Only the filtered sampler's rows (and the unfiltered call beside each)."""
+    bw = memory_bandwidth_gbs()
+    return _report(_filter_rows(bw, Bs), bw, out_json)
+
+
+def _report(rows, bw, out_json, extra=()) -> list[dict]:
+    """rows (with their ratio to the byte floor) and extra, printed and written to out_json."""
     for row in rows:
         row["ours/floor"] = row["ours_us"] / row["floor_us"] if row["floor_us"] else None
         row["bandwidth_gbs"] = bw
-    rows += extra_benches(contexts=attention_contexts)
+    rows = rows + list(extra)
     print_table(rows)
     if out_json is not None:
         with open(out_json, "w") as f:
@@ -184,20 +195,6 @@ def print_table(rows) -> None:
             text = f"{val:.2f}" if isinstance(val, float) else ("-" if val is None else str(val))
             cells.append(f"{text:>18}" if i == 0 else f"{text:>10}")
         print(" ".join(cells))
-
-
-def run_filters(out_json=None, Bs=(1, 64, 256)) -> list[dict]:
-    """Only the filtered sampler's rows (and the unfiltered call beside each)."""
-    bw = memory_bandwidth_gbs()
-    rows = _filter_rows(bw, Bs)
-    for row in rows:
-        row["ours/floor"] = row["ours_us"] / row["floor_us"]
-        row["bandwidth_gbs"] = bw
-    print_table(rows)
-    if out_json is not None:
-        with open(out_json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
 
 
 def main() -> None:

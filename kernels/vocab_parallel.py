@@ -364,7 +364,7 @@ def rejection_sample_vocab_parallel(
     if draft_logits is not None or top_k is not None or top_p is not None or min_p is not None:
         return _sample_gathered(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
                                 num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p, group, plan,
-                                {"config": config} if use_triton else None)
+                                use_triton, config)
     # An empty shard is checked through a one-entry stand-in (the checks need V >= 1).
     _validate(target_logits if vl > 0 else target_logits.new_empty((b, r, 1)), draft_token_ids, temperature,
               seed, position, None, num_draft_tokens, acceptance_counts, out)
@@ -380,29 +380,35 @@ def rejection_sample_vocab_parallel(
 
 def _gather_vocab(shard: torch.Tensor, group, plan: VocabPlan) -> torch.Tensor:
     """This rank's [B, R, end - start] -> the full [B, R, V] on every rank: one all_gather of the
-    shards, each padded to the full shard width (shards lie in rank order)."""
+    shards, each padded to the full shard width (shards lie in rank order). The result is a view
+    with the vocab dim contiguous, which is all the samplers ask."""
     b, r, vl = shard.shape
-    if vl == plan.shard:
-        send = shard.contiguous()
-    else:
-        send = shard.new_zeros((b, r, plan.shard))
-        send[..., :vl] = shard
+    send = shard.new_zeros((b, r, plan.shard))
+    send[..., :vl] = shard
     full = _all_gather(send, group, plan.world)  # [W, B, R, shard]
-    return full.permute(1, 2, 0, 3).reshape(b, r, plan.world * plan.shard)[..., :plan.vocab].contiguous()
+    return full.permute(1, 2, 0, 3).reshape(b, r, plan.world * plan.shard)[..., :plan.vocab]
 
 
 def _sample_gathered(target_logits, draft_token_ids, temperature, seed, position, draft_logits, num_draft_tokens,
-                     acceptance_counts, out, top_k, top_p, min_p, group, plan, triton_kw) -> RejectionOutput:
+                     acceptance_counts, out, top_k, top_p, min_p, group, plan, use_triton, config) -> RejectionOutput:
     """Full q and the filters under a process group: the single-process sampler on the gathered
-    logits, the same on every rank (it is deterministic), with the shards' race chunk; triton_kw:
-    the Triton sampler's launch ({"config": ...}), None for the PyTorch one."""
-    if draft_logits is not None and (not isinstance(draft_logits, torch.Tensor) or draft_logits.dim() != 3
-                                     or draft_logits.shape[-1] != plan.end - plan.start):
-        raise ValueError(f"draft_logits must be this rank's shard [B, K, {plan.end - plan.start}] (vocab "
-                         f"[{plan.start}, {plan.end}) of {plan.vocab})")
-    full = _gather_vocab(target_logits, group, plan)
-    q = None if draft_logits is None else _gather_vocab(draft_logits, group, plan)
-    fn = rejection_sample_triton if triton_kw is not None else rejection_sample_reference
-    return fn(full, draft_token_ids, temperature, seed, position, draft_logits=q, num_draft_tokens=num_draft_tokens,
-              acceptance_counts=acceptance_counts, out=out, top_k=top_k, top_p=top_p, min_p=min_p,
-              race_chunk=plan.chunk, **(triton_kw or {}))
+    logits (target and draft rows in one collective where their dtypes agree), the same on every rank (it is
+    deterministic), with the shards' race chunk."""
+    r = target_logits.shape[1]
+    if draft_logits is not None:
+        if not isinstance(draft_logits, torch.Tensor) or draft_logits.dim() != 3 \
+                or draft_logits.shape[-1] != plan.end - plan.start:
+            raise ValueError(f"draft_logits must be this rank's shard [B, K, {plan.end - plan.start}] (vocab "
+                             f"[{plan.start}, {plan.end}) of {plan.vocab})")
+        if draft_logits.dtype == target_logits.dtype:
+            full = _gather_vocab(torch.cat([target_logits, draft_logits], dim=1), group, plan)
+            target, q = full[:, :r], full[:, r:]
+        else:  # no rounding of either to the other's dtype
+            target, q = _gather_vocab(target_logits, group, plan), _gather_vocab(draft_logits, group, plan)
+    else:
+        target, q = _gather_vocab(target_logits, group, plan), None
+    kw = dict(draft_logits=q, num_draft_tokens=num_draft_tokens, acceptance_counts=acceptance_counts, out=out,
+              top_k=top_k, top_p=top_p, min_p=min_p, race_chunk=plan.chunk)
+    if use_triton:
+        return rejection_sample_triton(target, draft_token_ids, temperature, seed, position, config=config, **kw)
+    return rejection_sample_reference(target, draft_token_ids, temperature, seed, position, **kw)
