@@ -2,25 +2,22 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Up to four launches, all but the last spread over many programs per row:
-  1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max); with top_k, the
-     candidates, a superset of what the filters keep, appended to a [rows, cap] buffer: the
-     entries from the k-th largest of the tile's 16-entry groups' maxima up (bisection in
-     registers). k entries reach that key, so the row's k-th largest is no lower, and all the
-     row's top k are among them: about tiles * k entries when the vocabulary order is unrelated
-     to the logits.
-  2. _filter_weigh_kernel, grid (rows, splits), rows without top_k, twice: first (top_p rows) the
-     row's exact weight (relative to its max, fixed point) and a histogram of its entries by
-     half-octave of weight; then the candidates: top_p: every entry from the highest histogram
-     bin below which the entries weigh at most 1 - top_p of the row (bounded from the counts), so
-     that top_p's threshold is a candidate; min_p alone: every entry over its bar (both bars a
-     value compare, with margin). Not launched without top_p or min_p; the first launch not
-     without top_p.
-  3. _threshold_kernel, grid rows: the exact threshold (_row_tau) over the candidates, bit for bit
-     the reference's: a radix select over the order-preserving integer keys (_select). A row whose
-     candidates overflow the buffer, or whose candidates turn out to weigh less than top_p of the
-     row, runs _row_tau over the whole row instead. It also resets the workspace rows it used,
-     which every call and graph replay shares (_workspace).
+Up to three launches, the first two spread over many programs per row:
+  1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
+     each GROUP-entry group (a [rows, V / GROUP] buffer in the logits' dtype). One read of the
+     row, no compaction: a gather inside this streaming pass cost more than the read itself
+     (H200, B = 64: 140 us against 21 us).
+  2. _filter_weigh_kernel, grid (rows, splits), top_p rows without top_k only: the row's exact
+     weight (relative to its max, fixed point) and a histogram of its entries by half-octave of
+     weight.
+  3. _threshold_kernel, grid rows: the groups that may hold a kept entry (_group_bar: top_k: from
+     the k-th largest group max up, since k entries reach it and the row's top k all lie in such
+     groups; top_p: from the highest histogram bin under which the row weighs at most 1 - top_p;
+     min_p alone: over its bar) have their entries copied to a per-row candidate buffer; then the
+     exact threshold over them (_row_tau), bit for bit the reference's: a radix select over the
+     order-preserving integer keys (_select). A row whose candidates overflow the buffer, or weigh
+     less than top_p of the row, runs _row_tau over the whole row instead. It also resets the
+     workspace rows it used, which every call and graph replay shares (_workspace).
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race.
 """
@@ -40,6 +37,7 @@ _C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in POLY)
 _INT32_BIG = tl.constexpr(2**31 - 1)
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
+GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,90 +207,44 @@ def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.con
 
 
 @triton.jit
-def _gather(cand_ptr, n_ptr, row, CAP, raw, take):
-    """Append raw's entries where take to the row's candidates (n: the count so far, atomic)."""
-    take_i = take.to(tl.int32)
-    count = tl.sum(take_i, axis=0)
-    if count > 0:
-        pos = tl.atomic_add(n_ptr + row, count) + tl.cumsum(take_i, axis=0) - 1
-        tl.store(cand_ptr + row * CAP + pos, raw, mask=take & (pos < CAP))
-
-
-@triton.jit
 def _filter_stats_kernel(
     logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
     temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # [B] fp32, int32/int64, fp32, fp32 (as _threshold_kernel)
     kmax_ptr,  # [rows] int32, -(2**31 - 1) on entry: the row's largest key (atomic max)
-    n_ptr,  # [rows] int32 zeros on entry: candidates found (atomic adds; > CAP: they overflowed)
-    cand_ptr,  # [rows, CAP] fp32 out (top_k rows): the candidates' logits, in no particular order
-    stride_lb, stride_lj, R, V, CAP,
+    gmax_ptr,  # [rows, NG] the logits' dtype, out: each GROUP-entry group's largest logit (NaN as -inf)
+    stride_lb, stride_lj, R, V, NG,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
-    BLOCK_V: tl.constexpr,  # one tile per program
-    GROUP: tl.constexpr = 16,  # top_k: entries per group (BLOCK_V // GROUP groups; a k above that takes all)
+    BLOCK_V: tl.constexpr,  # one tile per program, a multiple of GROUP
+    GROUP: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
     if active:
-        offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-        inr = offs < V
-        raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=inr,
+        g = tl.program_id(1) * (BLOCK_V // GROUP) + tl.arange(0, BLOCK_V // GROUP)
+        offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)
-        key = _keys32(raw) >> SHIFT
-        hi = tl.max(tl.where(inr, key, -_INT32_BIG), axis=0)
-        tl.atomic_max(kmax_ptr + row, hi)
-        if use_k:
-            # The tile's entries from the k-th largest of its GROUP-entry groups' maxima up: k groups
-            # reach that key, so k entries do, and the tile's k-th largest, which is at most the
-            # row's, is no lower; every entry of the row's top k is thus among its own tile's. A
-            # bisection over the BLOCK_V / GROUP maxima costs 1 / GROUP of one over the entries.
-            gmax = tl.max(tl.reshape(tl.where(inr, key, -_INT32_BIG), [BLOCK_V // GROUP, GROUP]), axis=1)
-            live = gmax > -_INT32_BIG
-            lo = tl.min(tl.where(inr, key, _INT32_BIG), axis=0).to(tl.int64)  # too few groups: all
-            if tl.sum(live.to(tl.int32), axis=0) >= k:
-                lo = tl.min(tl.where(live, gmax, _INT32_BIG), axis=0).to(tl.int64)
-                top = hi.to(tl.int64)  # int64: the span of fp32 keys overflows int32
-                while lo < top:
-                    mid = lo + (top - lo + 1) // 2
-                    if tl.sum((gmax >= mid).to(tl.int32), axis=0) >= k:
-                        lo = mid
-                    else:
-                        top = mid - 1
-            _gather(cand_ptr, n_ptr, row, CAP, raw, inr & (key >= lo))
+        m = tl.max(tl.where(raw != raw, _NEG_INF, raw), axis=1)  # one of the group's values: exact in its dtype
+        tl.store(gmax_ptr + row * NG + g, m.to(gmax_ptr.dtype.element_ty), mask=g < NG)
+        tl.atomic_max(kmax_ptr + row, tl.max(_keys32(m) >> SHIFT, axis=0))
 
 
 @triton.jit
 def _filter_weigh_kernel(
-    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr, n_ptr, cand_ptr,  # as _filter_stats_kernel
-    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p rows, not GATHER)
-    hist_ptr,  # [rows, 64] int32 zeros on entry: its entries by half-octave of weight (top_p rows, not GATHER)
-    stride_lb, stride_lj, R, V, tiles_per_split, CAP,
+    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr, kmax_ptr,  # as _filter_stats_kernel
+    mass_ptr,  # [rows] int64 zeros on entry: the row's weight (top_p rows without top_k)
+    hist_ptr,  # [rows, 64] int32 zeros on entry: its entries by half-octave of weight (the same rows)
+    stride_lb, stride_lj, R, V, tiles_per_split,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    GATHER: tl.constexpr,  # False: weigh top_p rows; True: gather the candidates of rows without top_k
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
-    run = active & ~use_k  # top_k rows have their candidates from kernel 1
-    if not GATHER:
-        run = run & (top_p < 1.0)
-    if run:
+    if active & ~use_k & (top_p < 1.0):  # top_k rows find their candidates without the row's weight
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
         if x_max > _NEG_INF:  # a dead row has no candidates
-            # An entry's weight is about 2**(32 + z), z = (x - x_max) * log2(e): the histogram's bin
-            # j holds 32 + z in [j / 2, (j + 1) / 2), so its entries weigh under 2**((j + 2) / 2)
-            # (half a bin of margin for the polynomial and the rounding).
-            d = tl.arange(0, 64)
-            zcut = tl.log2(tl.maximum(min_p, 1e-30)) - 0.5  # min_p: its bar, with the same margin
-            if GATHER:
-                if top_p < 1.0:
-                    # the highest bin c under which all weighs at most 1 - top_p of the row: top_p's
-                    # threshold is then in bin c or above
-                    ub = tl.load(hist_ptr + row * 64 + d).to(tl.float32) * tl.exp2((d + 2).to(tl.float32) * 0.5)
-                    allowed = ((1.0 - top_p.to(tl.float64)) * tl.load(mass_ptr + row).to(tl.float64)).to(tl.float32)
-                    cut = tl.max(tl.where(tl.cumsum(ub, axis=0) - ub <= allowed, d, 0), axis=0)
-                    zcut = cut.to(tl.float32) * 0.5 - 32.5
             row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
             offs0 = tl.arange(0, BLOCK_V)
             mass = tl.zeros([BLOCK_V], tl.int64)
@@ -302,17 +254,74 @@ def _filter_weigh_kernel(
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
                 x = _scaled(raw, inv_t)
-                z = (x - x_max) * _TL_LOG2E_F32
-                if GATHER:  # no weights here: a value bar a little under the exact one
-                    _gather(cand_ptr, n_ptr, row, CAP, raw, (offs < V) & (z >= zcut))
-                else:
-                    w = tl.where(offs < V, _tl_weights(x, x_max), 0)
-                    mass += w
-                    bins = tl.minimum(tl.maximum(tl.floor(2.0 * z + 64.0), 0.0), 63.0).to(tl.int32)
-                    hist += tl.histogram(bins, 64, mask=w > 0)
-            if not GATHER:
-                tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
-                tl.atomic_add(hist_ptr + row * 64 + d, hist, mask=hist > 0)
+                w = tl.where(offs < V, _tl_weights(x, x_max), 0)
+                mass += w
+                # bin j holds 32 + z in [j / 2, (j + 1) / 2), z = (x - x_max) * log2(e): its entries weigh
+                # under 2**((j + 2) / 2) (half a bin of margin for the polynomial and the rounding)
+                bins = tl.minimum(tl.maximum(tl.floor(2.0 * (x - x_max) * _TL_LOG2E_F32 + 64.0), 0.0), 63.0)
+                hist += tl.histogram(bins.to(tl.int32), 64, mask=w > 0)
+            tl.atomic_add(mass_ptr + row, tl.sum(mass, axis=0))
+            d = tl.arange(0, 64)
+            tl.atomic_add(hist_ptr + row * 64 + d, hist, mask=hist > 0)
+
+
+@triton.jit
+def _group_bar(gmax_ptr, NG, k, use_k, top_p, min_p, inv_t, x_max, hist_ptr, mass, SHIFT: tl.constexpr,
+               BLOCK_V: tl.constexpr, NP: tl.constexpr):
+    """(key_bar, z_bar): a group holds candidates when its max's key >= key_bar (top_k: the k-th
+    largest group max, so k entries reach it and the row's top k all lie in such groups) and its
+    max's z = (x - x_max) * log2(e) >= z_bar (rows without top_k: top_p's cut from the weight
+    histogram, under which the row weighs at most 1 - top_p; else min_p's bar; both half a bin
+    low)."""
+    key_bar = tl.zeros_like(k) - _INT32_BIG
+    z_bar = tl.zeros_like(inv_t) + _NEG_INF
+    if use_k:
+        if k < NG:
+            offs0 = tl.arange(0, BLOCK_V)
+            lo = tl.zeros_like(k) + _INT32_BIG
+            hi = -lo
+            for t in range(0, tl.cdiv(NG, BLOCK_V)):
+                offs = t * BLOCK_V + offs0
+                key = _keys(tl.load(gmax_ptr + offs, mask=offs < NG, other=float("-inf")).to(tl.float32), SHIFT)
+                lo = tl.minimum(lo, tl.min(tl.where(offs < NG, key, _INT32_BIG), axis=0))
+                hi = tl.maximum(hi, tl.max(tl.where(offs < NG, key, -_INT32_BIG), axis=0))
+            key_bar = _select(gmax_ptr, NG, lo, hi, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
+    elif top_p < 1.0:
+        d = tl.arange(0, 64)
+        ub = tl.load(hist_ptr + d).to(tl.float32) * tl.exp2((d + 2).to(tl.float32) * 0.5)
+        allowed = ((1.0 - top_p.to(tl.float64)) * mass.to(tl.float64)).to(tl.float32)
+        cut = tl.max(tl.where(tl.cumsum(ub, axis=0) - ub <= allowed, d, 0), axis=0)
+        z_bar = cut.to(tl.float32) * 0.5 - 32.5
+    else:
+        z_bar = tl.log2(tl.maximum(min_p, 1e-30)) - 0.5
+    return key_bar, z_bar
+
+
+@triton.jit
+def _group_candidates(gmax_ptr, NG, row_ptr, V, cand_ptr, gid_ptr, CAP, key_bar, z_bar, inv_t, x_max,
+                      SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr):
+    """Copy the entries of the groups that pass (_group_bar) to cand_ptr (their ids first to
+    gid_ptr, CAP // GROUP of them at most); -> how many entries: whole groups, the row's end as
+    -inf; past CAP the caller reads the whole row."""
+    offs0 = tl.arange(0, BLOCK_V)
+    n = tl.zeros_like(NG)
+    for t in range(0, tl.cdiv(NG, BLOCK_V)):
+        offs = t * BLOCK_V + offs0
+        gv = tl.load(gmax_ptr + offs, mask=offs < NG, other=float("-inf")).to(tl.float32)
+        z = (_scaled(gv, inv_t) - x_max) * _TL_LOG2E_F32
+        take = ((offs < NG) & (_keys(gv, SHIFT) >= key_bar) & (z >= z_bar)).to(tl.int32)
+        pos = n + tl.cumsum(take, axis=0) - 1
+        tl.store(gid_ptr + pos, offs, mask=(take > 0) & (pos < CAP // GROUP))
+        n += tl.sum(take, axis=0)
+    if n * GROUP <= CAP:
+        GS: tl.constexpr = BLOCK_V // GROUP  # groups per copy
+        e = tl.arange(0, GROUP)[None, :]
+        for t in range(0, tl.cdiv(n, GS)):
+            slot = t * GS + tl.arange(0, GS)[:, None]
+            g = tl.load(gid_ptr + slot, mask=slot < n, other=0)
+            vals = tl.load(row_ptr + g * GROUP + e, mask=(slot < n) & (g * GROUP + e < V), other=float("-inf"))
+            tl.store(cand_ptr + slot * GROUP + e, vals.to(tl.float32), mask=slot < n)
+    return n * GROUP
 
 
 @triton.jit
@@ -323,32 +332,42 @@ def _threshold_kernel(
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
-    kmax_ptr, n_ptr, mass_ptr, hist_ptr, cand_ptr,  # the workspace (CAND only), reset here for the next call
-    stride_lb, stride_lj, R, V, CAP,
+    kmax_ptr, mass_ptr, hist_ptr, gmax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
+    cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
+    gid_ptr,  # [rows, CAP // GROUP] int32 scratch: their groups
+    stride_lb, stride_lj, R, V, NG, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
     BLOCK_V: tl.constexpr,
-    CAND: tl.constexpr = True,  # the candidates of kernels 1 and 2; False: every row from its logits
+    GROUP: tl.constexpr,
+    CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
     tau = tl.zeros_like(inv_t) + _NEG_INF
+    row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
     if active:  # rows that filter nothing stop here
         done = row < 0
         if CAND:
-            n = tl.load(n_ptr + row)
+            x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
+            mass = tl.load(mass_ptr + row)
+            n = tl.zeros_like(NG)
+            if x_max > _NEG_INF:  # a dead row has no candidates
+                key_bar, z_bar = _group_bar(gmax_ptr + row * NG, NG, k, use_k, top_p, min_p, inv_t, x_max,
+                                            hist_ptr + row * 64, mass, SHIFT, BLOCK_V, NP)
+                n = _group_candidates(gmax_ptr + row * NG, NG, row_ptr, V, cand_ptr + row * CAP,
+                                      gid_ptr + row * (CAP // GROUP), CAP, key_bar, z_bar, inv_t, x_max, SHIFT,
+                                      BLOCK_V, GROUP)
             if n <= CAP:
-                tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, tl.load(mass_ptr + row),
-                                     True, SHIFT, BLOCK_V, NP)
+                tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, mass, True, SHIFT,
+                                     BLOCK_V, NP)
             tl.store(kmax_ptr + row, -_INT32_BIG)
-            tl.store(n_ptr + row, 0)
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
         if ~done:
-            tau, done = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p,
-                                 inv_t, 0, False, SHIFT, BLOCK_V, NP)
+            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
 
 
@@ -356,12 +375,13 @@ _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _retired: list[tuple[torch.Tensor, ...]] = []
 
 
-def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ...] | None:
-    """(kmax [rows'] int32, n [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, candidates
-    [rows', cap] fp32) with rows' >= rows, one per device and cap, shared by every call and graph
-    replay: the threshold kernel leaves each row it used as it found it. None inside a capture when
-    it would have to grow (allocating there would tie it to that graph's pool)."""
-    ws = _workspaces.get((dev, cap))
+def _workspace(dev: torch.device, rows: int, cap: int, ng: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+    """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group maxima [rows', ng]
+    dtype, candidates [rows', cap] fp32, their groups [rows', cap // GROUP] int32) with rows' >=
+    rows, one per device, cap, ng and dtype, shared by every call and graph replay: the threshold
+    kernel leaves each row it used as it found it. None inside a capture when it would have to grow
+    (allocating there would tie it to that graph's pool)."""
+    ws = _workspaces.get((dev, cap, ng, dtype))
     if ws is None or ws[0].numel() < rows:
         if capturing():
             return None
@@ -369,10 +389,10 @@ def _workspace(dev: torch.device, rows: int, cap: int) -> tuple[torch.Tensor, ..
             _retired.append(ws)  # graphs captured before may still point at it
         n = max(rows, 2 * ws[0].numel() if ws is not None else 1024)  # B = 256 at K = 3 from the start
         ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int64, device=dev),
-              torch.zeros((n, 64), dtype=torch.int32, device=dev),
-              torch.empty((n, cap), dtype=torch.float32, device=dev))
-        _workspaces[(dev, cap)] = ws
+              torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
+              torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, cap), dtype=torch.float32, device=dev),
+              torch.empty((n, max(1, cap // GROUP)), dtype=torch.int32, device=dev))
+        _workspaces[(dev, cap, ng, dtype)] = ws
     return ws
 
 
@@ -382,12 +402,14 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
     and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
-    that many; cap: candidates per row (0: every row reads its whole row in the one exact kernel)."""
+    that many; cap: candidates per row (below GROUP: every row reads its whole row in the one exact
+    kernel)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
     # no tile wider than the row
-    block_v, stats_block_v = (min(bv, triton.next_power_of_2(v)) for bv in (block_v, stats_block_v))
+    block_v, stats_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v))) for bv in (block_v, stats_block_v))
+    ng = triton.cdiv(v, GROUP)
     tau = torch.empty(rows, dtype=torch.float32, device=dev)
     some = next(t for t in (top_k, top_p, min_p) if t is not None)  # a valid pointer when unused
     filters = (top_k if top_k is not None else some, top_p if top_p is not None else some,
@@ -396,21 +418,21 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                  SHIFT=_KEY_SHIFT[target_logits.dtype], PDL=pdl)
     launch = dict(num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}))
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
-    ws = _workspace(dev, rows, cap) if cap > 0 else None
+    ws = _workspace(dev, rows, cap, ng, target_logits.dtype) if cap >= GROUP else None
     if ws is not None:
-        kmax, n, mass, hist, cand = ws
+        kmax, mass, hist, gmax, cand, gid = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
-            target_logits, temperature, *filters, kmax, n, cand, *strides, cap, BLOCK_V=stats_block_v, **flags,
-            **launch)
-        tiles = triton.cdiv(v, block_v)
-        per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
-        for gather in (False, True) if top_p is not None else (True,) if min_p is not None else ():
+            target_logits, temperature, *filters, kmax, gmax, *strides, ng, BLOCK_V=stats_block_v, GROUP=GROUP,
+            **flags, **launch)
+        if top_p is not None:
+            tiles = triton.cdiv(v, block_v)
+            per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
             _filter_weigh_kernel[(rows, triton.cdiv(tiles, per_split))](
-                target_logits, temperature, *filters, kmax, n, cand, mass, hist, *strides, per_split, cap,
-                BLOCK_V=block_v, GATHER=gather, **flags, **launch)
+                target_logits, temperature, *filters, kmax, mass, hist, *strides, per_split, BLOCK_V=block_v,
+                **flags, **launch)
     else:
-        kmax = n = mass = hist = cand = tau  # valid pointers, unused
+        kmax = mass = hist = gmax = cand = gid = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, n, mass, hist, cand, *strides, cap,
-        CAND=ws is not None, BLOCK_V=block_v, **flags, **launch)
+        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, cand, gid, *strides, ng, cap,
+        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, **flags, **launch)
     return tau

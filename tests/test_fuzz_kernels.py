@@ -190,8 +190,8 @@ def rejection_specs(draw, max_b=4, max_k=4, max_v=300, real=False):
         race_chunk=None if real else draw(st.sampled_from([None, 8, 16, 64, 256])),
         # top_k / top_p / min_p per request (None: no filter tensors at all); 0 / 1 / 0 are off
         filters=draw(st.sampled_from([None, None, "some"])),
-        # the filters' candidate buffer: the default, small enough to overflow, none (whole rows)
-        filter_cap=draw(st.sampled_from([None, 4, 0])),
+        # the filters' candidate buffer: the default, two groups (often overflowing), none (whole rows)
+        filter_cap=draw(st.sampled_from([None, 32, 0])),
         top_k=draw(st.lists(st.sampled_from([0, 1, 2, 5, 40, 2**20]), min_size=b, max_size=b)),
         top_p=draw(st.lists(st.sampled_from([1.0, 0.9, 0.5, 1e-6]), min_size=b, max_size=b)),
         min_p=draw(st.lists(st.sampled_from([0.0, 0.05, 0.5, 0.999]), min_size=b, max_size=b)),

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 from graphrt.kernels import rejection_sample
 from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
 from graphrt.kernels.rejection_filter import thresholds_triton
@@ -110,6 +111,8 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
     """Per row, which way the Triton path takes it (kernels/rejection_filter.py, mirrored here in
     torch): "candidates", "whole row" (too many candidates) or "" (filters nothing, or top_p without
     top_k)."""
+    from graphrt.kernels.rejection_filter import GROUP
+
     b, r, v = x.shape
     out = []
     for i in range(b):
@@ -126,15 +129,17 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
             if xs.max() == -INF:
                 out.append("candidates")  # none: a dead row
                 continue
-            if use_k:  # from the k-th largest 16-entry group max up (one tile: the whole row here)
-                gmax = [float(vals[g:g + 16].max()) for g in range(0, v, 16)]
-                n = int((vals >= sorted(gmax, reverse=True)[k - 1]).sum()) if k <= len(gmax) else v
+            gmax = torch.stack([vals[g:g + GROUP].max() for g in range(0, v, GROUP)])
+            if use_k:  # the groups from the k-th largest group max up
+                groups = int((gmax >= gmax.sort(descending=True).values[k - 1]).sum()) if k < len(gmax) else len(gmax)
             elif p < 1:  # its cut comes from a histogram of the weights: not mirrored here
                 out.append("")
                 continue
-            else:
-                n = int((weights(xs, xs.max()).double() >= m * 2.0**32).sum())
-            out.append("candidates" if n <= cap else "whole row")
+            else:  # min_p's bar on each group's max, half a bin low
+                gx = (gmax * (1.0 / temps[i])).clamp(max=3.4028234663852886e38)
+                z = (gx - xs.max()) * 1.4426950408889634
+                groups = int((z >= torch.log2(torch.tensor(max(m, 1e-30))) - 0.5).sum())
+            out.append("candidates" if groups * GROUP <= cap else "whole row")
     return out
 
 
@@ -143,7 +148,7 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
     buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
     shared workspace is left as found."""
-    from graphrt.kernels.rejection_filter import _workspace
+    from graphrt.kernels.rejection_filter import GROUP, _workspace
 
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
@@ -151,21 +156,21 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     x = hazard_logits(b, r, v, gen, torch.bfloat16)
     temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 0.8, 100.0, 1.0, 0.7])
     seen = set()
+    cap = 2 * GROUP
     for kinds in (("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("top_p", "min_p")):
         f = random_filters(b, v, gen, kinds)
         if "top_k" in f:
-            f["top_k"][::3] = 14  # more groups than a tile has: every entry of the tile is a candidate
+            f["top_k"][::3] = 7  # more than the row's groups: all of them are candidates
         args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
         ref = thresholds_reference(x, temps, *args).flatten()
-        got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=6, programs=programs,
+        got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=cap, programs=programs,
                                 stats_block_v=stats_block_v)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), \
             f"seed {seed} {kinds}: {got} vs {ref}"
-        if stats_block_v >= v:
-            seen.update(_candidates(x, temps, f, 6))
-    assert stats_block_v < v or {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
-    kmax, n, mass, hist, _ = _workspace(x.device, b * r, 6)
-    assert bool((kmax == -(2**31 - 1)).all()) and not n.any() and not mass.any() and not hist.any()
+        seen.update(_candidates(x, temps, f, cap))
+    assert {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
+    kmax, mass, hist = _workspace(x.device, b * r, cap, triton.cdiv(v, GROUP), x.dtype)[:3]
+    assert bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
 
 
 CASES = {  # name: (temps, full_q, ragged, fuse_race)
