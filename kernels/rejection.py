@@ -72,7 +72,7 @@ class LaunchConfig:
     walk_warps: int | None = None
     pdl: int = 0
     filter_block_v: int = 1024
-    filter_warps: int = 8
+    filter_warps: int = 4
     filter_cap: int = FILTER_CAP
 
 
@@ -92,9 +92,9 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
-    - The filters' kernels (filters only) on 4096-entry tiles up to 8 rows, 2048 beyond: what the
-      one-program-per-row search they replace measured fastest at B = 1 and B = 64 (top_k 50 +
-      top_p 0.9); not swept since.
+    - The filters' kernels (filters only): 1024-entry tiles on 4 warps for the threshold kernel's
+      passes over group maxima and candidates, fastest at B = 1, 64 and 256 (H200, top_k 50, against
+      2048 and 4096 on 4 and 8 warps); its whole-row fallback reads 4096-entry tiles.
     """
     rows = batch * (k + 1)
     prune = batch >= 128

@@ -38,6 +38,7 @@ _INT32_BIG = tl.constexpr(2**31 - 1)
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
 GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
+SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and the groups to take from their maxima
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,22 +213,28 @@ def _filter_stats_kernel(
     temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # [B] fp32, int32/int64, fp32, fp32 (as _threshold_kernel)
     kmax_ptr,  # [rows] int32, -(2**31 - 1) on entry: the row's largest key (atomic max)
     gmax_ptr,  # [rows, NG] the logits' dtype, out: each GROUP-entry group's largest logit (NaN as -inf)
-    stride_lb, stride_lj, R, V, NG,
+    smax_ptr,  # [rows, NS] the same, out: each SUPER-group supergroup's
+    stride_lb, stride_lj, R, V, NG, NS,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
-    BLOCK_V: tl.constexpr,  # one tile per program, a multiple of GROUP
+    BLOCK_V: tl.constexpr,  # one tile per program, a multiple of GROUP * SUPER
     GROUP: tl.constexpr,
+    SUPER: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
     if active:
-        g = tl.program_id(1) * (BLOCK_V // GROUP) + tl.arange(0, BLOCK_V // GROUP)
-        offs = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        NSB: tl.constexpr = BLOCK_V // (GROUP * SUPER)
+        sg = tl.program_id(1) * NSB + tl.arange(0, NSB)
+        g = sg[:, None] * SUPER + tl.arange(0, SUPER)[None, :]
+        offs = g[:, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
         raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)
-        m = tl.max(tl.where(raw != raw, _NEG_INF, raw), axis=1)  # one of the group's values: exact in its dtype
+        m = tl.max(tl.where(raw != raw, _NEG_INF, raw), axis=2)  # one of the group's values: exact in its dtype
         tl.store(gmax_ptr + row * NG + g, m.to(gmax_ptr.dtype.element_ty), mask=g < NG)
-        tl.atomic_max(kmax_ptr + row, tl.max(_keys32(m) >> SHIFT, axis=0))
+        ms = tl.max(m, axis=1)
+        tl.store(smax_ptr + row * NS + sg, ms.to(smax_ptr.dtype.element_ty), mask=sg < NS)
+        tl.atomic_max(kmax_ptr + row, tl.max(_keys32(ms) >> SHIFT, axis=0))
 
 
 @triton.jit
@@ -266,26 +273,35 @@ def _filter_weigh_kernel(
 
 
 @triton.jit
-def _group_bar(gmax_ptr, NG, k, use_k, top_p, min_p, inv_t, x_max, hist_ptr, mass, SHIFT: tl.constexpr,
-               BLOCK_V: tl.constexpr, NP: tl.constexpr):
-    """(key_bar, z_bar): a group holds candidates when its max's key >= key_bar (top_k: the k-th
-    largest group max, so k entries reach it and the row's top k all lie in such groups) and its
-    max's z = (x - x_max) * log2(e) >= z_bar (rows without top_k: top_p's cut from the weight
-    histogram, under which the row weighs at most 1 - top_p; else min_p's bar; both half a bin
-    low)."""
+def _kth_key(ptr, N, k, x_max, inv_t, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, NP: tl.constexpr):
+    """The largest key v with at least k of the N values at ptr at or above it; 0 < k < N."""
+    offs0 = tl.arange(0, BLOCK_V)
+    lo = tl.zeros_like(k) + _INT32_BIG
+    hi = -lo
+    for t in range(0, tl.cdiv(N, BLOCK_V)):
+        offs = t * BLOCK_V + offs0
+        key = _keys(tl.load(ptr + offs, mask=offs < N, other=float("-inf")).to(tl.float32), SHIFT)
+        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_BIG), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_BIG), axis=0))
+    return _select(ptr, N, lo, hi, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
+
+
+@triton.jit
+def _group_bar(smax_ptr, NS, gmax_ptr, NG, k, use_k, top_p, min_p, inv_t, x_max, hist_ptr, mass,
+               SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, NP: tl.constexpr):
+    """(key_bar, z_bar): a group (a supergroup) holds candidates when its max's key >= key_bar and
+    its max's z = (x - x_max) * log2(e) >= z_bar. top_k: key_bar is the k-th largest supergroup
+    max (the k-th largest group max when k is not below the supergroups' count): k entries reach
+    it, so the row's top k all lie in groups whose max does. Rows without top_k: z_bar is top_p's
+    cut from the weight histogram (under it the row weighs at most 1 - top_p), else min_p's bar;
+    both half a bin low."""
     key_bar = tl.zeros_like(k) - _INT32_BIG
     z_bar = tl.zeros_like(inv_t) + _NEG_INF
     if use_k:
-        if k < NG:
-            offs0 = tl.arange(0, BLOCK_V)
-            lo = tl.zeros_like(k) + _INT32_BIG
-            hi = -lo
-            for t in range(0, tl.cdiv(NG, BLOCK_V)):
-                offs = t * BLOCK_V + offs0
-                key = _keys(tl.load(gmax_ptr + offs, mask=offs < NG, other=float("-inf")).to(tl.float32), SHIFT)
-                lo = tl.minimum(lo, tl.min(tl.where(offs < NG, key, _INT32_BIG), axis=0))
-                hi = tl.maximum(hi, tl.max(tl.where(offs < NG, key, -_INT32_BIG), axis=0))
-            key_bar = _select(gmax_ptr, NG, lo, hi, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
+        if k < NS:
+            key_bar = _kth_key(smax_ptr, NS, k, x_max, inv_t, SHIFT, BLOCK_V, NP)
+        elif k < NG:
+            key_bar = _kth_key(gmax_ptr, NG, k, x_max, inv_t, SHIFT, BLOCK_V, NP)
     elif top_p < 1.0:
         d = tl.arange(0, 64)
         ub = tl.load(hist_ptr + d).to(tl.float32) * tl.exp2((d + 2).to(tl.float32) * 0.5)
@@ -298,27 +314,52 @@ def _group_bar(gmax_ptr, NG, k, use_k, top_p, min_p, inv_t, x_max, hist_ptr, mas
 
 
 @triton.jit
-def _group_candidates(gmax_ptr, NG, row_ptr, V, cand_ptr, gid_ptr, CAP, key_bar, z_bar, inv_t, x_max,
-                      SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr):
-    """Copy the entries of the groups that pass (_group_bar) to cand_ptr (their ids first to
-    gid_ptr, CAP // GROUP of them at most); -> how many entries: whole groups, the row's end as
-    -inf; past CAP the caller reads the whole row."""
+def _passes(v, valid, key_bar, z_bar, inv_t, x_max, SHIFT: tl.constexpr):
+    """Which maxima v (raw logits) clear both bars of _group_bar."""
+    v = v.to(tl.float32)
+    return valid & (_keys(v, SHIFT) >= key_bar) & ((_scaled(v, inv_t) - x_max) * _TL_LOG2E_F32 >= z_bar)
+
+
+@triton.jit
+def _group_candidates(smax_ptr, NS, gmax_ptr, NG, row_ptr, V, cand_ptr, ids_ptr, CAP, key_bar, z_bar, inv_t,
+                      x_max, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
+                      SUPER: tl.constexpr):
+    """Copy the entries of the groups that pass (_group_bar) to cand_ptr: the supergroups that pass
+    first (their ids to ids_ptr), then their groups that do (to ids_ptr + CAP // GROUP), then the
+    groups' entries. -> how many entries (whole groups, the row's end as -inf); past CAP the caller
+    reads the whole row. A group that passes lies in a supergroup that does."""
+    LIST = CAP // GROUP
     offs0 = tl.arange(0, BLOCK_V)
-    n = tl.zeros_like(NG)
-    for t in range(0, tl.cdiv(NG, BLOCK_V)):
+    ns = tl.zeros_like(NS)
+    for t in range(0, tl.cdiv(NS, BLOCK_V)):
         offs = t * BLOCK_V + offs0
-        gv = tl.load(gmax_ptr + offs, mask=offs < NG, other=float("-inf")).to(tl.float32)
-        z = (_scaled(gv, inv_t) - x_max) * _TL_LOG2E_F32
-        take = ((offs < NG) & (_keys(gv, SHIFT) >= key_bar) & (z >= z_bar)).to(tl.int32)
-        pos = n + tl.cumsum(take, axis=0) - 1
-        tl.store(gid_ptr + pos, offs, mask=(take > 0) & (pos < CAP // GROUP))
-        n += tl.sum(take, axis=0)
-    if n * GROUP <= CAP:
+        take = _passes(tl.load(smax_ptr + offs, mask=offs < NS, other=float("-inf")), offs < NS, key_bar, z_bar,
+                       inv_t, x_max, SHIFT).to(tl.int32)
+        pos = ns + tl.cumsum(take, axis=0) - 1
+        tl.store(ids_ptr + pos, offs, mask=(take > 0) & (pos < LIST))
+        ns += tl.sum(take, axis=0)
+    n = tl.zeros_like(NG)
+    if ns <= LIST:
+        SB: tl.constexpr = BLOCK_V // SUPER  # supergroups per step
+        for t in range(0, tl.cdiv(ns, SB)):
+            slot = t * SB + tl.arange(0, SB)
+            sg = tl.load(ids_ptr + slot, mask=slot < ns, other=0)
+            g = sg[:, None] * SUPER + tl.arange(0, SUPER)[None, :]
+            live = (slot < ns)[:, None] & (g < NG)
+            take = _passes(tl.load(gmax_ptr + g, mask=live, other=float("-inf")), live, key_bar, z_bar, inv_t, x_max,
+                           SHIFT).to(tl.int32)
+            take = tl.reshape(take, [SB * SUPER])
+            pos = n + tl.cumsum(take, axis=0) - 1
+            tl.store(ids_ptr + LIST + pos, tl.reshape(g, [SB * SUPER]), mask=(take > 0) & (pos < LIST))
+            n += tl.sum(take, axis=0)
+    else:
+        n = LIST + 1
+    if n <= LIST:
         GS: tl.constexpr = BLOCK_V // GROUP  # groups per copy
         e = tl.arange(0, GROUP)[None, :]
         for t in range(0, tl.cdiv(n, GS)):
             slot = t * GS + tl.arange(0, GS)[:, None]
-            g = tl.load(gid_ptr + slot, mask=slot < n, other=0)
+            g = tl.load(ids_ptr + LIST + slot, mask=slot < n, other=0)
             vals = tl.load(row_ptr + g * GROUP + e, mask=(slot < n) & (g * GROUP + e < V), other=float("-inf"))
             tl.store(cand_ptr + slot * GROUP + e, vals.to(tl.float32), mask=slot < n)
     return n * GROUP
@@ -332,14 +373,16 @@ def _threshold_kernel(
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
-    kmax_ptr, mass_ptr, hist_ptr, gmax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
+    kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
-    gid_ptr,  # [rows, CAP // GROUP] int32 scratch: their groups
-    stride_lb, stride_lj, R, V, NG, CAP,
+    ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
+    stride_lb, stride_lj, R, V, NG, NS, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
     BLOCK_V: tl.constexpr,
     GROUP: tl.constexpr,
+    SUPER: tl.constexpr,
+    ROW_BLOCK_V: tl.constexpr,  # the whole-row search's tile
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
@@ -355,11 +398,11 @@ def _threshold_kernel(
             mass = tl.load(mass_ptr + row)
             n = tl.zeros_like(NG)
             if x_max > _NEG_INF:  # a dead row has no candidates
-                key_bar, z_bar = _group_bar(gmax_ptr + row * NG, NG, k, use_k, top_p, min_p, inv_t, x_max,
-                                            hist_ptr + row * 64, mass, SHIFT, BLOCK_V, NP)
-                n = _group_candidates(gmax_ptr + row * NG, NG, row_ptr, V, cand_ptr + row * CAP,
-                                      gid_ptr + row * (CAP // GROUP), CAP, key_bar, z_bar, inv_t, x_max, SHIFT,
-                                      BLOCK_V, GROUP)
+                key_bar, z_bar = _group_bar(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, k, use_k, top_p, min_p,
+                                            inv_t, x_max, hist_ptr + row * 64, mass, SHIFT, BLOCK_V, NP)
+                n = _group_candidates(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, row_ptr, V,
+                                      cand_ptr + row * CAP, ids_ptr + row * 2 * (CAP // GROUP), CAP, key_bar, z_bar,
+                                      inv_t, x_max, SHIFT, BLOCK_V, GROUP, SUPER)
             if n <= CAP:
                 tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, mass, True, SHIFT,
                                      BLOCK_V, NP)
@@ -367,7 +410,7 @@ def _threshold_kernel(
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
         if ~done:
-            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, BLOCK_V, NP)
+            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, ROW_BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
 
 
@@ -375,13 +418,15 @@ _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _retired: list[tuple[torch.Tensor, ...]] = []
 
 
-def _workspace(dev: torch.device, rows: int, cap: int, ng: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
-    """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group maxima [rows', ng]
-    dtype, candidates [rows', cap] fp32, their groups [rows', cap // GROUP] int32) with rows' >=
-    rows, one per device, cap, ng and dtype, shared by every call and graph replay: the threshold
+def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+    """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group and supergroup maxima
+    [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
+    ids [rows', 2 * (cap // GROUP)] int32) with rows' >= rows, one per device, cap, ng, ns and
+    dtype, shared by every call and graph replay: the threshold
     kernel leaves each row it used as it found it. None inside a capture when it would have to grow
     (allocating there would tie it to that graph's pool)."""
-    ws = _workspaces.get((dev, cap, ng, dtype))
+    ws = _workspaces.get((dev, cap, ng, ns, dtype))
     if ws is None or ws[0].numel() < rows:
         if capturing():
             return None
@@ -390,9 +435,10 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, dtype: torch.dty
         n = max(rows, 2 * ws[0].numel() if ws is not None else 1024)  # B = 256 at K = 3 from the start
         ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
               torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
-              torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, cap), dtype=torch.float32, device=dev),
-              torch.empty((n, max(1, cap // GROUP)), dtype=torch.int32, device=dev))
-        _workspaces[(dev, cap, ng, dtype)] = ws
+              torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, ns), dtype=dtype, device=dev),
+              torch.empty((n, cap), dtype=torch.float32, device=dev),
+              torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev))
+        _workspaces[(dev, cap, ng, ns, dtype)] = ws
     return ws
 
 
@@ -401,15 +447,19 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
-    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
+    and 3 (four times that in kernel 3's whole-row search), stats_block_v kernel 1's (one per
+    program); programs: kernel 2's launches aim at about
     that many; cap: candidates per row (below GROUP: every row reads its whole row in the one exact
     kernel)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
     # no tile wider than the row
-    block_v, stats_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v))) for bv in (block_v, stats_block_v))
+    block_v, stats_block_v, row_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v)))
+                                           for bv in (block_v, stats_block_v, 4 * block_v))
     ng = triton.cdiv(v, GROUP)
+    sup = min(SUPER, stats_block_v // GROUP)  # kernel 1's tiles hold whole supergroups
+    ns = triton.cdiv(ng, sup)
     tau = torch.empty(rows, dtype=torch.float32, device=dev)
     some = next(t for t in (top_k, top_p, min_p) if t is not None)  # a valid pointer when unused
     filters = (top_k if top_k is not None else some, top_p if top_p is not None else some,
@@ -418,12 +468,12 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                  SHIFT=_KEY_SHIFT[target_logits.dtype], PDL=pdl)
     launch = dict(num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}))
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
-    ws = _workspace(dev, rows, cap, ng, target_logits.dtype) if cap >= GROUP else None
+    ws = _workspace(dev, rows, cap, ng, ns, target_logits.dtype) if cap >= GROUP else None
     if ws is not None:
-        kmax, mass, hist, gmax, cand, gid = ws
+        kmax, mass, hist, gmax, smax, cand, ids = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
-            target_logits, temperature, *filters, kmax, gmax, *strides, ng, BLOCK_V=stats_block_v, GROUP=GROUP,
-            **flags, **launch)
+            target_logits, temperature, *filters, kmax, gmax, smax, *strides, ng, ns, BLOCK_V=stats_block_v,
+            GROUP=GROUP, SUPER=sup, **flags, **launch)
         if top_p is not None:
             tiles = triton.cdiv(v, block_v)
             per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
@@ -431,8 +481,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 target_logits, temperature, *filters, kmax, mass, hist, *strides, per_split, BLOCK_V=block_v,
                 **flags, **launch)
     else:
-        kmax = mass = hist = gmax = cand = gid = tau  # valid pointers, unused
+        kmax = mass = hist = gmax = smax = cand = ids = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, cand, gid, *strides, ng, cap,
-        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, **flags, **launch)
+        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids, *strides, ng, ns, cap,
+        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, SUPER=sup, ROW_BLOCK_V=row_block_v, **flags,
+        **launch)
     return tau

@@ -26,7 +26,7 @@ _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr=
             lp_ptr="*fp32", counts_ptr="*i64", race_i_ptr="*i32", race_f_ptr="*fp32", ctr_ptr="*i32",
             part_k_ptr="*fp32", part_i_ptr="*i32", part_x_ptr="*fp32")
 _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32", kmax_ptr="*i32",
-               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", gid_ptr="*i32")
+               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
@@ -112,16 +112,17 @@ CASES = {
     "rej-finish": ("rejection_fullq", "_finish_kernel", _REJ, dict(SPLITS_POW2=32, PDL=0), dict(num_warps=1)),
     # the filters: their threshold kernel and the passes that apply its thresholds
     "rej-filter-stats": ("rejection_filter", "_filter_stats_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=8192, GROUP=16, PDL=2),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=8192, GROUP=16, SUPER=16, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-filter-weigh": ("rejection_filter", "_filter_weigh_kernel", _FILTER, dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=1024, GROUP=16, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=1024, GROUP=16, SUPER=16, ROW_BLOCK_V=4096, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold-whole-rows": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=1024, GROUP=16, CAND=False, PDL=0),
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=1024, GROUP=16, SUPER=16, ROW_BLOCK_V=4096, CAND=False,
+        PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,

@@ -107,10 +107,10 @@ def test_thresholds_triton_match_reference(dtype):
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"seed {seed} {kinds}: {got} vs {ref}"
 
 
-def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list[str]:
+def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: int) -> list[str]:
     """Per row, which way the Triton path takes it (kernels/rejection_filter.py, mirrored here in
     torch): "candidates", "whole row" (too many candidates) or "" (filters nothing, or top_p without
-    top_k)."""
+    top_k); sup: groups per supergroup."""
     from graphrt.kernels.rejection_filter import GROUP
 
     b, r, v = x.shape
@@ -130,8 +130,10 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int) -> list
                 out.append("candidates")  # none: a dead row
                 continue
             gmax = torch.stack([vals[g:g + GROUP].max() for g in range(0, v, GROUP)])
-            if use_k:  # the groups from the k-th largest group max up
-                groups = int((gmax >= gmax.sort(descending=True).values[k - 1]).sum()) if k < len(gmax) else len(gmax)
+            smax = torch.stack([gmax[s:s + sup].max() for s in range(0, len(gmax), sup)])
+            if use_k:  # the groups from the k-th largest supergroup max up (else group max, else all)
+                bar = next((m.sort(descending=True).values[k - 1] for m in (smax, gmax) if k < len(m)), -INF)
+                groups = int((gmax >= bar).sum())
             elif p < 1:  # its cut comes from a histogram of the weights: not mirrored here
                 out.append("")
                 continue
@@ -148,7 +150,7 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
     buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
     shared workspace is left as found."""
-    from graphrt.kernels.rejection_filter import GROUP, _workspace
+    from graphrt.kernels.rejection_filter import GROUP, SUPER, _workspaces
 
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
@@ -167,10 +169,11 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
                                 stats_block_v=stats_block_v)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), \
             f"seed {seed} {kinds}: {got} vs {ref}"
-        seen.update(_candidates(x, temps, f, cap))
+        seen.update(_candidates(x, temps, f, cap, min(SUPER, min(stats_block_v, 128) // GROUP)))
     assert {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
-    kmax, mass, hist = _workspace(x.device, b * r, cap, triton.cdiv(v, GROUP), x.dtype)[:3]
-    assert bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
+    used = [ws for key, ws in _workspaces.items() if key[1:3] == (cap, triton.cdiv(v, GROUP))]
+    assert used and all(bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
+                        for kmax, mass, hist, *_ in used)
 
 
 CASES = {  # name: (temps, full_q, ragged, fuse_race)
