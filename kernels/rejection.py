@@ -72,7 +72,7 @@ class LaunchConfig:
     walk_warps: int | None = None
     pdl: int = 0
     filter_block_v: int = 1024
-    filter_warps: int = 4
+    filter_warps: int = 8
     filter_cap: int = FILTER_CAP
 
 
@@ -92,9 +92,11 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
-    - The filters' kernels (filters only): 1024-entry tiles on 4 warps for the threshold kernel's
-      passes over group maxima and candidates, fastest at B = 1, 64 and 256 (H200, top_k 50, against
-      2048 and 4096 on 4 and 8 warps); its whole-row fallback reads 4096-entry tiles.
+    - The filters' kernels (filters only) on 4096-entry tiles and 8 warps up to 8 rows, 2048 beyond.
+      On the H200 with top_k 50 (+ top_p 0.9), 1024-entry tiles on 4 warps made the threshold
+      kernel faster alone (torch profiler, no PDL) but the filtered sampler slower in the graph
+      benchmark at B = 1 and 64 (66 against 48 us, 120 against 117 us), and the whole-row fallback
+      4x slower at B = 1.
     """
     rows = batch * (k + 1)
     prune = batch >= 128

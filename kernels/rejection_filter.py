@@ -382,7 +382,6 @@ def _threshold_kernel(
     BLOCK_V: tl.constexpr,
     GROUP: tl.constexpr,
     SUPER: tl.constexpr,
-    ROW_BLOCK_V: tl.constexpr,  # the whole-row search's tile
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
@@ -410,7 +409,7 @@ def _threshold_kernel(
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
         if ~done:
-            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, ROW_BLOCK_V, NP)
+            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
 
 
@@ -447,7 +446,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
-    and 3 (four times that in kernel 3's whole-row search), stats_block_v kernel 1's (one per
+    and 3, stats_block_v kernel 1's (one per
     program); programs: kernel 2's launches aim at about
     that many; cap: candidates per row (below GROUP: every row reads its whole row in the one exact
     kernel)."""
@@ -455,8 +454,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     rows = b * r
     dev = target_logits.device
     # no tile wider than the row
-    block_v, stats_block_v, row_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v)))
-                                           for bv in (block_v, stats_block_v, 4 * block_v))
+    block_v, stats_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v))) for bv in (block_v, stats_block_v))
     ng = triton.cdiv(v, GROUP)
     sup = min(SUPER, stats_block_v // GROUP)  # kernel 1's tiles hold whole supergroups
     ns = triton.cdiv(ng, sup)
@@ -484,6 +482,5 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         kmax = mass = hist = gmax = smax = cand = ids = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
         target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids, *strides, ng, ns, cap,
-        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, SUPER=sup, ROW_BLOCK_V=row_block_v, **flags,
-        **launch)
+        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, SUPER=sup, **flags, **launch)
     return tau
