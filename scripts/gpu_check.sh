@@ -71,9 +71,11 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
-    filters)  # top-k / top-p / min-p: bit-exact GPU tests, then the filtered sampler against the unfiltered one
+    filters)  # top-k / top-p / min-p: bit-exact GPU tests, the filtered sampler against the unfiltered one, each
+              # filter kernel's own time
               python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection_filter.py 2>&1 | log | tail -15
-              python3 -m graphrt.kernels.bench --filters "$OUT/filters.json" 2>&1 | log | tail -15 ;;
+              python3 -m graphrt.kernels.bench --filters "$OUT/filters.json" 2>&1 | log | tail -15
+              python3 scripts/filter_kernel_times.py 2>&1 | grep '^B=' | log | tail -10 ;;
     profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
               python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60

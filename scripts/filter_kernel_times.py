@@ -1,0 +1,55 @@
+"""Where the filtered sampler's threshold kernels spend their time: each kernel of
+kernels/rejection_filter.py timed alone by the torch profiler (device time per call), for top_k 50
++ top_p 0.9, top_k 50 and top_p 0.9 on randn bf16 rows (K = 3, V = 128256), at B = 1, 64, 256, with
+the launch the sampler uses and with each (kernel 1 tile, warps, tile) given on the command line.
+
+    python scripts/filter_kernel_times.py [--config SBV,WARPS,BV ...]
+"""
+
+import argparse
+from collections import defaultdict
+
+import torch
+from graphrt.kernels.rejection import launch_config
+from graphrt.kernels.rejection_filter import thresholds_triton
+from torch.profiler import ProfilerActivity, profile
+
+
+def kernel_times(args, kw, reps=10) -> dict[str, float]:
+    for _ in range(3):
+        thresholds_triton(*args, **kw)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            thresholds_triton(*args, **kw)
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name] += e.device_time / reps
+    return dict(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", default=[], help="SBV,WARPS,BV: kernel 1's tile, warps, tile")
+    args = ap.parse_args()
+    k, v = 3, 128256
+    for b in (1, 64, 256):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        logits = torch.randn(b, k + 1, v, device="cuda", generator=gen).to(torch.bfloat16)
+        temp = torch.ones(b, device="cuda")
+        cfg = launch_config(b, k, False)
+        configs = [(8192, cfg.filter_warps, cfg.filter_block_v)] + [tuple(map(int, c.split(","))) for c in args.config]
+        for name, top_k, top_p in (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9)):
+            fk = None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda")
+            fp = None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda")
+            for sbv, warps, bv in configs:
+                t = kernel_times((logits, temp, fk, fp, None), dict(block_v=bv, num_warps=warps, pdl=0,
+                                                                    cap=cfg.filter_cap, stats_block_v=sbv))
+                cols = " ".join(f"{n.strip('_').removesuffix('_kernel')}={us:.1f}" for n, us in sorted(t.items()))
+                print(f"B={b:<4d}{name:16s}kernel 1 tile {sbv}, {warps} warps, tile {bv}: {cols} (us)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
