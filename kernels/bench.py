@@ -18,8 +18,7 @@ import sys
 
 import torch
 from graphrt.kernels.argmax import argmax_triton
-from graphrt.kernels.pdl import pdl_enabled
-from graphrt.kernels.rejection import launch_config, rejection_sample_triton
+from graphrt.kernels.rejection import filter_launch, launch_config, rejection_sample_triton
 from graphrt.kernels.rejection_filter import thresholds_triton
 from graphrt.kernels.rejection_reference import apply_thresholds, thresholds_reference
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
@@ -113,6 +112,16 @@ def _rejection_rows(bw_gbs, Bs, Ks, Vs):
     return rows
 
 
+FILTER_CASES = (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9))
+
+
+def filter_cases(b: int):
+    """(name, top_k [b] int64 or None, top_p [b] fp32 or None) on CUDA per case of FILTER_CASES."""
+    for name, top_k, top_p in FILTER_CASES:
+        yield (name, None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda"),
+               None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda"))
+
+
 def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
     """One-hot rejection sampling with filters on every request: top_k = 50 with top_p = 0.9 (the
     issue's case), top_k = 50 alone and top_p = 0.9 alone. Ours (ours_us; unfiltered_us: the same
@@ -124,12 +133,9 @@ def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
     for b in Bs:
         sets = rejection_sets(b, k, v, "onehot")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
-        cfg = launch_config(b, k, False)  # the thresholds alone are launched as the sampler launches them
-        launch = dict(block_v=cfg.filter_block_v, num_warps=cfg.filter_warps, cap=cfg.filter_cap,
-                      pdl=cfg.pdl if pdl_enabled(sets[0][0].device) else 0)
-        for name, top_k, top_p in (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9)):
-            fk = None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda")
-            fp = None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda")
+        # the thresholds alone, launched as the sampler launches them
+        launch = filter_launch(launch_config(b, k, False), sets[0][0].device)
+        for name, fk, fp in filter_cases(b):
             ours = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(
                 t, d, tt, s, p, top_k=k_, top_p=p_), sets)
             alone = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, kw_=launch: thresholds_triton(

@@ -92,17 +92,22 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
-    - The filters' kernels (filters only) on 4096-entry tiles and 8 warps up to 8 rows, 2048 beyond.
-      On the H200 with top_k 50 (+ top_p 0.9), 1024-entry tiles on 4 warps made the threshold
-      kernel faster alone (torch profiler, no PDL) but the filtered sampler slower in the graph
-      benchmark at B = 1 and 64 (66 against 48 us, 120 against 117 us), and the whole-row fallback
-      4x slower at B = 1.
+    - The filters' kernels (filters only) on 4096-entry tiles and 8 warps up to 8 rows, 2048 beyond:
+      1024-entry tiles on 4 warps made the threshold kernel faster alone but the filtered sampler
+      slower in the graph benchmark at B = 1 and 64 (top_k 50 + top_p 0.9), and the whole-row
+      fallback several times slower.
     """
     rows = batch * (k + 1)
     prune = batch >= 128
     return LaunchConfig(block_v=2048 if full_q and rows > 8 else 1024, fuse_race=rows <= 8 and not full_q,
                         race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
                         pdl=1 if 8 < rows <= 128 else 2, filter_block_v=4096 if rows <= 8 else 2048)
+
+
+def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
+    """thresholds_triton's launch keywords, as the sampler launches it on dev."""
+    return dict(block_v=cfg.filter_block_v, num_warps=cfg.filter_warps, cap=cfg.filter_cap,
+                pdl=cfg.pdl if pdl_enabled(dev) else 0)
 
 
 def _on_gpu(dev: torch.device) -> bool:
@@ -209,8 +214,7 @@ def rejection_sample_triton(
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
     tau = None
     if top_k is not None or top_p is not None or min_p is not None:
-        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, block_v=cfg.filter_block_v,
-                                num_warps=cfg.filter_warps, pdl=pdl, cap=cfg.filter_cap)
+        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev))
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
                   FILTER=tau is not None)
     tau_arg = tau if tau is not None else race_f  # a valid pointer when unused

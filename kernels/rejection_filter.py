@@ -4,18 +4,19 @@ no sort; rows that filter nothing return at once in every kernel.
 
 Up to three launches, the first two spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
-     each GROUP-entry group (a [rows, V / GROUP] buffer in the logits' dtype). One read of the
-     row, no compaction: a gather inside this streaming pass cost more than the read itself
-     (H200, B = 64: 140 us against 21 us).
+     each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
+     One read of the row and no compaction: on the H200 a gather inside this streaming pass, in
+     every form tried, cost several times the read itself.
   2. _filter_weigh_kernel, grid (rows, splits), top_p rows without top_k only: the row's exact
      weight (relative to its max, fixed point) and a histogram of its entries by half-octave of
      weight.
   3. _threshold_kernel, grid rows: the groups that may hold a kept entry (_group_bar: top_k: from
-     the k-th largest group max up, since k entries reach it and the row's top k all lie in such
-     groups; top_p: from the highest histogram bin under which the row weighs at most 1 - top_p;
-     min_p alone: over its bar) have their entries copied to a per-row candidate buffer; then the
-     exact threshold over them (_row_tau), bit for bit the reference's: a radix select over the
-     order-preserving integer keys (_select). A row whose candidates overflow the buffer, or weigh
+     the k-th largest supergroup max up, since k entries reach it and the row's top k all lie in
+     groups whose max does; top_p: from the highest histogram bin under which the row weighs at
+     most 1 - top_p; min_p alone: over its bar), found supergroup first, have their entries
+     copied to a per-row candidate buffer (_group_candidates); then the exact threshold over them
+     (_row_tau), bit for bit the reference's: a radix select over the order-preserving integer
+     keys (_select). A row whose candidates overflow the buffer, or weigh
      less than top_p of the row, runs _row_tau over the whole row instead. It also resets the
      workspace rows it used, which every call and graph replay shares (_workspace).
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
@@ -155,6 +156,20 @@ def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, 
 
 
 @triton.jit
+def _key_range(ptr, N, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(lowest, highest) key of the N values at ptr."""
+    offs0 = tl.arange(0, BLOCK_V)
+    hi = tl.max(tl.full([BLOCK_V], -_INT32_BIG, tl.int64), axis=0)
+    lo = -hi
+    for t in range(0, tl.cdiv(N, BLOCK_V)):
+        offs = t * BLOCK_V + offs0
+        key = _keys(tl.load(ptr + offs, mask=offs < N, other=float("-inf")).to(tl.float32), SHIFT)
+        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_BIG), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_BIG), axis=0))
+    return lo, hi
+
+
+@triton.jit
 def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.constexpr, SHIFT: tl.constexpr,
              BLOCK_V: tl.constexpr, NP: tl.constexpr):
     """(tau, ok) of one row from its n entries at src_ptr: the whole row, or (CAND) its candidates
@@ -162,13 +177,7 @@ def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.con
     top_p without top_k the kept mass is mass_total, the row's; ok is False when the candidates
     weigh less than top_p of it (the caller then passes the whole row). n = 0: a dead row."""
     offs0 = tl.arange(0, BLOCK_V)
-    kmax = tl.max(tl.full([BLOCK_V], -_INT32_BIG, tl.int64), axis=0)
-    kmin = -kmax
-    for t in range(0, tl.cdiv(n, BLOCK_V)):
-        offs = t * BLOCK_V + offs0
-        key = _keys(tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32), SHIFT)
-        kmax = tl.maximum(kmax, tl.max(tl.where(offs < n, key, -_INT32_BIG), axis=0))
-        kmin = tl.minimum(kmin, tl.min(tl.where(offs < n, key, _INT32_BIG), axis=0))
+    kmin, kmax = _key_range(src_ptr, n, SHIFT, BLOCK_V)
     x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
     tau = tl.zeros_like(inv_t) + _NEG_INF
     ok = n >= 0
@@ -275,14 +284,7 @@ def _filter_weigh_kernel(
 @triton.jit
 def _kth_key(ptr, N, k, x_max, inv_t, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, NP: tl.constexpr):
     """The largest key v with at least k of the N values at ptr at or above it; 0 < k < N."""
-    offs0 = tl.arange(0, BLOCK_V)
-    lo = tl.zeros_like(k) + _INT32_BIG
-    hi = -lo
-    for t in range(0, tl.cdiv(N, BLOCK_V)):
-        offs = t * BLOCK_V + offs0
-        key = _keys(tl.load(ptr + offs, mask=offs < N, other=float("-inf")).to(tl.float32), SHIFT)
-        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_BIG), axis=0))
-        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_BIG), axis=0))
+    lo, hi = _key_range(ptr, N, SHIFT, BLOCK_V)
     return _select(ptr, N, lo, hi, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
 
 
@@ -422,9 +424,9 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
     """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group and supergroup maxima
     [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
     ids [rows', 2 * (cap // GROUP)] int32) with rows' >= rows, one per device, cap, ng, ns and
-    dtype, shared by every call and graph replay: the threshold
-    kernel leaves each row it used as it found it. None inside a capture when it would have to grow
-    (allocating there would tie it to that graph's pool)."""
+    dtype, shared by every call and graph replay: the threshold kernel leaves each row it used as
+    it found it. None inside a capture when it would have to grow (allocating there would tie it
+    to that graph's pool)."""
     ws = _workspaces.get((dev, cap, ng, ns, dtype))
     if ws is None or ws[0].numel() < rows:
         if capturing():
@@ -446,10 +448,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
-    and 3, stats_block_v kernel 1's (one per
-    program); programs: kernel 2's launches aim at about
-    that many; cap: candidates per row (below GROUP: every row reads its whole row in the one exact
-    kernel)."""
+    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
+    that many; cap: candidates per row (below GROUP: every row reads its whole row in the one
+    exact kernel)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device

@@ -10,6 +10,7 @@ import argparse
 from collections import defaultdict
 
 import torch
+from graphrt.kernels.bench import filter_cases
 from graphrt.kernels.rejection import launch_config
 from graphrt.kernels.rejection_filter import thresholds_triton
 from torch.profiler import ProfilerActivity, profile
@@ -41,9 +42,7 @@ def main() -> None:
         temp = torch.ones(b, device="cuda")
         cfg = launch_config(b, k, False)
         configs = [(8192, cfg.filter_warps, cfg.filter_block_v)] + [tuple(map(int, c.split(","))) for c in args.config]
-        for name, top_k, top_p in (("topk50_topp0.9", 50, 0.9), ("topk50", 50, None), ("topp0.9", None, 0.9)):
-            fk = None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device="cuda")
-            fp = None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device="cuda")
+        for name, fk, fp in filter_cases(b):
             for sbv, warps, bv in configs:
                 t = kernel_times((logits, temp, fk, fp, None), dict(block_v=bv, num_warps=warps, pdl=0,
                                                                     cap=cfg.filter_cap, stats_block_v=sbv))

@@ -169,7 +169,7 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
                                 stats_block_v=stats_block_v)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), \
             f"seed {seed} {kinds}: {got} vs {ref}"
-        seen.update(_candidates(x, temps, f, cap, min(SUPER, min(stats_block_v, 128) // GROUP)))
+        seen.update(_candidates(x, temps, f, cap, min(SUPER, min(stats_block_v, triton.next_power_of_2(v)) // GROUP)))
     assert {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
     used = [ws for key, ws in _workspaces.items() if key[1:3] == (cap, triton.cdiv(v, GROUP))]
     assert used and all(bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
