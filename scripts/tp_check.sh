@@ -29,7 +29,8 @@ for step in $steps; do
     # one file at a time, each with a deadline inside the call's 10 minutes: a cold Triton cache
     # makes each take minutes, and a hang must not take the other's output with it
     tests)   for f in tests/test_tensor_parallel.py tests/test_vocab_parallel.py; do
-               timeout 290 python3 -m pytest -q -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
+               # -s: the ranks' progress and, past a deadline, their stacks reach the log as they happen
+               timeout 290 python3 -m pytest -q -s -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
              done ;;
     bench)   for tp in 1 "$TP"; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \

@@ -5,6 +5,9 @@ Each check spawns the ranks once (graphrt.parallel.launch.run_ranks, the launche
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 import torch
 
@@ -43,10 +46,13 @@ def _run(target, draft, tp_size, **kw):
 
 def _worker(out_dir, world, target, drafts, kw):
     torch.set_num_threads(1)
+    t0 = time.monotonic()
     rt = Runtime.from_pretrained(target, None, tensor_parallel_size=world, **{**_RT, **kw})
     res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])], "rank": rt.tp.rank,
            "all_reduce": rt.all_reduce_path}
     for kind, path in {"plain": None, **drafts}.items():
+        # progress on stderr: on GPUs each kind compiles and captures for a while
+        print(f"rank {rt.tp.rank} {time.monotonic() - t0:.0f} s: {kind}", file=sys.stderr, flush=True)
         res[kind] = _run(target, path, world, **kw)
     # filters under TP (the sampler gathers the logits): top_k = 1 samples the argmax, and a
     # seeded top_k + top_p request draws the same tokens on every rank
@@ -137,6 +143,17 @@ def test_a_rank_that_fails_to_load_fails_every_rank(tmp_path):
     assert len(messages) == 1
     (message,) = messages
     assert "rank 1 of 2" in message and "missing" in message
+
+
+def _hanging_worker():
+    time.sleep(60)  # a collective that never completes
+    return 0
+
+
+def test_a_hung_rank_prints_its_stack_at_the_timeout(capfd):
+    assert run_ranks(2, _hanging_worker, timeout_s=1.0, start_method="fork") == 124
+    err = capfd.readouterr().err
+    assert err.count("in _hanging_worker") == 2, err  # both ranks, at the line they wait on
 
 
 def test_shard_rule():

@@ -14,7 +14,10 @@ results on the full logits.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import hashlib
+import signal
+import sys
 import time
 
 import pytest
@@ -27,6 +30,7 @@ from graphrt.kernels import vocab_parallel_kernels as vpk
 from graphrt.kernels.argmax import argmax_reference
 from graphrt.kernels.rejection import RejectionOutput, rejection_sample_reference, rejection_sample_triton
 
+from graphrt.parallel.launch import dump_stacks
 from tests import seeds
 from tests.seeds import fresh_seed
 from tests.test_argmax import hard_logits
@@ -307,6 +311,7 @@ def _spawn(fn, world: int, args: tuple, timeout: float, start_method: str = "spa
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
         if time.monotonic() > deadline:
+            dump_stacks(ctx.processes)
             for p in ctx.processes:
                 if p.is_alive():
                     p.terminate()
@@ -368,6 +373,8 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
     """Per rank: the vocab-parallel sampler and argmax on its shard of bf16 logits against the
     single-GPU Triton path on the full logits (same split layout: bit for bit), then both
     captured in one CUDA graph with their collectives, replayed on new inputs, against eager."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # _spawn's timeout asks for the stacks
+    t0 = time.monotonic()
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
@@ -397,6 +404,7 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
                 single = rejection_sample_triton(**args, acceptance_counts=c_1, race_chunk=plan.chunk,
                                                  config=vp.single_gpu_config(plan))
                 what = f"sampler V {v} B {b} K {k} temps {temps}"
+                print(f"rank {rank} {time.monotonic() - t0:.0f} s: {what}", file=sys.stderr, flush=True)
                 check(torch.equal(got.token_ids, single.token_ids), what + " tokens")
                 check(torch.equal(got.num_emitted, single.num_emitted), what + " num_emitted")
                 check(torch.equal(got.logprobs.view(torch.int32), single.logprobs.view(torch.int32)), what + " lp")

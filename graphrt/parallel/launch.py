@@ -4,8 +4,10 @@ forever in a collective that a dead rank will never join."""
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import time
@@ -22,6 +24,8 @@ def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool) -> 
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if quiet and rank:  # rank 0 reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+    # a hung rank prints where every thread waits when the launcher gives up on it (stderr)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     code = fn(*args)
     import torch.distributed as dist
 
@@ -53,11 +57,24 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
             code = failed[0] if failed else 124
             break
         time.sleep(0.05)
+    if code == 124:
+        dump_stacks(procs)
     # a failed rank's peers get a moment to raise the same error themselves (TensorParallel.agree)
+    # (after a timeout every rank is stuck: nothing to wait for)
     for p in procs:
-        p.join(timeout=10 if code else None)
+        p.join(timeout=None if not code else 0 if code == 124 else 10)
     for p in procs:
         if p.is_alive():
             p.terminate()
             p.join()
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
+
+
+def dump_stacks(procs, wait_s: float = 2.0) -> None:
+    """Ask every live rank for its Python stacks (faulthandler on SIGUSR1, set up in each rank
+    before it runs anything), so that a timeout says which collective or compile it was stuck in."""
+    for p in procs:  # one at a time, so that the dumps do not interleave
+        if p.is_alive() and p.pid is not None:
+            os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(wait_s / len(procs))
+
