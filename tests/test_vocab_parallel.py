@@ -14,9 +14,7 @@ results on the full logits.
 from __future__ import annotations
 
 import datetime
-import faulthandler
 import hashlib
-import signal
 import sys
 import time
 
@@ -30,7 +28,7 @@ from graphrt.kernels import vocab_parallel_kernels as vpk
 from graphrt.kernels.argmax import argmax_reference
 from graphrt.kernels.rejection import RejectionOutput, rejection_sample_reference, rejection_sample_triton
 
-from graphrt.parallel.launch import dump_stacks
+from graphrt.parallel.launch import dump_stacks_before, exit_rank
 from tests import seeds
 from tests.seeds import fresh_seed
 from tests.test_argmax import hard_logits
@@ -311,7 +309,6 @@ def _spawn(fn, world: int, args: tuple, timeout: float, start_method: str = "spa
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
         if time.monotonic() > deadline:
-            dump_stacks(ctx.processes)
             for p in ctx.processes:
                 if p.is_alive():
                     p.terminate()
@@ -369,11 +366,11 @@ def test_gloo_wrong_shard_width(gloo_results):
 # --- NCCL on 2 GPUs ---------------------------------------------------------------------------
 
 
-def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int) -> None:
+def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int, deadline: float) -> None:
     """Per rank: the vocab-parallel sampler and argmax on its shard of bf16 logits against the
     single-GPU Triton path on the full logits (same split layout: bit for bit), then both
     captured in one CUDA graph with their collectives, replayed on new inputs, against eager."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # _spawn's timeout asks for the stacks
+    dump_stacks_before(deadline)  # a rank stopped at the deadline says where it waited
     t0 = time.monotonic()
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -458,7 +455,7 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int)
     with open(out_file.format(rank), "w") as f:
         f.write("\n".join(fails))
     dist.barrier()
-    dist.destroy_process_group()
+    exit_rank(0)  # not destroy_process_group: it hangs while the graph above holds the communicator
 
 
 @pytest.mark.gpu
@@ -466,7 +463,8 @@ def test_nccl_two_gpus_match_single_gpu_and_graph_replay(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     seed = fresh_seed()
-    _spawn(_gpu_worker, 2, (str(tmp_path / "init"), str(tmp_path / "fails{}.txt"), seed), timeout=270.0)
+    _spawn(_gpu_worker, 2, (str(tmp_path / "init"), str(tmp_path / "fails{}.txt"), seed, time.time() + 270.0),
+           timeout=270.0)
     for r in range(2):
         fails = (tmp_path / f"fails{r}.txt").read_text()
         assert not fails, f"seed {seed} rank {r}: {fails}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
-import signal
 import socket
 import sys
 import time
@@ -19,23 +18,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool) -> None:
+def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool, deadline: float | None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if quiet and rank:  # rank 0 reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-    # a hung rank prints where every thread waits when the launcher gives up on it (stderr)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    code = fn(*args)
+    if deadline is not None:
+        dump_stacks_before(deadline)
+    exit_rank(fn(*args) or 0)
+
+
+def dump_stacks_before(deadline: float, margin_s: float = 3.0) -> None:
+    """Print every thread's stack (stderr) margin_s before the wall-clock deadline unless the
+    process has ended, so that a rank stopped at a deadline says what it was waiting in. A watchdog
+    thread: a signal handler does not get to run while the rank is blocked inside NCCL or CUDA."""
+    faulthandler.dump_traceback_later(max(1.0, deadline - time.time() - margin_s), exit=False)
+
+
+def exit_rank(code: int = 0):
+    """End this rank's process now. An NCCL group is not destroyed: with CUDA graphs that captured
+    its collectives still alive, destroy_process_group never returns (torch 2.11, NCCL 2.28, 2 x
+    H200), and the process's exit releases the communicator anyway. Not sys.exit: gloo's worker
+    threads can still hold tensors at interpreter teardown, which then aborts the process
+    ("terminate called without an active exception", SIGABRT) now and then."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_initialized() and dist.get_backend() != "nccl":
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Not sys.exit: gloo's worker threads can still hold tensors at interpreter teardown, which then
-    # aborts the process ("terminate called without an active exception", SIGABRT) now and then.
-    os._exit(code or 0)
+    os._exit(code)
 
 
 def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float | None = None,
@@ -46,7 +58,9 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
     needs "spawn") saves each rank its imports."""
     ctx = mp.get_context(start_method)
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet)) for r in range(world_size)]
+    wall_deadline = None if timeout_s is None else time.time() + timeout_s
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet, wall_deadline))
+             for r in range(world_size)]
     for p in procs:
         p.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -57,8 +71,6 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
             code = failed[0] if failed else 124
             break
         time.sleep(0.05)
-    if code == 124:
-        dump_stacks(procs)
     # a failed rank's peers get a moment to raise the same error themselves (TensorParallel.agree)
     # (after a timeout every rank is stuck: nothing to wait for)
     for p in procs:
@@ -68,13 +80,4 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
             p.terminate()
             p.join()
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
-
-
-def dump_stacks(procs, wait_s: float = 2.0) -> None:
-    """Ask every live rank for its Python stacks (faulthandler on SIGUSR1, set up in each rank
-    before it runs anything), so that a timeout says which collective or compile it was stuck in."""
-    for p in procs:  # one at a time, so that the dumps do not interleave
-        if p.is_alive() and p.pid is not None:
-            os.kill(p.pid, signal.SIGUSR1)
-            time.sleep(wait_s / len(procs))
 
