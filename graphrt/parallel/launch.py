@@ -23,8 +23,8 @@ def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool, dea
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if quiet and rank:  # rank 0 reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-    if deadline is not None:
-        dump_stacks_before(deadline)
+    if deadline is not None:  # the ranks a moment apart, so that their dumps do not interleave
+        dump_stacks_before(deadline, margin_s=3.0 - 2.0 * rank / world_size)
     exit_rank(fn(*args) or 0)
 
 
