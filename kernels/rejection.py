@@ -56,8 +56,9 @@ class LaunchConfig:
     launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
     row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
     filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
-    passes filters; filter_cap: their candidates per row (past it a row's threshold search reads
-    the whole row; 0: every row's does).
+    passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
+    candidates (filter_block_v stays its whole-row search's); filter_cap: their candidates per row
+    (past it a row's threshold search reads the whole row; 0: every row's does).
     """
 
     block_v: int = 1024
@@ -72,6 +73,7 @@ class LaunchConfig:
     walk_warps: int | None = None
     pdl: int = 0
     filter_block_v: int = 1024
+    filter_cand_block_v: int = 1024
     filter_warps: int = 8
     filter_cap: int = FILTER_CAP
 
@@ -106,8 +108,8 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
 
 def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
     """thresholds_triton's launch keywords, as the sampler launches it on dev."""
-    return dict(block_v=cfg.filter_block_v, num_warps=cfg.filter_warps, cap=cfg.filter_cap,
-                pdl=cfg.pdl if pdl_enabled(dev) else 0)
+    return dict(block_v=cfg.filter_block_v, cand_block_v=cfg.filter_cand_block_v, num_warps=cfg.filter_warps,
+                cap=cfg.filter_cap, pdl=cfg.pdl if pdl_enabled(dev) else 0)
 
 
 def _on_gpu(dev: torch.device) -> bool:
@@ -212,18 +214,21 @@ def rejection_sample_triton(
     counts = acceptance_counts if acceptance_counts is not None else seed
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
-    tau = None
+    tau, maxima = None, None
     if top_k is not None or top_p is not None or min_p is not None:
-        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev))
+        tau, maxima = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, with_maxima=True,
+                                        **filter_launch(cfg, dev))
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
-                  FILTER=tau is not None)
+                  FILTER=tau is not None, SPAN=maxima[1] if maxima is not None else 0)
     tau_arg = tau if tau is not None else race_f  # a valid pointer when unused
+    # the filters' supergroup maxima: the row pass and the walk's race read only what may be kept
+    smax, ns = (maxima[0], maxima[0].shape[1]) if maxima is not None else (race_f, 0)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
-        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg,
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg, smax,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
-        r, v, splits, tiles_per_split, 0, v,
+        r, v, splits, tiles_per_split, ns, 0, v,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
         num_warps=cfg.num_warps, enable_fp_fusion=False, **common, **launch,
     )
@@ -231,8 +236,8 @@ def rejection_sample_triton(
                                     else 1 if r * splits <= 256 else 4)
     _walk_kernel[(b,)](
         target_logits, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
-        race_i, race_f, tau_arg, target_logits.stride(0), target_logits.stride(1), *ids_strides,
-        r, v, splits,
+        race_i, race_f, tau_arg, smax, target_logits.stride(0), target_logits.stride(1), *ids_strides,
+        r, v, splits, ns,
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
         RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, num_warps=walk_warps, enable_fp_fusion=False,

@@ -381,7 +381,8 @@ def _threshold_kernel(
     stride_lb, stride_lj, R, V, NG, NS, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # the whole-row search's tile
+    CAND_BLOCK_V: tl.constexpr,  # the tile over the maxima and the candidates (at most CAP entries)
     GROUP: tl.constexpr,
     SUPER: tl.constexpr,
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
@@ -400,13 +401,13 @@ def _threshold_kernel(
             n = tl.zeros_like(NG)
             if x_max > _NEG_INF:  # a dead row has no candidates
                 key_bar, z_bar = _group_bar(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, k, use_k, top_p, min_p,
-                                            inv_t, x_max, hist_ptr + row * 64, mass, SHIFT, BLOCK_V, NP)
+                                            inv_t, x_max, hist_ptr + row * 64, mass, SHIFT, CAND_BLOCK_V, NP)
                 n = _group_candidates(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, row_ptr, V,
                                       cand_ptr + row * CAP, ids_ptr + row * 2 * (CAP // GROUP), CAP, key_bar, z_bar,
-                                      inv_t, x_max, SHIFT, BLOCK_V, GROUP, SUPER)
+                                      inv_t, x_max, SHIFT, CAND_BLOCK_V, GROUP, SUPER)
             if n <= CAP:
                 tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, mass, True, SHIFT,
-                                     BLOCK_V, NP)
+                                     CAND_BLOCK_V, NP)
             tl.store(kmax_ptr + row, -_INT32_BIG)
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
@@ -444,18 +445,24 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
 
 
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
-                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024) -> torch.Tensor:
+                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
+                      cand_block_v: int | None = None, with_maxima: bool = False):
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
     and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
     that many; cap: candidates per row (below GROUP: every row reads its whole row in the one
-    exact kernel)."""
+    exact kernel); cand_block_v: kernel 3's tile over the maxima and the candidates (block_v by
+    default; block_v stays the tile of its whole-row search). with_maxima: returns (tau, maxima),
+    maxima = (smax [rows', NS] in the logits' dtype, span): kernel 1's max of each span-entry
+    supergroup of every row that filters (NaN left out; valid until the next call), which lets the
+    sampler skip the supergroups under tau; None when kernel 1 did not run."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
     # no tile wider than the row
-    block_v, stats_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v))) for bv in (block_v, stats_block_v))
+    block_v, stats_block_v, cand_block_v = (min(bv, max(GROUP, triton.next_power_of_2(v)))
+                                            for bv in (block_v, stats_block_v, cand_block_v or block_v))
     ng = triton.cdiv(v, GROUP)
     sup = min(SUPER, stats_block_v // GROUP)  # kernel 1's tiles hold whole supergroups
     ns = triton.cdiv(ng, sup)
@@ -483,5 +490,8 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         kmax = mass = hist = gmax = smax = cand = ids = tau  # valid pointers, unused
     _threshold_kernel[(rows,)](
         target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids, *strides, ng, ns, cap,
-        CAND=ws is not None, BLOCK_V=block_v, GROUP=GROUP, SUPER=sup, **flags, **launch)
+        CAND=ws is not None, BLOCK_V=block_v, CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags,
+        **launch)
+    if with_maxima:
+        return tau, ((smax, sup * GROUP) if ws is not None else None)
     return tau
