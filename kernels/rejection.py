@@ -97,7 +97,9 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - The filters' kernels (filters only) on 4096-entry tiles and 8 warps up to 8 rows, 2048 beyond:
       1024-entry tiles on 4 warps made the threshold kernel faster alone but the filtered sampler
       slower in the graph benchmark at B = 1 and 64 (top_k 50 + top_p 0.9), and the whole-row
-      fallback several times slower.
+      fallback several times slower. The threshold kernel's pass over the maxima and the
+      candidates (at most filter_cap entries, usually a few hundred) takes 1024-entry tiles: with
+      the whole-row tile it spent its time on masked lanes.
     """
     rows = batch * (k + 1)
     prune = batch >= 128
@@ -214,21 +216,18 @@ def rejection_sample_triton(
     counts = acceptance_counts if acceptance_counts is not None else seed
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
-    tau, maxima = None, None
+    tau = None
     if top_k is not None or top_p is not None or min_p is not None:
-        tau, maxima = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, with_maxima=True,
-                                        **filter_launch(cfg, dev))
+        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev))
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
-                  FILTER=tau is not None, SPAN=maxima[1] if maxima is not None else 0)
+                  FILTER=tau is not None)
     tau_arg = tau if tau is not None else race_f  # a valid pointer when unused
-    # the filters' supergroup maxima: the row pass and the walk's race read only what may be kept
-    smax, ns = (maxima[0], maxima[0].shape[1]) if maxima is not None else (race_f, 0)
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
-        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg, smax,
+        target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg,
         target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
-        r, v, splits, tiles_per_split, ns, 0, v,
+        r, v, splits, tiles_per_split, 0, v,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
         num_warps=cfg.num_warps, enable_fp_fusion=False, **common, **launch,
     )
@@ -236,8 +235,8 @@ def rejection_sample_triton(
                                     else 1 if r * splits <= 256 else 4)
     _walk_kernel[(b,)](
         target_logits, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
-        race_i, race_f, tau_arg, smax, target_logits.stride(0), target_logits.stride(1), *ids_strides,
-        r, v, splits, ns,
+        race_i, race_f, tau_arg, target_logits.stride(0), target_logits.stride(1), *ids_strides,
+        r, v, splits,
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
         RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, num_warps=walk_warps, enable_fp_fusion=False,

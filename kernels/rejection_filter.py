@@ -446,17 +446,14 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
 
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
                       pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
-                      cand_block_v: int | None = None, with_maxima: bool = False):
+                      cand_block_v: int | None = None) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
     and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
     that many; cap: candidates per row (below GROUP: every row reads its whole row in the one
     exact kernel); cand_block_v: kernel 3's tile over the maxima and the candidates (block_v by
-    default; block_v stays the tile of its whole-row search). with_maxima: returns (tau, maxima),
-    maxima = (smax [rows', NS] in the logits' dtype, span): kernel 1's max of each span-entry
-    supergroup of every row that filters (NaN left out; valid until the next call), which lets the
-    sampler skip the supergroups under tau; None when kernel 1 did not run."""
+    default; block_v stays the tile of its whole-row search)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
@@ -492,6 +489,4 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids, *strides, ng, ns, cap,
         CAND=ws is not None, BLOCK_V=block_v, CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags,
         **launch)
-    if with_maxima:
-        return tau, ((smax, sup * GROUP) if ws is not None else None)
     return tau

@@ -94,19 +94,6 @@ def _keep(raw, tau, FILTER: tl.constexpr):
 
 
 @triton.jit
-def _live_lanes(smax_row, base, toffs, tau, V, SPAN: tl.constexpr):
-    """[lanes, 1]: whether a lane of the tile at entry base (toffs: _tile_offsets) may hold an
-    entry the filters keep: its SPAN-entry supergroup's max (smax_row: the filters' kernel 1's
-    maxima, NaN left out) is not under tau. A supergroup under tau is all -inf after _keep, NaN
-    entries too, so its entries need not be read: loads masked by this give the same tile as
-    _keep on the whole one. Every lane is live on a row that filters nothing (tau = -inf)."""
-    lane = base + tl.min(toffs, axis=1)
-    lim = tl.where(tau > _NEG_INF, V, 0)  # no maxima read on a row that filters nothing
-    m = tl.load(smax_row + lane // SPAN, mask=lane < lim, other=float("inf")).to(tl.float32)
-    return (~(m < tau))[:, None]
-
-
-@triton.jit
 def _stats_step(raw, t, best, bt, s, sx, c, xo, toffs, XSUM: tl.constexpr):
     """One [lanes, VEC] tile of the raw-domain online stats: one rescale per lane, one exp2 per entry.
 
@@ -231,9 +218,8 @@ def _row_stats_kernel(
     fstat_ptr,  # [_NUM_FPLANES, B*(K+1), SPLITS] fp32 stat planes
     istat_ptr,  # [2, B*(K+1), SPLITS] int32: raw argmax, race winner
     tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
-    smax_ptr,  # [B*(K+1), NS] logits' dtype: the filters' supergroup maxima (SPAN > 0 only)
     stride_lb, stride_lj, stride_qb, stride_qj, stride_db, stride_dk,
-    R, V, SPLITS, TILES_PER_SPLIT, NS,
+    R, V, SPLITS, TILES_PER_SPLIT,
     VOFF, V_ALL,  # SHARDED only: global id of this shard's entry 0, the full vocabulary's size
     HAS_ND: tl.constexpr,
     FULL_Q: tl.constexpr,
@@ -245,7 +231,6 @@ def _row_stats_kernel(
     PDL: tl.constexpr = 0,
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
     FILTER: tl.constexpr = False,  # top_k / top_p / min_p: entries under tau are -inf
-    SPAN: tl.constexpr = 0,  # FILTER: entries per supergroup of smax; 0: read every entry
     SHARDED: tl.constexpr = False,  # vocab parallel (kernels/vocab_parallel.py), below
 ):
     """SHARDED: logits_ptr holds the V entries [VOFF, VOFF + V) of a V_ALL-entry row (one rank's
@@ -308,37 +293,22 @@ def _row_stats_kernel(
     race_idx = tl.full([BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
     race_x = tl.full([BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
     best_run = tl.max(tl.max(race_best, axis=1), axis=0)
-    SKIP: tl.constexpr = FILTER and SPAN > 0
-    smax_row = smax_ptr + row * NS
     # Whole tiles, two loads in flight before either is used.
     for t in range(0, n_full - 1, 2):
         offs_a = chunk_start + t * BLOCK_V + toffs
-        if SKIP:  # only the supergroups that may keep an entry are read
-            la = _live_lanes(smax_row, chunk_start + t * BLOCK_V, toffs, tau, V, SPAN)
-            lb = _live_lanes(smax_row, chunk_start + (t + 1) * BLOCK_V, toffs, tau, V, SPAN)
-            ra = _keep(tl.load(row_ptr + offs_a, mask=la, other=float("-inf")).to(tl.float32), tau, FILTER)
-            rb = _keep(tl.load(row_ptr + offs_a + BLOCK_V, mask=lb, other=float("-inf")).to(tl.float32), tau,
-                       FILTER)
-            run_a = tl.max(tl.max(la.to(tl.int32), axis=1), axis=0) > 0
-            run_b = tl.max(tl.max(lb.to(tl.int32), axis=1), axis=0) > 0
-        else:
-            ra = _keep(tl.load(row_ptr + offs_a).to(tl.float32), tau, FILTER)
-            rb = _keep(tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32), tau, FILTER)
-            run_a = True
-            run_b = True
+        ra = _keep(tl.load(row_ptr + offs_a).to(tl.float32), tau, FILTER)
+        rb = _keep(tl.load(row_ptr + offs_a + BLOCK_V).to(tl.float32), tau, FILTER)
         xo = excl - chunk_start - t * BLOCK_V
         best, bt, s, sx = _stats_step(ra, t, best, bt, s, sx, c, xo, toffs, XSUM)
         best, bt, s, sx = _stats_step(rb, t + 1, best, bt, s, sx, c, xo - BLOCK_V, toffs, XSUM)
         if FUSE_RACE:
-            if ~greedy:  # a tile with no live lane has no key above -inf: no race
-                if run_a:
-                    race_best, race_idx, race_x, best_run = _race_tile(
-                        ra, offs_a + voff, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
-                        PRUNE, FAST)
-                if run_b:
-                    race_best, race_idx, race_x, best_run = _race_tile(
-                        rb, offs_a + BLOCK_V + voff, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
-                        race_x, best_run, PRUNE, FAST)
+            if ~greedy:
+                race_best, race_idx, race_x, best_run = _race_tile(
+                    ra, offs_a + voff, offs_a != excl, inv_t, rkey, race_best, race_idx, race_x, best_run,
+                    PRUNE, FAST)
+                race_best, race_idx, race_x, best_run = _race_tile(
+                    rb, offs_a + BLOCK_V + voff, offs_a + BLOCK_V != excl, inv_t, rkey, race_best, race_idx,
+                    race_x, best_run, PRUNE, FAST)
         if FULL_Q:
             if need_q:
                 ya = tl.load(q_ptr + offs_a).to(tl.float32)
@@ -349,10 +319,7 @@ def _row_stats_kernel(
     for t in range(n_full - (n_full % 2), n_tiles):
         offs = chunk_start + t * BLOCK_V + toffs
         inb = offs < V
-        ld = inb
-        if SKIP:
-            ld = inb & _live_lanes(smax_row, chunk_start + t * BLOCK_V, toffs, tau, V, SPAN)
-        raw = _keep(tl.load(row_ptr + offs, mask=ld, other=float("-inf")).to(tl.float32), tau, FILTER)
+        raw = _keep(tl.load(row_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32), tau, FILTER)
         best, bt, s, sx = _stats_step(raw, t, best, bt, s, sx, c, excl - chunk_start - t * BLOCK_V,
                                       toffs, XSUM)
         if FUSE_RACE:
@@ -438,30 +405,21 @@ def _chunk_winner(rk, ri, rx, cw, NC_POW2: tl.constexpr, SPC: tl.constexpr):
 
 
 @triton.jit
-def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, tau, V, smax_row, CHUNK: tl.constexpr,
-                        RACE_BLOCK_V: tl.constexpr, VEC: tl.constexpr, PRUNE: tl.constexpr, FAST: tl.constexpr,
-                        FILTER: tl.constexpr, SPAN: tl.constexpr):
-    """Second level otherwise: race chunk cw's CHUNK entries of the row, excl left out (SPAN: as
-    the row pass, reading only the supergroups the filters may keep).
+def _race_chunk_entries(row_ptr, cw, rkey, inv_t, excl, tau, V, CHUNK: tl.constexpr, RACE_BLOCK_V: tl.constexpr,
+                        VEC: tl.constexpr, PRUNE: tl.constexpr, FAST: tl.constexpr, FILTER: tl.constexpr):
+    """Second level otherwise: race chunk cw's CHUNK entries of the row, excl left out.
     -> (winner, its x, its key; key -inf if none)"""
-    tile = _tile_offsets(RACE_BLOCK_V, VEC)
-    toffs = cw * CHUNK + tile
+    toffs = cw * CHUNK + _tile_offsets(RACE_BLOCK_V, VEC)
     best = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
     best_i = tl.full([RACE_BLOCK_V // VEC, VEC], _INT32_MAX, tl.int32)
     best_x = tl.full([RACE_BLOCK_V // VEC, VEC], _NEG_INF, tl.float32)
     best_run = tl.max(tl.max(best, axis=1), axis=0)
-    SKIP: tl.constexpr = FILTER and SPAN > 0
-    ld = toffs < V
-    if SKIP:
-        ld = ld & _live_lanes(smax_row, cw * CHUNK, tile, tau, V, SPAN)
-    raw = tl.load(row_ptr + toffs, mask=ld, other=float("-inf")).to(tl.float32)
+    raw = tl.load(row_ptr + toffs, mask=toffs < V, other=float("-inf")).to(tl.float32)
     for t in range(CHUNK // RACE_BLOCK_V):  # the next tile's load in flight while one races
         offs = toffs + t * RACE_BLOCK_V
         nxt = offs + RACE_BLOCK_V
-        ld = (nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V)
-        if SKIP:
-            ld = ld & _live_lanes(smax_row, cw * CHUNK + (t + 1) * RACE_BLOCK_V, tile, tau, V, SPAN)
-        raw_next = tl.load(row_ptr + nxt, mask=ld, other=float("-inf")).to(tl.float32)
+        raw_next = tl.load(row_ptr + nxt, mask=(nxt < V) & (t + 1 < CHUNK // RACE_BLOCK_V),
+                           other=float("-inf")).to(tl.float32)
         best, best_i, best_x, best_run = _race_tile(
             _keep(raw, tau, FILTER), offs, (offs < V) & (offs != excl), inv_t, rkey, best, best_i, best_x,
             best_run, PRUNE, FAST)
@@ -487,9 +445,8 @@ def _walk_kernel(
     race_i_ptr,  # [B, 3] int32 out (full q): race row (-1: none), residual?, argmax
     race_f_ptr,  # [B, 3] fp32 out: lse of p and of q on the race row, x at its argmax
     tau_ptr,  # [B*(K+1)] fp32: the filters' thresholds (FILTER only)
-    smax_ptr,  # [B*(K+1), NS]: the filters' supergroup maxima (SPAN > 0 only)
     stride_lb, stride_lj, stride_db, stride_dk,
-    R, V, SPLITS, NS,
+    R, V, SPLITS,
     HAS_ND: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     FULL_Q: tl.constexpr,
@@ -505,7 +462,6 @@ def _walk_kernel(
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
     FILTER: tl.constexpr = False,
-    SPAN: tl.constexpr = 0,
 ):
     """Request b = program id: merge its rows' splits, walk its drafts, write its results.
 
@@ -599,8 +555,7 @@ def _walk_kernel(
                     tau_n = tl.load(tau_ptr + b * R + n_acc)
                 win, x_win, kmax = _race_chunk_entries(
                     logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
-                    excl, tau_n, V, smax_ptr + (b * R + n_acc) * NS, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST,
-                    FILTER, SPAN)
+                    excl, tau_n, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST, FILTER)
             raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)

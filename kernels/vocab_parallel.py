@@ -266,9 +266,9 @@ def shard_stats(shard: torch.Tensor, drafts: torch.Tensor, temperature: torch.Te
     nd = num_draft_tokens if num_draft_tokens is not None else seed
     # Grid: every split of a full shard, so the last rank's splits past V store identity stats.
     _row_stats_kernel[(b * r, plan.sps)](
-        logits, logits, ids, temperature, seed, position, nd, fstat, istat, fstat, fstat,
+        logits, logits, ids, temperature, seed, position, nd, fstat, istat, fstat,
         logits.stride(0), logits.stride(1), 0, 0, *ids_strides,
-        r, vl, plan.sps, plan.tiles_per_split, 0, plan.start, plan.vocab,
+        r, vl, plan.sps, plan.tiles_per_split, plan.start, plan.vocab,
         HAS_ND=num_draft_tokens is not None, FULL_Q=False, FUSE_RACE=True, BLOCK_V=plan.block_v, VEC=vec,
         PRUNE=cfg.prune, FAST=_on_gpu(dev), PDL=pdl, XSUM=True, FILTER=False, SHARDED=True,
         num_warps=cfg.num_warps, enable_fp_fusion=False, **pdl_launch(bool(pdl)),
@@ -309,7 +309,7 @@ def finish(gathered: torch.Tensor, drafts: torch.Tensor, temperature: torch.Tens
     walk_warps = cfg.walk_warps or (1 if r * plan.splits <= 256 else 4)
     _walk_kernel[(b,)](
         fstat, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
-        race_i, fstat, fstat, fstat, 0, 0, *ids_strides, r, plan.vocab, plan.splits, 0,
+        race_i, fstat, fstat, 0, 0, *ids_strides, r, plan.vocab, plan.splits,
         HAS_ND=num_draft_tokens is not None, HAS_COUNTS=acceptance_counts is not None, FULL_Q=False,
         FUSE_RACE=True, R_POW2=triton.next_power_of_2(r), SPLITS_POW2=nc_pow2 * plan.spc, CHUNK=plan.chunk,
         SPC=plan.spc, NC_POW2=nc_pow2, RACE_BLOCK_V=race_block_v, VEC=vec, PRUNE=cfg.prune,
