@@ -4,9 +4,10 @@
 #   bash scripts/tp_check.sh [step ...]
 # Steps: tests (NCCL + graphs against one GPU), bench (llama-8b-shape, TP = 1 then TP = N in the same
 # call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), ab (TP = N plain decode with the
-# one-shot symmetric-memory all-reduce against NCCL's), b70 (llama-70b-shape's first 10 layers, as
-# bench), profile (kernel time per phase by family, communication included, at TP = N), sampler
-# (vocab-parallel sampler and argmax against all-gather + the one-GPU kernels). Default: all.
+# one-shot symmetric-memory all-reduce against NCCL's), b70 (llama-70b-shape's first 10 layers: plain
+# and EAGLE-3 at simulated L = 3), profile (kernel time per phase by family, communication included,
+# at TP = N), sampler (vocab-parallel sampler and argmax against all-gather + the one-GPU kernels).
+# Default: all.
 # TP=N sets the ranks (default: every GPU, at most 4).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -40,11 +41,12 @@ for step in $steps; do
                GRAPHRT_ALLREDUCE=$ar python3 -m graphrt bench --preset llama-8b-shape --no-draft --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$TP" 2>&1 | grep '^plain-graphs ' | sed "s/^/allreduce=$ar /" | log
              done ;;
-    b70)     for tp in 1 "$TP"; do
-               python3 -m graphrt bench --preset llama-70b-shape --layers 10 --sweep-accept --sweep-k 3 \
-                 --batch-sizes 1,8,64 --max-new-tokens 32 --tp "$tp" --json "$OUT/b70_tp$tp.json" 2>&1 \
-                 | grep -v '^bench' | log | tail -30
-             done ;;
+    # plain, then EAGLE-3 at simulated L = 3 (a whole sweep of 70B-shape layers does not fit one call)
+    b70)     for tp in 1 "$TP"; do for d in --no-draft "--draft-kind eagle3 --accept-len 3"; do
+               python3 -m graphrt bench --preset llama-70b-shape --layers 10 $d --batch-sizes 1,8,64 \
+                 --max-new-tokens 32 --tp "$tp" --json "$OUT/b70_tp${tp}_$(echo $d | tr -dc a-z0-9).json" 2>&1 \
+                 | grep -v '^bench' | log | tail -12
+             done; done ;;
     profile) for d in --no-draft "--draft-kind eagle3"; do
                python3 -m graphrt profile --preset llama-8b-shape $d --batch-sizes 1,8,64 --tp "$TP" \
                  --json "$OUT/profile_tp${TP}_$(echo $d | tr -dc a-z0-9).json" 2>&1 | log | tail -60
