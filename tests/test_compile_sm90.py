@@ -118,10 +118,11 @@ CASES = {
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=1024, GROUP=16, SUPER=16, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold-whole-rows": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=1024, GROUP=16, SUPER=16, CAND=False, PDL=0),
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=1024, CAND_BLOCK_V=1024, GROUP=16, SUPER=16,
+        CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,

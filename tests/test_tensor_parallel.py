@@ -152,7 +152,7 @@ def _hanging_worker():
 
 
 def test_a_hung_rank_prints_its_stack_at_the_timeout(capfd):
-    assert run_ranks(2, _hanging_worker, timeout_s=6.0, start_method="fork") == 124
+    assert run_ranks(2, _hanging_worker, timeout_s=4.0, start_method="fork") == 124
     err = capfd.readouterr().err
     assert err.count("in _hanging_worker") == 2, err  # both ranks, at the line they wait on
 
