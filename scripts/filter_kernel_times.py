@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import torch
 from graphrt.kernels.bench import filter_cases
-from graphrt.kernels.rejection import launch_config
+from graphrt.kernels.rejection import filter_launch, launch_config
 from graphrt.kernels.rejection_filter import thresholds_triton
 from torch.profiler import ProfilerActivity, profile
 
@@ -44,8 +44,8 @@ def main() -> None:
         configs = [(8192, cfg.filter_warps, cfg.filter_block_v)] + [tuple(map(int, c.split(","))) for c in args.config]
         for name, fk, fp in filter_cases(b):
             for sbv, warps, bv in configs:
-                t = kernel_times((logits, temp, fk, fp, None), dict(block_v=bv, num_warps=warps, pdl=0,
-                                                                    cap=cfg.filter_cap, stats_block_v=sbv))
+                kw = dict(filter_launch(cfg, logits.device), block_v=bv, num_warps=warps, pdl=0, stats_block_v=sbv)
+                t = kernel_times((logits, temp, fk, fp, None), kw)
                 cols = " ".join(f"{n.strip('_').removesuffix('_kernel')}={us:.1f}" for n, us in sorted(t.items()))
                 print(f"B={b:<4d}{name:16s}kernel 1 tile {sbv}, {warps} warps, tile {bv}: {cols} (us)", flush=True)
 

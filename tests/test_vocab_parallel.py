@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from graphrt.kernels import argmax, rejection_sample
 from graphrt.kernels import vocab_parallel as vp
 from graphrt.kernels import vocab_parallel_kernels as vpk
 from graphrt.kernels.argmax import argmax_reference
 from graphrt.kernels.rejection import RejectionOutput, rejection_sample_reference, rejection_sample_triton
 
-from graphrt.parallel.launch import dump_stacks_before, exit_rank
+from graphrt.parallel.launch import run_ranks
 from tests import seeds
 from tests.seeds import fresh_seed
 from tests.test_argmax import hard_logits
@@ -261,10 +261,11 @@ def _gloo_cases(world: int, seed: int) -> dict:
     return cases
 
 
-def _gloo_worker(rank: int, world: int, init_file: str, cases_file: str, out_file: str) -> None:
+def _gloo_worker(world: int, cases_file: str, out_file: str) -> None:
+    """A rank of run_ranks (its environment names the rank and the rendezvous)."""
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     group = dist.group.WORLD
     results = {}
     for name, case in torch.load(cases_file).items():
@@ -298,21 +299,13 @@ def _gloo_worker(rank: int, world: int, init_file: str, cases_file: str, out_fil
         results["wrong width"] = str(exc)
     torch.save(results, out_file.format(rank))
     dist.barrier()
-    dist.destroy_process_group()
 
 
-def _spawn(fn, world: int, args: tuple, timeout: float, start_method: str = "spawn") -> None:
-    """mp.spawn with a deadline: a rank that fails or hangs (a collective another rank never
-    joins) ends the run instead of the test session. start_method "fork" (CPU only: CUDA needs
-    "spawn") skips each child's imports, seconds per process on a small machine."""
-    ctx = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False, start_method=start_method)
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            raise TimeoutError(f"{world} processes did not finish in {timeout} s")
+def _run_ranks(world: int, fn, *args, timeout_s: float, start_method: str) -> None:
+    """graphrt's launcher with a deadline: a rank that fails or hangs (a collective another rank
+    never joins) ends the run instead of the test session, and a hung rank prints its stacks."""
+    code = run_ranks(world, fn, *args, quiet=False, timeout_s=timeout_s, start_method=start_method)
+    assert code == 0, f"{world} ranks: " + ("timed out" if code == 124 else f"a rank exited with {code}")
 
 
 @pytest.fixture(scope="module")
@@ -323,8 +316,8 @@ def gloo_results(tmp_path_factory):
         d = tmp_path_factory.mktemp(f"gloo{world}")
         cases = _gloo_cases(world, seed)
         torch.save(cases, d / "cases.pt")
-        _spawn(_gloo_worker, world, (str(d / "init"), str(d / "cases.pt"), str(d / "out{}.pt")), timeout=120.0,
-               start_method="fork")
+        _run_ranks(world, _gloo_worker, world, str(d / "cases.pt"), str(d / "out{}.pt"), timeout_s=120.0,
+                   start_method="fork")
         outs = [torch.load(d / f"out{r}.pt") for r in range(world)]
         results[world] = (seed, cases, outs)
     return results
@@ -366,15 +359,15 @@ def test_gloo_wrong_shard_width(gloo_results):
 # --- NCCL on 2 GPUs ---------------------------------------------------------------------------
 
 
-def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int, deadline: float) -> None:
+def _gpu_worker(world: int, out_file: str, seed: int) -> None:
     """Per rank: the vocab-parallel sampler and argmax on its shard of bf16 logits against the
     single-GPU Triton path on the full logits (same split layout: bit for bit), then both
     captured in one CUDA graph with their collectives, replayed on new inputs, against eager."""
-    dump_stacks_before(deadline, margin_s=3.0 - rank)  # a rank stopped at the deadline says where it waited
     t0 = time.monotonic()
+    rank = int(os.environ["RANK"])
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+    dist.init_process_group("nccl", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120), device_id=dev)
     group = dist.group.WORLD
     fails = []
@@ -459,7 +452,6 @@ def _gpu_worker(rank: int, world: int, init_file: str, out_file: str, seed: int,
     with open(out_file.format(rank), "w") as f:
         f.write("\n".join(fails))
     dist.barrier()
-    exit_rank(0)  # not destroy_process_group: it hangs while the graph above holds the communicator
 
 
 @pytest.mark.gpu
@@ -467,8 +459,8 @@ def test_nccl_two_gpus_match_single_gpu_and_graph_replay(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     seed = fresh_seed()
-    _spawn(_gpu_worker, 2, (str(tmp_path / "init"), str(tmp_path / "fails{}.txt"), seed, time.time() + 270.0),
-           timeout=270.0)
+    # run_ranks's ranks leave without destroying the NCCL group: it hangs while the graph holds it
+    _run_ranks(2, _gpu_worker, 2, str(tmp_path / "fails{}.txt"), seed, timeout_s=270.0, start_method="spawn")
     for r in range(2):
         fails = (tmp_path / f"fails{r}.txt").read_text()
         assert not fails, f"seed {seed} rank {r}: {fails}"

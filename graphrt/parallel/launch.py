@@ -24,18 +24,18 @@ def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool, dea
     if quiet and rank:  # rank 0 reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
     if deadline is not None:  # the ranks a moment apart, so that their dumps do not interleave
-        dump_stacks_before(deadline, margin_s=3.0 - 2.0 * rank / world_size)
-    exit_rank(fn(*args) or 0)
+        _dump_stacks_before(deadline, margin_s=3.0 - 2.0 * rank / world_size)
+    _exit_rank(fn(*args) or 0)
 
 
-def dump_stacks_before(deadline: float, margin_s: float = 3.0) -> None:
+def _dump_stacks_before(deadline: float, margin_s: float = 3.0) -> None:
     """Print every thread's stack (stderr) margin_s before the wall-clock deadline unless the
     process has ended, so that a rank stopped at a deadline says what it was waiting in. A watchdog
     thread: a signal handler does not get to run while the rank is blocked inside NCCL or CUDA."""
     faulthandler.dump_traceback_later(max(1.0, deadline - time.time() - margin_s), exit=False)
 
 
-def exit_rank(code: int = 0):
+def _exit_rank(code: int = 0):
     """End this rank's process now. An NCCL group is not destroyed: with CUDA graphs that captured
     its collectives still alive, destroy_process_group never returns (torch 2.11, NCCL 2.28, 2 x
     H200), and the process's exit releases the communicator anyway. Not sys.exit: gloo's worker
@@ -58,16 +58,16 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
     needs "spawn") saves each rank its imports."""
     ctx = mp.get_context(start_method)
     port = _free_port()
-    wall_deadline = None if timeout_s is None else time.time() + timeout_s
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet, wall_deadline))
+    # wall clock: the ranks are other processes, and each dumps its stacks just before it
+    deadline = None if timeout_s is None else time.time() + timeout_s
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet, deadline))
              for r in range(world_size)]
     for p in procs:
         p.start()
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     code = 0
     while any(p.is_alive() for p in procs):
         failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-        if failed or (deadline is not None and time.monotonic() > deadline):
+        if failed or (deadline is not None and time.time() > deadline):
             code = failed[0] if failed else 124
             break
         time.sleep(0.05)
@@ -80,4 +80,3 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
             p.terminate()
             p.join()
     return code or next((p.exitcode for p in procs if p.exitcode), 0)
-
