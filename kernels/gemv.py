@@ -12,8 +12,9 @@ Three code paths in one kernel, all deterministic:
     (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers, so more programs
     stay resident and more bytes are in flight; at M = 1 that measured faster on every projection
     swept.
-  - DOT (USE_DOT=True, any M <= 64): x padded to BLOCK_M >= 16 rows and tl.dot on tensor cores;
-    Triton pipelines the loads that feed a dot (num_stages), so no manual unrolling is needed.
+  - DOT (USE_DOT=True, any M <= 64): y^T = w x^T on tensor cores, x padded to BLOCK_M >= 16
+    columns, the weight tile on the product's M side; Triton pipelines the loads that feed a dot
+    (num_stages), so no manual unrolling is needed.
   - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, weights of at most ROWS_MAX_BYTES): each program is
     the M = 1 program of one row of x, the rows of one weight tile adjacent in the grid, so the M
     programs reading a tile run together and all but the first find it in L2. One launch serves a
@@ -316,29 +317,31 @@ def _gemv_kernel(
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
 
     if USE_DOT:
+        # y^T tile [BLOCK_N, BLOCK_M] = w tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]: the weight
+        # rows on the product's M side run on Hopper's warpgroup MMA, which x on that side (16
+        # padded rows) never reached (llama-8b-shape's o and down at 4 rows: 11.8 and 33.4 us
+        # against 15.3 and 41.9 in that order on the H200).
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
         # Padding rows read row 0 (valid memory); their outputs are masked at the store.
-        x_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        xt_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for k in range(k0, k_full, BLOCK_K):
-            w = tl.load(w_ptrs + k)
-            xt = tl.load(x_ptrs + k)
-            acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(tl.load(w_ptrs + k), tl.load(xt_ptrs + k), acc, input_precision=DOT_PRECISION)
         if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
             kmask = (k_full + offs_k) < k_end
             w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
-            xt = tl.load(x_ptrs + k_full, mask=kmask[None, :], other=0.0)
-            acc = tl.dot(xt, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        offs_m2 = offs_m[:, None]
-        mask = (offs_m2 < M) & (offs_n[None, :] < N)
+            xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+        offs_m2 = offs_m[None, :]
+        mask = (offs_m2 < M) & (offs_n[:, None] < N)
         if SPLIT:
-            tl.store(ws_ptr + (split * M + offs_m2).to(tl.int64) * N + offs_n[None, :], acc, mask=mask)
+            tl.store(ws_ptr + (split * M + offs_m2).to(tl.int64) * N + offs_n[:, None], acc, mask=mask)
         else:
             if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[None, :],
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
+            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[:, None],
                      acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
@@ -486,7 +489,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       - 3 <= M <= 16: DOT path (64, 128, 4 warps, 4 stages, split K 4) where K >= N. Where N > K
         (qkv, gate_up, lm_head) cuBLAS is as fast or faster.
       (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
-      it is bound by L1 and ALU, not DRAM.)
+      it is bound by L1 and ALU, not DRAM; so did [BLOCK_M, BLOCK_N] outputs per program with
+      per-thread partial sums, by 1.5-3x on the H200. The DOT path with the norm in its prologue
+      and the SiLU in its epilogue lost to norm + cuBLAS + SiLU by 1.4-1.9x: the normalised x
+      tile breaks the dot's load pipelining.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         cfg = _m1_config(n, k)
