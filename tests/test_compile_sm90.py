@@ -64,8 +64,11 @@ CASES = {
         BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
         FUSED=True, RED_M=2, DOT_PRECISION="tf32", USE_PDL=False), dict(num_warps=4, num_stages=1)),
     "gemv-dot-m16-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=True,
+        BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=True,
         FUSED=True, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
+    "gemv-dot-wide": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
     "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
         BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),
     "argmax-split-fused": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
