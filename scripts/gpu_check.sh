@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b realpair plainab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b realpair plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -31,6 +31,19 @@ pack_sanitize() {
     tar czf sanitize_logs.tgz $(ls -d sanitize_* 2>/dev/null | grep -v '^sanitize_logs.tgz$') 2>/dev/null \
       && rm -rf $(ls -d sanitize_* 2>/dev/null | grep -v '^sanitize_logs.tgz$') )
 }
+ab_runs() {  # ab_runs ROUNDS BENCH_ARGS...: llama-1b-shape then llama-8b-shape, new and old alternating
+  local rounds=$1; shift
+  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite abtmp/old >/dev/null 2>&1
+  # the editable install's import finder and the checkout (cwd) outrank PYTHONPATH: the old runs drop both
+  local old='import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_module("graphrt", run_name="__main__", alter_sys=True)'
+  for p in llama-1b-shape llama-8b-shape; do for r in $(seq "$rounds"); do for v in new old; do
+    if [ $v = old ]; then run=(env PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} GRAPHRT_CACHE=/tmp/gc_old python3 -c "$old")
+    else run=(python3 -m graphrt); fi
+    "${run[@]}" bench --preset $p "$@" 2>&1 | grep -E '^(spec-graphs |plain-graphs |tree:)' | sed "s/^/$p $v /" | log
+  done; done; done
+}
 for step in $steps; do
   echo "=== $step" | log
   case $step in
@@ -46,19 +59,11 @@ for step in $steps; do
                 --png "$OUT/sweep1b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
     sweep8b)  python3 -m graphrt bench --sweep-accept --preset llama-8b-shape --max-new-tokens 64 \
                 --json "$OUT/sweep8b.json" --png "$OUT/sweep8b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
-    # plain decode at B = 1 and 64, this tree against abtmp/old (an older checkout, carried), alternating, each
-    # with its own checkpoint cache: "nothing measured today gets slower", by A/B in one run
-    plainab)  python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite abtmp/old >/dev/null 2>&1
-              # the editable install's import finder and the checkout (cwd) outrank PYTHONPATH: the old runs drop both
-              old='import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_module("graphrt", run_name="__main__", alter_sys=True)'
-              for p in llama-1b-shape llama-8b-shape; do for r in 1 2; do for v in new old; do
-                if [ $v = old ]; then run=(env PYTHONPATH=/tmp/oldsite:${PYTHONPATH:-} GRAPHRT_CACHE=/tmp/gc_old python3 -c "$old")
-                else run=(python3 -m graphrt); fi
-                "${run[@]}" bench --preset $p --no-draft --batch-sizes 1,64 --max-new-tokens 128 2>&1 \
-                  | grep -E '^(plain-graphs |tree:)' | sed "s/^/$p $v /" | log
-              done; done; done ;;
+    # this tree against abtmp/old (an older checkout, carried), alternating, each with its own checkpoint
+    # cache: "nothing measured today gets slower", by A/B in one run. plainab: plain decode at B = 1 and 64;
+    # specab: EAGLE-3 at simulated L = 3 and plain decode, B = 1, 4, 8
+    plainab)  ab_runs 2 --no-draft --batch-sizes 1,64 --max-new-tokens 128 ;;
+    specab)   ab_runs 1 --accept-len 3 --batch-sizes 1,4,8 --max-new-tokens 64 ;;
     # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
     # (`pip install 'graphrt[smollm2]'`, or SMOLLM2 pointing at the .gguf)
     realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --json "$OUT/realpair.json" 2>&1 \
