@@ -240,6 +240,10 @@ def _gloo_cases(world: int, seed: int) -> dict:
                 top = args["target_logits"][:, :k].float().nan_to_num(nan=float("-inf")).argmax(-1)
                 args["draft_token_ids"] = torch.where(keep | (args["draft_token_ids"] >= v),
                                                       args["draft_token_ids"], top)
+                if max(temps) > 0:  # a clear top-1, so that sampled rows accept some drafts whatever the seed
+                    tl = args["target_logits"].clone()
+                    tl[:, :k].scatter_add_(-1, top[..., None], torch.full_like(tl[:, :k, :1], 4.0))
+                    args["target_logits"] = tl
             cases[f"{name} V{v}"] = dict(kind="sampler", v=v, args=args)
     # full q and the filters: the gathered logits through the single-process sampler
     for v, dtype in _GLOO_SIZES[world]:
