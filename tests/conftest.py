@@ -10,6 +10,39 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+def _look_up_interpreter_builtins_once():
+    """Triton's interpreter finds the builtins of triton.language with inspect.getmembers at every
+    call of a jit function, nested helpers included: about a third of this suite's time on the CPU.
+    The set of builtins never changes, so each package's is looked up once and the same wrappers are
+    installed as before. A Triton whose interpreter lacks these internals keeps its own lookup."""
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    needed = (getattr(interpreter, "_patch_builtin", None), getattr(interpreter, "_patch_attr", None),
+              getattr(tl.core, "is_builtin", None))
+    if not all(map(callable, needed)):
+        return
+    found: dict[object, list] = {}
+
+    def patch_builtin(pkg, builder, scope):
+        members = found.get(pkg)
+        if members is None:  # first seen from a top-level launch: nothing patched yet
+            members = found[pkg] = [(n, m) for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        # Inside a nested call the outer call's wrappers are in place, which Triton's own lookup
+        # does not take for builtins: it patches nothing then, and neither does this.
+        if members and getattr(pkg, members[0][0]) is members[0][1]:
+            for name, member in members:
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    interpreter._patch_builtin = patch_builtin
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _look_up_interpreter_builtins_once()
+
+
 def pytest_report_header(config):
     from tests.seeds import BASE
 
