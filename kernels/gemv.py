@@ -291,7 +291,7 @@ def _gemv_kernel(
     RED_M: tl.constexpr = 16,  # BLOCK_M rounded up to a power of 2 (the FMA path's BLOCK_M is M)
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests): no silent tf32
     USE_PDL: tl.constexpr = False,  # a programmatic dependent (kernels/pdl.py), see below
-    GATED: tl.constexpr = False,  # FMA, one row per program, unsplit: w is [2N, K] gate|up, y = silu(x.gate) * x.up
+    GATED: tl.constexpr = False,  # unsplit, one row per program or DOT: w is [2N, K] gate|up, y = silu(x.gate) * x.up
     NORM: tl.constexpr = False,  # FMA, one row per program, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
@@ -327,22 +327,31 @@ def _gemv_kernel(
         # Padding rows read row 0 (valid memory); their outputs are masked at the store.
         xt_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # GATED: the up rows, N below the gate rows
         for k in range(k0, k_full, BLOCK_K):
-            acc = tl.dot(tl.load(w_ptrs + k), tl.load(xt_ptrs + k), acc, input_precision=DOT_PRECISION)
+            xt = tl.load(xt_ptrs + k)
+            acc = tl.dot(tl.load(w_ptrs + k), xt, acc, input_precision=DOT_PRECISION)
+            if GATED:
+                acc_u = tl.dot(tl.load(w_ptrs + N * K + k), xt, acc_u, input_precision=DOT_PRECISION)
         if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
             kmask = (k_full + offs_k) < k_end
-            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
             xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
+            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
             acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+            if GATED:
+                u = tl.load(w_ptrs + N * K + k_full, mask=kmask[None, :], other=0.0)
+                acc_u = tl.dot(u, xt, acc_u, input_precision=DOT_PRECISION)
         offs_m2 = offs_m[None, :]
         mask = (offs_m2 < M) & (offs_n[:, None] < N)
         if SPLIT:
             tl.store(ws_ptr + (split * M + offs_m2).to(tl.int64) * N + offs_n[:, None], acc, mask=mask)
         else:
-            if HAS_BIAS:
+            dt = y_ptr.dtype.element_ty
+            if GATED:  # both products rounded to y's dtype first, as the unfused GEMV stores them
+                acc = silu_mul(acc.to(dt), acc_u.to(dt))
+            elif HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[:, None],
-                     acc.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[:, None], acc.to(dt), mask=mask)
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
         # dead code. GATED: the up rows (N below the gate rows) in the same shape of tile, so each
@@ -557,9 +566,9 @@ def gemv_triton(
     of y is then bit for bit what gemv_triton(x[i:i+1], w) gives. Default: the configuration's,
     unless use_dot or split_k is given.
     gated: w is a fused [2I, K] gate_up matrix and the result is silu(x.gate^T) * (x.up^T), [M, I],
-    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (FMA path, one row per
-    program: M = 1 or per_row; no split, no bias, no out): the gate_up output never goes to memory
-    and the activation needs no launch of its own.
+    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (one row per program:
+    M = 1 or per_row; or the DOT path, half as many weight rows per program; no split, no bias, no
+    out): the gate_up output never goes to memory and the activation needs no launch of its own.
     norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
     (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
@@ -577,9 +586,10 @@ def gemv_triton(
     if per_row and (m < 2 or m > ROWS_MAX_M or use_dot):
         raise ValueError(f"per_row=True takes 2 <= M <= {ROWS_MAX_M} on the FMA path, got M = {m}")
     one_row = m == 1 or per_row  # every program computes one row of y
-    if gated and (not one_row or bias is not None or out is not None or n % 2):
-        raise ValueError("gated=True takes M = 1 (or per_row), an even N (gate rows then up rows), no bias, no out; "
-                         f"got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if gated and (not (one_row or use_dot or (use_dot is None and cfg["use_dot"])) or bias is not None
+                  or out is not None or n % 2):
+        raise ValueError("gated=True takes M = 1, per_row or the DOT path, an even N (gate rows then up rows), no "
+                         f"bias, no out; got x {tuple(x.shape)}, w {tuple(w.shape)}")
     if norm is not None and (norm.x is not x or not one_row or out is not None or not norm.fusable()):
         raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, one per program, norm weight in "
                          f"x's dtype, no out; got x {tuple(x.shape)}")
@@ -607,9 +617,11 @@ def gemv_triton(
     split_k = triton.cdiv(k, k_per_split)  # no empty split
     block_m = max(16, triton.next_power_of_2(m)) if use_dot else 1 if per_row else m
     if gated:
-        if use_dot or split_k > 1:
-            raise ValueError("gated=True needs the unsplit FMA path")
+        if split_k > 1:
+            raise ValueError("gated=True needs an unsplit launch")
         n //= 2  # y's width: one output per (gate row, up row) pair
+        if use_dot and block_n > 16:  # each program reads two tiles: keep the unfused launch's count
+            block_n //= 2
         tiles = triton.cdiv(n, block_n)
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
@@ -683,14 +695,20 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
     Where the dispatcher runs the product one row per program on the unsplit FMA path, one launch with the
     activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
-    its prologue; elsewhere [the norm,] linear, then silu_and_mul, which give the same bits.
+    its prologue; where it runs the unsplit DOT path (3-16 rows), [the norm, then] one launch with
+    the activation in its epilogue; elsewhere [the norm,] linear, then silu_and_mul. Each gives the
+    bits of the last.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
-    if (w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None)
-            and row_fma_config(xt.shape[0], *w_gate_up.shape) is not None):
-        if norm_fusable(x):
-            return gemv_triton(xt, w_gate_up, gated=True, norm=x)
-        return gemv_triton(materialized(x), w_gate_up, gated=True)
+    m = xt.shape[0]
+    if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None):
+        if row_fma_config(m, *w_gate_up.shape) is not None:
+            if norm_fusable(x):
+                return gemv_triton(xt, w_gate_up, gated=True, norm=x)
+            return gemv_triton(materialized(x), w_gate_up, gated=True)
+        cfg = select_config(m, *w_gate_up.shape)
+        if cfg["use_dot"] and cfg.get("split_k") == 1:
+            return gemv_triton(materialized(x), w_gate_up, gated=True)
     return silu_and_mul(linear(materialized(x), w_gate_up))
 
 

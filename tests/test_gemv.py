@@ -131,6 +131,31 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
+# (inter, k, m, block_n, block_k): N tail, K tail, 16 rows
+GATED_DOT_CASES = [(48, 100, 3, 32, 32), (40, 64, 5, 32, 64), (32, 130, 16, 64, 32)]
+
+
+@pytest.mark.parametrize("case", GATED_DOT_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_epilogue_on_the_dot_path_is_the_unfused_pair(case, dtype):
+    """The DOT path (a verify step's gate_up, 3-16 rows): the law of the one-row epilogue, each
+    program reading a gate tile and an up tile of half the unfused tile's rows; the interpreter's
+    exp and bf16 cast as in the test above."""
+    inter, k, m, bn, bk = case
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(m, 2 * inter, k, dtype, gen, bias=False, x_pad=3)
+    kw = dict(use_dot=True, block_n=bn, block_k=bk, split_k=1)
+    fused = gemv_triton(x, w, gated=True, **kw)
+    unfused = silu_and_mul(gemv_triton(x, w, **kw))
+    assert fused.shape == (m, inter) and fused.dtype == dtype
+    err = (fused.float() - unfused.float()).abs()
+    tol = 4 * torch.finfo(dtype).eps * (unfused.float().abs() + 1e-3)
+    assert bool((err <= tol).all()), f"seed={seed} case={case} {dtype}: {err.max()}"
+    ref = silu_and_mul_reference(F.linear(x, w))
+    torch.testing.assert_close(fused, ref, rtol=2e-2, atol=2e-2, msg=lambda m: f"seed={seed}: {m}")
+
+
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("gated", [False, True])
 def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
@@ -162,7 +187,7 @@ def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
         ((torch.zeros(2, 4), torch.zeros(6, 4)), dict(gated=True, per_row=False)),  # M = 2 in one program
         ((torch.zeros(1, 4), torch.zeros(5, 4)), dict(gated=True)),  # odd N
         ((torch.zeros(1, 4), torch.zeros(6, 4), torch.zeros(6)), dict(gated=True)),  # bias
-        ((torch.zeros(1, 4), torch.zeros(6, 4)), dict(gated=True, use_dot=True)),
+        ((torch.zeros(3, 64), torch.zeros(32, 64)), dict(gated=True, use_dot=True, split_k=2, block_k=16)),
         ((torch.zeros(1, 64), torch.zeros(6, 64)), dict(gated=True, split_k=2, block_k=16)),
     ],
 )
@@ -253,16 +278,19 @@ def test_gpu_paths_and_splits(cuda, path, fused):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1000, 300)])
-def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k):
-    """The decode MLP at M = 1 (llama-1b / 8b gate_up, and an odd size): linear_silu_mul's one
-    launch gives the bits of the dispatcher's GEMV then silu_and_mul."""
+def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k, m):
+    """The decode MLP at 1 row (one row per program) and at 4 and 16 (the DOT path where the
+    dispatcher takes it; llama-1b / 8b gate_up, and an odd size): linear_silu_mul gives the bits of
+    the dispatcher's GEMV then silu_and_mul."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    x, w, _ = _case(1, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)
+    x, w, _ = _case(m, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)
     got = linear_silu_mul(x, w)
-    assert torch.equal(got, silu_and_mul(linear(x, w))), f"seed={seed} inter={inter} k={k}"
-    assert torch.equal(got, gemv_triton(x, w, gated=True)), f"seed={seed}"
+    assert torch.equal(got, silu_and_mul(linear(x, w))), f"seed={seed} inter={inter} k={k} m={m}"
+    if m == 1 or select_config(m, 2 * inter, k) is not None:
+        assert torch.equal(got, gemv_triton(x, w, gated=True)), f"seed={seed} m={m}"
 
 
 @pytest.mark.gpu
