@@ -4,7 +4,7 @@ with rotary embedding of q and k and the store of k and v into the paged cache i
     qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
 
 bit for bit on the GPU under the dispatcher's one-row-per-program GEMV configuration (M = 1, or per
-row up to gemv.ROWS_MAX_M tokens): the same weight tiles summed in the same order (kernels/gemv.py's
+row up to gemv_config.ROWS_MAX_M tokens): the same weight tiles summed in the same order (kernels/gemv.py's
 FMA path), the qkv outputs rounded to the model dtype before
 the rotation as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. At batch 1 the
 separate rotary launch (and the qkv round trip through memory) is a fixed cost of every layer;
@@ -161,7 +161,7 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
 def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
     """Same contract as qkv_rotary_store_reference, for N tokens where the GEMV runs one row per
-    program (gemv.row_fma_config: N = 1, or 2 <= N <= gemv.ROWS_MAX_M). One launch; no host sync.
+    program (gemv_config.row_fma_config: N = 1, or 2 <= N <= gemv_config.ROWS_MAX_M). One launch; no host sync.
     norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/norm.norm_stats);
     the result is then the reference's on norm.materialize(), bit for bit, and norm.stream is set."""
     if x.dim() != 2:

@@ -21,7 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 from graphrt.kernels.bench import num_input_sets
-from graphrt.kernels.gemv import _split_for, gemv_triton, linear, select_config
+from graphrt.kernels.gemv import gemv_triton, linear
+from graphrt.kernels.gemv_config import _split_for, select_config
 from graphrt.kernels.timing import time_in_graph
 
 PEAK_GBS = 4300.0  # the read bandwidth the "% of peak" column divides by

@@ -375,7 +375,7 @@ def test_env_switch_sends_everything_to_cublas():
     import subprocess
     import sys
 
-    code = "from graphrt.kernels import gemv; print(gemv.MAX_M)"
+    code = "from graphrt.kernels import gemv_config; print(gemv_config.MAX_M)"
     env = dict(os.environ, GRAPHRT_GEMV="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"

@@ -1,0 +1,124 @@
+"""Which launch of kernels/gemv.py the dispatcher picks for a product shape: the tables the sweeps
+(scripts/gemv_sweep.py) produced, and the switches that send every product to cuBLAS or to Triton.
+Kernel-free, so the launcher and the dispatcher in kernels/gemv.py both read it."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+__all__ = ["select_config", "row_fma_config", "MAX_M", "ALL_M", "ROWS_MAX_M", "ROWS_MAX_BYTES"]
+
+# The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
+# to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
+# GRAPHRT_GEMV=all: every product with M <= MAX_M on Triton, also where cuBLAS measured as fast.
+# For compute-sanitizer's initcheck, which does not see the stores of cuBLAS's sm90 bf16 kernels
+# (nvjet, tensor-memory-accelerator stores; scripts/initcheck_probe.py) and so reports every read of
+# their output: with this switch a bf16 decode cycle has no cuBLAS writer left.
+ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
+# Rows and weight bytes served by the per-row FMA path (one M = 1 program per row and tile): every
+# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates
+# (SmolLM2-135M, every layer projection under 4 MiB: its verify step runs faster than on the
+# classic M = 4 paths, and accepts more, since the verify rows are the decode step's bits).
+ROWS_MAX_M = 4
+ROWS_MAX_BYTES = 4 << 20
+
+
+# Defaults of each path for gemv_triton when called directly; select_config starts from them.
+_FMA_DEFAULT = dict(use_dot=False, reduce_each=True, block_n=2, block_k=2048, num_warps=4, num_stages=1,
+                    programs_per_sm=0)
+_DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=256, num_warps=4, num_stages=4,
+                    programs_per_sm=1)
+# Where N >= 4K (gate_up, LM heads): unsplit; 128-row tiles up to _DOT_WIDE_MAX_ELEMS weights.
+_DOT_WIDE = dict(_DOT_DEFAULT, block_n=128, block_k=128, programs_per_sm=0, split_k=1)
+_DOT_WIDE_MAX_ELEMS = 1 << 27
+# M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
+# tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
+_M1_OVERRIDES: dict[tuple[int, int], dict] = {
+    (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
+}
+# M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
+# above: on the H100 the llama-1b o and down projections run faster without the per-step reduction.
+_M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
+    "H100": {(2048, 2048): dict(reduce_each=False), (2048, 8192): dict(reduce_each=False)},
+}
+
+
+@functools.cache
+def _device_overrides(index: int) -> dict[tuple[int, int], dict]:
+    name = torch.cuda.get_device_name(index)
+    return next((o for key, o in _M1_DEVICE_OVERRIDES.items() if key in name), {})
+
+
+def _current_device_overrides() -> dict[tuple[int, int], dict]:
+    return _device_overrides(torch.cuda.current_device()) if torch.cuda.is_available() else {}
+
+
+def select_config(m: int, n: int, k: int) -> dict | None:
+    """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
+    where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, plus
+    programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
+
+    Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
+    and llama-8b projections, M in 1, 2, 4, 8, 16 (figures: docs/notes/benchmarks-history.md):
+      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
+        or close to it, on all eight projections, all faster than cuBLAS.
+      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
+        qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
+      - 3 <= M <= 16: DOT path. Where K >= N (o, down): (64, 256) tiles, 4 warps, 4 stages, K
+        split to one program per SM (1.1-1.25x faster than cuBLAS). Where N >= 4K (gate_up, LM
+        heads): unsplit (128, 128) tiles, (64, 128) for an LM head (within 1% of cuBLAS at 4 rows
+        on llama-8b-shape's gate_up, 1-4% faster elsewhere). qkv (K < N < 4K) stays on cuBLAS
+        (within 5% either way).
+      (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
+      it is bound by L1 and ALU, not DRAM; so did [BLOCK_M, BLOCK_N] outputs per program with
+      per-thread partial sums, by 1.5-3x on the H200. The DOT path with the norm in its prologue
+      and the SiLU in its epilogue lost to norm + cuBLAS + SiLU by 1.4-1.9x: the normalised x
+      tile breaks the dot's load pipelining.)
+    """
+    if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
+        cfg = _m1_config(n, k)
+        if m > 1:
+            cfg["per_row"] = True
+        return cfg
+    if m > MAX_M:
+        return None
+    if k < n:
+        if m == 2 or n < 4 * k:
+            return dict(_DOT_DEFAULT) if ALL_M else None
+        return dict(_DOT_WIDE) if n * k <= _DOT_WIDE_MAX_ELEMS else dict(_DOT_WIDE, block_n=64)
+    if m == 2:
+        return dict(_FMA_DEFAULT, reduce_each=False, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
+    return dict(_DOT_DEFAULT)
+
+
+def _m1_config(n: int, k: int) -> dict:
+    cfg = dict(_FMA_DEFAULT)
+    cfg.update(_M1_OVERRIDES.get((n, k), {}))
+    cfg.update(_current_device_overrides().get((n, k), {}))
+    cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
+    return cfg
+
+
+def _path_default(use_dot: bool) -> dict:
+    return dict(_DOT_DEFAULT if use_dot else _FMA_DEFAULT)
+
+
+def _split_for(tiles: int, steps: int, programs_per_sm: int, num_sms: int) -> int:
+    # Split K only when the N tiles alone leave SMs short of programs (0: never).
+    target = programs_per_sm * num_sms
+    return 1 if tiles >= target else max(1, min(steps, target // tiles))
+
+
+def row_fma_config(m: int, n: int, k: int) -> dict | None:
+    """select_config(m, n, k) when it runs one row per program on the unsplit FMA path (M = 1, or
+    per row), else None: the configurations an epilogue or prologue fusion can reuse so that its
+    sums are the unfused GEMV's."""
+    cfg = select_config(m, n, k)
+    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0) or (m > 1 and not cfg.get("per_row")):
+        return None
+    return cfg
