@@ -304,10 +304,9 @@ def _gemv_kernel(
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
 
     if USE_DOT:
-        # y^T tile [BLOCK_N, BLOCK_M] = w tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]: the weight
-        # rows on the product's M side run on Hopper's warpgroup MMA, which x on that side (16
-        # padded rows) never reached (llama-8b-shape's o and down at 4 rows: 11.8 and 33.4 us
-        # against 15.3 and 41.9 in that order on the H200).
+        # y^T tile [BLOCK_N, BLOCK_M] = w tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]: with the
+        # weight rows on the product's M side Hopper runs it on warpgroup MMA, which x on that side
+        # (16 padded rows) never reached (RESULTS.md has the 4-row timings).
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)

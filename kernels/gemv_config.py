@@ -70,15 +70,14 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
         qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
       - 3 <= M <= 16: DOT path. Where K >= N (o, down): (64, 256) tiles, 4 warps, 4 stages, K
-        split to one program per SM (1.1-1.25x faster than cuBLAS). Where N >= 4K (gate_up, LM
-        heads): unsplit (128, 128) tiles, (64, 128) for an LM head (within 1% of cuBLAS at 4 rows
-        on llama-8b-shape's gate_up, 1-4% faster elsewhere). qkv (K < N < 4K) stays on cuBLAS
-        (within 5% either way).
+        split to one program per SM, faster than cuBLAS. Where N >= 4K (gate_up, LM heads):
+        unsplit (128, 128) tiles, (64, 128) for an LM head: as fast as cuBLAS or faster, and an
+        unsplit gate_up launch takes the SiLU into its epilogue. qkv (K < N < 4K) stays on cuBLAS
+        (neither measured faster).
       (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
       it is bound by L1 and ALU, not DRAM; so did [BLOCK_M, BLOCK_N] outputs per program with
-      per-thread partial sums, by 1.5-3x on the H200. The DOT path with the norm in its prologue
-      and the SiLU in its epilogue lost to norm + cuBLAS + SiLU by 1.4-1.9x: the normalised x
-      tile breaks the dot's load pipelining.)
+      per-thread partial sums. The DOT path with the norm in its prologue lost to norm + cuBLAS:
+      the normalised x tile breaks the dot's load pipelining. RESULTS.md has the figures.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         cfg = _m1_config(n, k)
