@@ -69,6 +69,9 @@ CASES = {
     "gemv-dot-wide": ("gemv", "_gemv_kernel", _GEMV, dict(
         BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
         FUSED=False, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
+    "gemv-dot-gated": ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True, GATED=True), dict(num_warps=4, num_stages=4)),
     "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
         BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),
     "argmax-split-fused": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
