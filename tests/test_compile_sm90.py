@@ -31,24 +31,29 @@ _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launc
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
 
+
+def _gemv_fma(_stages=1, **constexprs):
+    """A gemv launch: the one-row FMA path's M = 1 configuration with PDL, changed by constexprs."""
+    return ("gemv", "_gemv_kernel", _GEMV, dict(
+        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
+        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True) | constexprs, dict(num_warps=4, num_stages=_stages))
+
+
+def _gemv_dot(_stages=4, **constexprs):
+    """A gemv launch on the DOT path (16 padded rows), changed by constexprs."""
+    return _gemv_fma(_stages, **(dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, RED_M=16)
+                                 | constexprs))
+
+
 # name: (module, kernel, pointer/scalar types that differ from bf16 pointers / i32 scalars, constexprs,
 #        compile options)
 CASES = {
-    "gemv-fma-m1-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=1)),
-    "gemv-fma-m1-gated-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True), dict(num_warps=4, num_stages=1)),
+    "gemv-fma-m1-pdl": _gemv_fma(),
+    "gemv-fma-m1-gated-pdl": _gemv_fma(GATED=True),
     # the RMSNorm prologue (kernels/norm.PendingNorm): PDL with one K tile, no PDL with several
-    "gemv-fma-m1-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True, NORM=True, NORM_RES=True,
-        BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
-    "gemv-fma-m1-norm-tiles": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=False, NORM=True, NORM_RES=False,
-        BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
+    "gemv-fma-m1-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048),
+    "gemv-fma-m1-norm-tiles": _gemv_fma(BLOCK_N=4, BLOCK_K=512, REDUCE_EACH=False, USE_PDL=False, NORM=True,
+                                        NORM_RES=False, BLOCK_H=2048),
     "qkv-rotary-m1-norm-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=2048), dict(num_warps=4, num_stages=1)),
@@ -56,22 +61,12 @@ CASES = {
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
-    "gemv-fma-rows-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=1, BLOCK_N=2, BLOCK_K=2048, USE_DOT=False, REDUCE_EACH=True, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=1, DOT_PRECISION="tf32", USE_PDL=True, GATED=True, NORM=True, NORM_RES=True,
-        BLOCK_H=2048, PER_ROW=True), dict(num_warps=4, num_stages=1)),
-    "gemv-fma-m2-split": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, USE_DOT=False, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
-        FUSED=True, RED_M=2, DOT_PRECISION="tf32", USE_PDL=False), dict(num_warps=4, num_stages=1)),
-    "gemv-dot-m16-pdl": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=True,
-        FUSED=True, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
-    "gemv-dot-wide": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True), dict(num_warps=4, num_stages=4)),
-    "gemv-dot-gated": ("gemv", "_gemv_kernel", _GEMV, dict(
-        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, HAS_BIAS=False, SPLIT=False,
-        FUSED=False, RED_M=16, DOT_PRECISION="tf32", USE_PDL=True, GATED=True), dict(num_warps=4, num_stages=4)),
+    "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
+    "gemv-fma-m2-split": _gemv_fma(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
+                                   FUSED=True, RED_M=2, USE_PDL=False),
+    "gemv-dot-m16-pdl": _gemv_dot(BLOCK_K=256, SPLIT=True, FUSED=True),
+    "gemv-dot-wide": _gemv_dot(BLOCK_N=128),
+    "gemv-dot-gated": _gemv_dot(GATED=True),
     "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
         BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),
     "argmax-split-fused": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
