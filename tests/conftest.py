@@ -22,7 +22,8 @@ def _look_up_interpreter_builtins_once():
 
     needed = (getattr(interpreter, "_patch_builtin", None), getattr(interpreter, "_patch_attr", None),
               getattr(tl.core, "is_builtin", None))
-    if not all(map(callable, needed)):
+    if not all(map(callable, needed)) or [list(inspect.signature(f).parameters) for f in needed[:2]] != [
+            ["pkg", "builder", "scope"], ["obj", "name", "member", "builder", "scope"]]:
         return
     found: dict[object, list] = {}
 
