@@ -486,8 +486,7 @@ def gemv_triton(
     if per_row and (m < 2 or m > ROWS_MAX_M or use_dot):
         raise ValueError(f"per_row=True takes 2 <= M <= {ROWS_MAX_M} on the FMA path, got M = {m}")
     one_row = m == 1 or per_row  # every program computes one row of y
-    if gated and (not (one_row or use_dot or (use_dot is None and cfg["use_dot"])) or bias is not None
-                  or out is not None or n % 2):
+    if gated and (not (one_row or cfg["use_dot"]) or bias is not None or out is not None or n % 2):
         raise ValueError("gated=True takes M = 1, per_row or the DOT path, an even N (gate rows then up rows), no "
                          f"bias, no out; got x {tuple(x.shape)}, w {tuple(w.shape)}")
     if norm is not None and (norm.x is not x or not one_row or out is not None or not norm.fusable()):
@@ -590,14 +589,12 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     bits of the last.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
-    m = xt.shape[0]
     if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None):
-        if row_fma_config(m, *w_gate_up.shape) is not None:
-            if norm_fusable(x):
-                return gemv_triton(xt, w_gate_up, gated=True, norm=x)
-            return gemv_triton(materialized(x), w_gate_up, gated=True)
-        cfg = select_config(m, *w_gate_up.shape)
-        if cfg["use_dot"] and cfg.get("split_k") == 1:
+        cfg = select_config(xt.shape[0], *w_gate_up.shape)
+        one_row = gemv_config.one_row_per_program(cfg, xt.shape[0])
+        if one_row and norm_fusable(x):
+            return gemv_triton(xt, w_gate_up, gated=True, norm=x)
+        if one_row or (cfg["use_dot"] and gemv_config.unsplit(cfg)):
             return gemv_triton(materialized(x), w_gate_up, gated=True)
     return silu_and_mul(linear(materialized(x), w_gate_up))
 

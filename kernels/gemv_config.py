@@ -34,7 +34,7 @@ _FMA_DEFAULT = dict(use_dot=False, reduce_each=True, block_n=2, block_k=2048, nu
 _DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=256, num_warps=4, num_stages=4,
                     programs_per_sm=1)
 # Where N >= 4K (gate_up, LM heads): unsplit; 128-row tiles up to _DOT_WIDE_MAX_ELEMS weights.
-_DOT_WIDE = dict(_DOT_DEFAULT, block_n=128, block_k=128, programs_per_sm=0, split_k=1)
+_DOT_WIDE = dict(_DOT_DEFAULT, block_n=128, block_k=128, programs_per_sm=0)
 _DOT_WIDE_MAX_ELEMS = 1 << 27
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
@@ -113,11 +113,20 @@ def _split_for(tiles: int, steps: int, programs_per_sm: int, num_sms: int) -> in
     return 1 if tiles >= target else max(1, min(steps, target // tiles))
 
 
+def unsplit(cfg: dict) -> bool:
+    """Whether a configuration's launch keeps K whole, so that its epilogue sees the final sums."""
+    return cfg.get("split_k", 1) <= 1 and not cfg.get("programs_per_sm", 0)
+
+
+def one_row_per_program(cfg: dict | None, m: int) -> bool:
+    """Whether cfg (select_config's for m rows) runs one row per program on the unsplit FMA path
+    (M = 1, or per row): the launches a norm prologue can ride on."""
+    return cfg is not None and not cfg["use_dot"] and unsplit(cfg) and (m == 1 or cfg.get("per_row", False))
+
+
 def row_fma_config(m: int, n: int, k: int) -> dict | None:
     """select_config(m, n, k) when it runs one row per program on the unsplit FMA path (M = 1, or
     per row), else None: the configurations an epilogue or prologue fusion can reuse so that its
     sums are the unfused GEMV's."""
     cfg = select_config(m, n, k)
-    if cfg is None or cfg["use_dot"] or cfg.get("programs_per_sm", 0) or (m > 1 and not cfg.get("per_row")):
-        return None
-    return cfg
+    return cfg if one_row_per_program(cfg, m) else None
