@@ -10,7 +10,7 @@ import os
 import torch
 import triton
 
-__all__ = ["select_config", "row_fma_config", "MAX_M", "ALL_M", "ROWS_MAX_M", "ROWS_MAX_BYTES"]
+__all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL_M", "ROWS_MAX_M", "ROWS_MAX_BYTES"]
 
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
 # to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
@@ -87,8 +87,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     if m > MAX_M:
         return None
     if k < n:
-        if m == 2 or n < 4 * k:
+        if m == 2:
             return dict(_DOT_DEFAULT) if ALL_M else None
+        if n < 4 * k:  # qkv: unsplit, so that its launch can take the rotary (kernels/qkv_rotary.py)
+            return dict(_DOT_DEFAULT, programs_per_sm=0)
         return dict(_DOT_WIDE) if n * k <= _DOT_WIDE_MAX_ELEMS else dict(_DOT_WIDE, block_n=64)
     if m == 2:
         return dict(_FMA_DEFAULT, reduce_each=False, block_n=4, block_k=min(1024, triton.next_power_of_2(k)))
@@ -122,6 +124,13 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
     """Whether cfg (select_config's for m rows) runs one row per program on the unsplit FMA path
     (M = 1, or per row): the launches a norm prologue can ride on."""
     return cfg is not None and not cfg["use_dot"] and unsplit(cfg) and (m == 1 or cfg.get("per_row", False))
+
+
+def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
+    """select_config(m, n, k) when it is the unsplit DOT path (3-16 tokens of a qkv projection): the
+    configuration whose launch kernels/qkv_rotary.py extends with the rotary and the KV store."""
+    cfg = select_config(m, n, k)
+    return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 
 
 def row_fma_config(m: int, n: int, k: int) -> dict | None:

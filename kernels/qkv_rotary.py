@@ -12,7 +12,9 @@ with it gone the layer is the GEMV's weight read plus one epilogue.
 
 Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
 pair i is head i // (D/2), dims (i % (D/2), + D/2), so the two halves a rotation mixes are summed by
-the same program; v heads are paired the same way and stored as they come. No per-head q/k norm
+the same program; v heads are paired the same way and stored as they come. At 3-16 tokens, where
+the GEMV runs unsplit on its DOT path, _qkv_rotary_dot_kernel does the same for every token at once
+(its layer's input norm then runs as its own launch). No per-head q/k norm
 (Qwen3): the norm needs a whole head, which no program holds; those models keep the two-launch path
 (qkv_rotary_store decides).
 
@@ -25,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.gemv import _fma_final, _fma_k_loop, linear, materialized, norm_fusable, row_fma_config
+from graphrt.kernels.gemv_config import dot_rotary_config
 from graphrt.kernels.norm import PendingNorm
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
 __all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
@@ -147,23 +150,119 @@ def _qkv_rotary_kernel(
     tl.store(v_dst + HALF, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v)
 
 
+@triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
+def _qkv_rotary_dot_kernel(
+    x_ptr,  # [M, K] model dtype, contiguous
+    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
+    bias_ptr,  # [(Hq + 2 Hkv) * D] (HAS_BIAS only)
+    pos_ptr,  # [M] int64
+    cos_ptr,  # [max_positions, D] fp32, contiguous
+    sin_ptr,  # [max_positions, D] fp32, contiguous
+    q_out_ptr,  # [M, Hq, D] contiguous
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    slot_ptr,  # [M] int64, negative = skip the store
+    M,  # tokens, <= BLOCK_M
+    K,
+    max_positions,
+    num_slots,  # num_blocks * PAGE
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # rotary pairs per program: a 2 * BLOCK_N-row weight tile
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # tokens padded to >= 16
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests)
+):
+    """The 3-16-token form (a verify step at batch 1 to 4): all tokens in one program, the weight
+    tile on the MMA's M side as in kernels/gemv.py's DOT path. The tile interleaves each pair's two
+    rows (j, j + D/2), so one dot yields both halves that the rotation mixes."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
+    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = pair < NUM_PAIRS
+    pair = tl.minimum(pair, NUM_PAIRS - 1)  # past the end: re-read the last pair, never stored
+    head = pair // HALF
+    dim = pair % HALF
+    r1 = head * HEAD_DIM + dim
+    offs_m = tl.arange(0, BLOCK_M)
+    live = offs_m < M
+    tok = tl.where(live, offs_m, 0)  # padding tokens read token 0; nothing of theirs is stored
+    # Positions, slots and table rows are written before the producer of x: loaded before the wait.
+    row = table_row(pos_ptr + tok, max_positions)[None, :] * HEAD_DIM + dim[:, None]  # [BLOCK_N, BLOCK_M]
+    c1 = tl.load(cos_ptr + row)
+    c2 = tl.load(cos_ptr + row + HALF)
+    s1 = tl.load(sin_ptr + row)
+    s2 = tl.load(sin_ptr + row + HALF)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    rows = tl.reshape(tl.join(r1, r1 + HALF), [2 * BLOCK_N])  # r1[0], r1[0] + D/2, r1[1], ...
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
+    xt_ptrs = x_ptr + tok.to(tl.int64)[None, :] * K + offs_k[:, None]
+    if USE_PDL:
+        wait_for_producer()
+    acc = tl.zeros([2 * BLOCK_N, BLOCK_M], tl.float32)
+    k_full = (K // BLOCK_K) * BLOCK_K
+    for k in range(0, k_full, BLOCK_K):
+        acc = tl.dot(tl.load(w_ptrs + k), tl.load(xt_ptrs + k), acc, input_precision=DOT_PRECISION)
+    if k_full < K:
+        kmask = (k_full + offs_k) < K
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
+        xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
+        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+    y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
+    if HAS_BIAS:
+        y1 += tl.load(bias_ptr + r1).to(tl.float32)[:, None]
+        y2 += tl.load(bias_ptr + r1 + HALF).to(tl.float32)[:, None]
+    # Rounded to the model dtype as the unfused GEMV stores qkv; from here kernels/rotary.py's math.
+    dt = q_out_ptr.dtype.element_ty
+    x1 = y1.to(dt)
+    x2 = y2.to(dt)
+    o1, o2 = rotate_half(x1, x2, c1, c2, s1, s2)
+    on = ok[:, None] & live[None, :]
+    is_q = on & (head < NUM_Q_HEADS)[:, None]
+    q_dst = q_out_ptr + tok[None, :] * (NUM_Q_HEADS * HEAD_DIM) + r1[:, None]
+    tl.store(q_dst, o1, mask=is_q)
+    tl.store(q_dst + HALF, o2, mask=is_q)
+    keep = on & slot_ok(slot[None, :], pair[:, None], num_slots)
+    blk = (slot // PAGE)[None, :]
+    off = (slot % PAGE)[None, :]
+    kv_head = (head - NUM_Q_HEADS)[:, None]
+    is_k = keep & (kv_head >= 0) & (kv_head < NUM_KV_HEADS)
+    k_dst = k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kv_head * stride_kc_h + dim[:, None]
+    tl.store(k_dst, o1.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+    tl.store(k_dst + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=is_k)
+    v_head = kv_head - NUM_KV_HEADS
+    is_v = keep & (v_head >= 0)
+    v_dst = v_cache_ptr + blk * stride_vc_b + off * stride_vc_s + v_head * stride_vc_h + dim[:, None]
+    tl.store(v_dst, x1.to(v_cache_ptr.dtype.element_ty), mask=is_v)
+    tl.store(v_dst + HALF, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v)
+
+
 def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
     """Whether the one-launch path applies: CUDA, no q/k norm, bf16/fp16 throughout, contiguous
-    operands, a one-row-per-program FMA configuration for this many tokens."""
+    operands, a one-row-per-program FMA or an unsplit DOT configuration for this many tokens."""
     return (
         x.is_cuda and x.dim() == 2 and not has_qk_norm
         and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
-        and (bias is None or bias.dtype == x.dtype)
-        and x.stride(1) == 1 and w_qkv.is_contiguous() and row_fma_config(x.shape[0], *w_qkv.shape) is not None
+        and (bias is None or bias.dtype == x.dtype) and x.stride(1) == 1 and w_qkv.is_contiguous()
+        and (row_fma_config(x.shape[0], *w_qkv.shape) is not None
+             or (x.is_contiguous() and dot_rotary_config(x.shape[0], *w_qkv.shape) is not None))
     )
 
 
 def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, *,
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
     """Same contract as qkv_rotary_store_reference, for N tokens where the GEMV runs one row per
-    program (gemv_config.row_fma_config: N = 1, or 2 <= N <= gemv_config.ROWS_MAX_M). One launch; no host sync.
-    norm: the PendingNorm whose input x is, applied in the GEMV's prologue (kernels/norm.norm_stats);
-    the result is then the reference's on norm.materialize(), bit for bit, and norm.stream is set."""
+    program (gemv_config.row_fma_config: N = 1, or 2 <= N <= gemv_config.ROWS_MAX_M), or unsplit on
+    the DOT path (gemv_config.dot_rotary_config: 3-16 tokens). One launch; no host sync.
+    norm (one row per program only): the PendingNorm whose input x is, applied in the GEMV's
+    prologue (kernels/norm.norm_stats); the result is then the reference's on norm.materialize(),
+    bit for bit, and norm.stream is set."""
     if x.dim() != 2:
         raise ValueError(f"x must be [N, H], got {tuple(x.shape)}")
     m = x.shape[0]
@@ -176,16 +275,32 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     if norm is not None and (norm.x is not x or not norm.fusable()):
         raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, norm weight in x's dtype")
     cfg = row_fma_config(m, n_out, x.shape[1])
-    if cfg is None or not x.is_contiguous() or not w_qkv.is_contiguous():
+    dot = dot_rotary_config(m, n_out, x.shape[1]) if cfg is None else None
+    if (cfg is None and dot is None) or not x.is_contiguous() or not w_qkv.is_contiguous():
         raise ValueError(f"qkv_rotary_store_triton needs contiguous x and w_qkv and a one-row-per-program FMA "
-                         f"GEMV configuration for {m} tokens")
+                         f"or unsplit DOT GEMV configuration for {m} tokens")
+    if dot is not None and norm is not None:
+        raise ValueError("norm= takes a one-row-per-program configuration; materialize the norm for the DOT path")
     q_out = torch.empty((m, num_q_heads, d), dtype=x.dtype, device=x.device)
     # The rotary kernel's checks; q_out's first Hkv heads stand in for k and v (same dtype, layout).
     kv = q_out[:, :num_kv_heads]
     _check_args(q_out, kv, kv, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
     num_blocks, page = k_cache.shape[:2]
-    block_n = cfg["block_n"]
     pdl = pdl_enabled(x.device)
+    if dot is not None:
+        block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
+        _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
+            x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
+            m, x.shape[1], cos.shape[0], num_blocks * page,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
+            BLOCK_K=dot["block_k"], BLOCK_M=max(16, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
+            USE_PDL=pdl, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=dot["num_warps"], num_stages=dot["num_stages"], **pdl_launch(pdl),
+        )  # fmt: skip
+        return q_out
+    block_n = cfg["block_n"]
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
         x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
@@ -211,7 +326,8 @@ def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     xt = x.x if isinstance(x, PendingNorm) else x
     if fusable(xt, w_qkv, k_cache, has_qk_norm=q_norm is not None, bias=bias):
-        norm = x if norm_fusable(x) else None
+        one_row = row_fma_config(xt.shape[0], *w_qkv.shape) is not None
+        norm = x if one_row and norm_fusable(x) else None
         return qkv_rotary_store_triton(xt if norm is not None else materialized(x), w_qkv, bias, positions, cos,
                                        sin, k_cache, v_cache, slot_mapping, **kw, norm=norm)
     return qkv_rotary_store_reference(materialized(x), w_qkv, bias, positions, cos, sin, k_cache, v_cache,

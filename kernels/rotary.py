@@ -86,10 +86,12 @@ def table_row(pos_ptr, max_positions):
 @triton.jit
 def rotate_half(x1, x2, c1, c2, s1, s2):
     """(out[:D/2], out[D/2:]) of (x * cos + rotate_half(x) * sin).to(x's dtype), fp32 math: shared
-    with kernels/qkv_rotary.py so both round identically."""
+    with kernels/qkv_rotary.py so both round identically. The fused multiply-adds are spelled out:
+    left to the compiler's contraction, which product it fuses differed between kernels (one bf16
+    ulp in rare k-cache entries of the 3-16-token qkv launch against this kernel)."""
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
-    return (f1 * c1 + (-f2) * s1).to(x1.dtype), (f2 * c2 + f1 * s2).to(x1.dtype)
+    return tl.fma(f1, c1, -(f2 * s1)).to(x1.dtype), tl.fma(f2, c2, f1 * s2).to(x1.dtype)
 
 
 @triton.jit

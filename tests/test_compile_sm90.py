@@ -60,6 +60,9 @@ CASES = {
     "qkv-rotary-m1-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"), dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
         HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),
+    "qkv-rotary-dot-pdl": ("qkv_rotary", "_qkv_rotary_dot_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"),
+                           dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=32, BLOCK_K=256,
+                                BLOCK_M=16, HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=4)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
     "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
     "gemv-fma-m2-split": _gemv_fma(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,

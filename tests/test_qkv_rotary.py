@@ -87,7 +87,7 @@ def test_negative_slot_stores_nothing_and_position_wraps():
 def test_bad_inputs_and_cpu_dispatch():
     gen = torch.Generator().manual_seed(0)
     x, w, b, positions, cos, sin, kc, vc, slots = _case(64, 4, 2, 16, torch.float32, gen, bias=False)
-    with pytest.raises(ValueError, match="one-row-per-program FMA GEMV configuration for 17 tokens"):
+    with pytest.raises(ValueError, match="or unsplit DOT GEMV configuration for 17 tokens"):
         qkv_rotary_store_triton(x.expand(17, -1).contiguous(), w, b, positions.expand(17), cos, sin, kc, vc,
                                 slots.expand(17), num_q_heads=4, num_kv_heads=2)
     with pytest.raises(ValueError, match="w_qkv must be"):
@@ -102,7 +102,8 @@ def test_bad_inputs_and_cpu_dispatch():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden,hq,hkv,d,tokens", [(2048, 32, 8, 64, 1), (4096, 32, 8, 128, 1), (896, 14, 2, 64, 1),
-                                                   (896, 14, 2, 64, 4), (576, 9, 3, 64, 4), (576, 9, 3, 64, 3)])
+                                                   (896, 14, 2, 64, 4), (576, 9, 3, 64, 4), (576, 9, 3, 64, 3),
+                                                   (2048, 32, 8, 64, 4), (4096, 32, 8, 128, 16)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias, tokens):
     seed = fresh_seed()
@@ -115,3 +116,43 @@ def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias
     assert torch.equal(q_fused, q_ref), f"{msg}: q {bit_diff(q_fused, q_ref)}"
     assert torch.equal(kc, kc2), f"{msg}: k cache {bit_diff(kc, kc2)}"
     assert torch.equal(vc, vc2), f"{msg}: v cache {bit_diff(vc, vc2)}"
+
+
+# (hidden, hq, hkv, head_dim, bias, tokens, block_n rows, block_k): GQA, MHA, a K tail, 16 tokens,
+# pairs past the last head
+DOT_CASES = [(64, 4, 2, 16, False, 3, 16, 32), (100, 2, 2, 8, True, 5, 32, 32), (48, 6, 1, 12, False, 16, 32, 16)]
+
+
+@pytest.mark.parametrize("case", DOT_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dot_form_matches_two_launch_path_on_the_dot_path(case, dtype, monkeypatch):
+    """3-16 tokens: the DOT kernel (the weight tile interleaving each rotary pair's rows) against the
+    GEMV's DOT path with the same tiles, then rotary_store_kv."""
+    from graphrt.kernels import qkv_rotary
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.rotary import rotary_store_kv
+
+    hidden, hq, hkv, d, bias, tokens, bn, bk = case
+    cfg = dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=4, num_stages=1, split_k=1)
+    monkeypatch.setattr(qkv_rotary, "dot_rotary_config", lambda m, n, k: dict(cfg))
+    monkeypatch.setattr(qkv_rotary, "row_fma_config", lambda m, n, k: None)
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b, positions, cos, sin, kc, vc, slots = _case(hidden, hq, hkv, d, dtype, gen, bias=bias, tokens=tokens,
+                                                        blocks=6)
+    slots[1] = -1  # a skipped store
+    kc2, vc2 = kc.clone(), vc.clone()
+    snap = [t.clone() for t in (x, w, positions, slots)]
+    q = qkv_rotary.qkv_rotary_store_triton(x, w, b, positions, cos, sin, kc, vc, slots, num_q_heads=hq,
+                                           num_kv_heads=hkv)
+    for before, after in zip(snap, (x, w, positions, slots)):
+        assert torch.equal(before, after), "an input was modified"
+    qkv = gemv_triton(x, w, b, use_dot=True, block_n=bn, block_k=bk, split_k=1)
+    q_ref = rotary_store_kv(qkv[:, : hq * d].view(tokens, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d),
+                            qkv[:, (hq + hkv) * d :].view(tokens, hkv, d), positions, cos, sin, kc2, vc2, slots)
+    tol = dict(rtol=4e-3, atol=4e-3) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-5)
+    msg = f"seed={seed} case={case} {dtype}"
+    assert q.shape == (tokens, hq, d) and q.dtype == dtype, msg
+    torch.testing.assert_close(q, q_ref, **tol, msg=lambda m: f"{msg}: q {m}")
+    torch.testing.assert_close(kc, kc2, **tol, msg=lambda m: f"{msg}: k cache {m}")
+    torch.testing.assert_close(vc, vc2, **tol, msg=lambda m: f"{msg}: v cache {m}")
