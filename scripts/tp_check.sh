@@ -31,7 +31,7 @@ for step in $steps; do
     # makes each take minutes, and a hang must not take the other's output with it
     tests)   for f in tests/test_tensor_parallel.py tests/test_vocab_parallel.py; do
                # -s: the ranks' progress and, past a deadline, their stacks reach the log as they happen
-               timeout 290 python3 -m pytest -q -s -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
+               timeout 330 python3 -m pytest -q -s -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
              done ;;
     bench)   for tp in 1 "$TP"; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \

@@ -112,14 +112,15 @@ def test_tensor_parallel_matches_one_process(world, single, tmp_path):
 
 
 @pytest.mark.gpu
-def test_nccl_with_graphs_matches_one_gpu(tmp_path):
-    """The same on 2 GPUs: NCCL and the symmetric-memory all-reduce inside the captured graphs,
-    fp32 for exact greedy; the EAGLE-1/2 head drafts through the vocab-parallel argmax. Each
+@pytest.mark.parametrize("world", [2, 4])
+def test_nccl_with_graphs_matches_one_gpu(world, tmp_path):
+    """The same on 2 and 4 GPUs: NCCL and the symmetric-memory all-reduce inside the captured
+    graphs, fp32 for exact greedy; the EAGLE-1/2 head drafts through the vocab-parallel argmax. Each
     runtime compiles its own kernel variants (cold Triton cache: minutes)."""
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
     kw = dict(device="cuda", use_cuda_graphs=True)
-    _check_ranks(_ranks(2, tmp_path, kinds=("eagle",), timeout_s=240, **kw), _single(kinds=("eagle",), **kw),
+    _check_ranks(_ranks(world, tmp_path, kinds=("eagle",), timeout_s=240, **kw), _single(kinds=("eagle",), **kw),
                  ("eagle",))
 
 

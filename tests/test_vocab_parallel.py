@@ -459,13 +459,15 @@ def _gpu_worker(world: int, out_file: str, seed: int) -> None:
 
 
 @pytest.mark.gpu
-def test_nccl_two_gpus_match_single_gpu_and_graph_replay(tmp_path):
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+@pytest.mark.parametrize("world", [2, 4])
+def test_nccl_gpus_match_single_gpu_and_graph_replay(world, tmp_path):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
     seed = fresh_seed()
     # run_ranks's ranks leave without destroying the NCCL group: it hangs while the graph holds it
-    _run_ranks(2, _gpu_worker, 2, str(tmp_path / "fails{}.txt"), seed, timeout_s=270.0, start_method="spawn")
-    for r in range(2):
+    _run_ranks(world, _gpu_worker, world, str(tmp_path / "fails{}.txt"), seed, timeout_s=270.0,
+               start_method="spawn")
+    for r in range(world):
         fails = (tmp_path / f"fails{r}.txt").read_text()
         assert not fails, f"seed {seed} rank {r}: {fails}"
 
