@@ -68,8 +68,9 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
     dtype_bytes = rt.target_ckpt.weights["embed_tokens.weight"].element_size()
     draft = rt.draft_ckpt.config if rt.draft_ckpt is not None else None
     tp = rt.tp.world_size if rt.tp is not None else 1
+    split = rt.draft_ckpt is not None and rt.draft_ckpt.parallel is not None
     return {phase: nbytes / (bandwidth_gbs * 1e3)
-            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp).items()}
+            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp, split).items()}
 
 
 def main(args) -> list[dict]:
@@ -350,4 +351,6 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
 
 
 def _tp_desc(tp, rt) -> str:
-    return f"tensor parallel over {tp.world_size} ranks, all-reduce {rt.all_reduce_path}"
+    split = rt.draft_ckpt is not None and rt.draft_ckpt.parallel is not None
+    draft = "" if rt.draft_ckpt is None else ", draft split" if split else ", draft replicated"
+    return f"tensor parallel over {tp.world_size} ranks, all-reduce {rt.all_reduce_path}{draft}"

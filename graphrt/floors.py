@@ -9,8 +9,9 @@ Counted from the configs (graphrt.checkpoint.expected_shapes), per launch of the
     each DRAFT_DECODE step reads its layers, norm and own (draft-vocabulary) LM head;
   - DRAFT_DECODE is K - 1 such steps;
   - under tensor parallelism over W ranks, per rank: the target's bytes (and an EAGLE-1/2 head's
-    share of its LM head) / W, a replicated draft's whole (the replicated norms, under 0.01% of
-    the target, are left out: the floor stays a lower bound).
+    share of its LM head) / W, an EAGLE-3 head's split weights / W and its fc whole (when the
+    ranks divide it: graphrt/parallel/shard.draft_shard_rule), any other draft's whole (the
+    replicated norms, under 0.01% of the weights, are left out: the floor stays a lower bound).
 KV-cache reads are left out: at the context lengths the bench runs they are under 1% of the bytes.
 """
 
@@ -34,9 +35,9 @@ def lm_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
 
 
 def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft_tokens: int = 3,
-                dtype_bytes: int = 2, tensor_parallel: int = 1) -> dict[str, int]:
+                dtype_bytes: int = 2, tensor_parallel: int = 1, draft_split: bool = False) -> dict[str, int]:
     """{phase: weight bytes per launch (per rank)} for the phases a runtime with this target and
-    draft runs."""
+    draft runs. draft_split: the ranks hold slices of an EAGLE-3 head."""
     t = lm_bytes(target, dtype_bytes) // tensor_parallel
     out = {"TARGET_DECODE": t}
     if draft is None:
@@ -49,7 +50,8 @@ def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft
         head = dtype_bytes * target.vocab_size * target.hidden_size // tensor_parallel
         extend = step = _bytes(draft, names, dtype_bytes) + head
     else:  # eagle3
-        step = _bytes(draft, [n for n in names if n != "fc.weight"], dtype_bytes)
+        step = _bytes(draft, [n for n in names if n != "fc.weight"], dtype_bytes) // (
+            tensor_parallel if draft_split else 1)
         extend = step + _bytes(draft, ["fc.weight"], dtype_bytes)
     out["DRAFT_EXTEND"] = extend
     if num_draft_tokens > 1:

@@ -113,18 +113,25 @@ class Runtime:
         max_positions = max_seq_len + self.slack
         self.max_blocks = -(-max_positions // block_size)
 
-        # Tensor parallelism (graphrt/parallel/): the target is this rank's slice; drafts are replicated.
+        # Tensor parallelism (graphrt/parallel/): the target is this rank's slice, and so is an
+        # EAGLE-3 head the ranks divide (shard.draft_shard_rule); other drafts are replicated.
         self.tp = tensor_parallel
-        if self.tp is not None and target.parallel is None:
-            from graphrt.parallel import shard_checkpoint
+        if self.tp is not None:
+            from graphrt.parallel import draft_shard_rule, shard_checkpoint
 
-            target = shard_checkpoint(target, self.tp)
-        if self.tp is not None and target.parallel != (self.tp.rank, self.tp.world_size):
-            raise ValueError(f"the target checkpoint is the slice {target.parallel} (rank, world size), "
-                             f"not rank {self.tp.rank} of {self.tp.world_size}")
+            if target.parallel is None:
+                target = shard_checkpoint(target, self.tp)
+            if draft is not None and draft.parallel is None and (rule := draft_shard_rule(draft.config, self.tp)):
+                draft = shard_checkpoint(draft, self.tp, rule)
+            for name, ckpt in (("target", target), ("draft", draft)):
+                if ckpt is not None and ckpt.parallel not in (None, (self.tp.rank, self.tp.world_size)):
+                    raise ValueError(f"the {name} checkpoint is the slice {ckpt.parallel} (rank, world size), "
+                                     f"not rank {self.tp.rank} of {self.tp.world_size}")
         self.target_ckpt, self.draft_ckpt = target, draft
         self.target = build_target(target, max_positions, device, self.tp)
-        self.draft = build_draft(draft, self.target, max_positions, device) if draft is not None else None
+        self.draft = None
+        if draft is not None:
+            self.draft = build_draft(draft, self.target, max_positions, device, self.tp if draft.parallel else None)
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
@@ -134,8 +141,8 @@ class Runtime:
         per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, kv_heads, tcfg.head_dim, dtype)
         if self.draft is not None:
             dc = self.draft.cfg
-            per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, dc.num_key_value_heads,
-                                                dc.head_dim, dtype)
+            draft_kv_heads = self.draft.layers[0].attn.num_kv_heads if self.draft.layers else dc.num_key_value_heads
+            per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, draft_kv_heads, dc.head_dim, dtype)
         if kv_budget_tokens is None and kv_memory_fraction is None:
             # enough for every slot at full length, each rounded up to whole blocks as it is
             # allocated; ask for a memory fraction to oversubscribe slots
@@ -150,8 +157,8 @@ class Runtime:
         target_hidden = draft_state = None
         if self.draft is not None:
             dc = self.draft.cfg
-            self.draft_kv = KVPool.allocate(self.draft.num_layers, num_blocks, block_size,
-                                            dc.num_key_value_heads, dc.head_dim, dtype, device)
+            self.draft_kv = KVPool.allocate(self.draft.num_layers, num_blocks, block_size, draft_kv_heads, dc.head_dim,
+                                            dtype, device)
             if self.draft.uses_target_hidden:
                 aux = self.draft.target_hidden == "aux"
                 if aux:  # EAGLE-3: the target keeps the residual streams the head reads
@@ -212,7 +219,7 @@ class Runtime:
         that fails to load makes every rank raise the same ParallelError."""
         tp = None
         if tensor_parallel_size is not None and tensor_parallel_size > 1:
-            from graphrt.parallel import init_tensor_parallel, target_shard_rule
+            from graphrt.parallel import draft_shard_rule, init_tensor_parallel, target_shard_rule
 
             tp = init_tensor_parallel(tensor_parallel_size)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -224,7 +231,8 @@ class Runtime:
                 shard = None if tp is None else target_shard_rule(load_config(target), tp)
                 target = load_checkpoint(target, dtype=dtype, device=device, shard=shard)
             if isinstance(draft, (str, Path)):
-                draft = load_checkpoint(draft, dtype=dtype, device=device)
+                shard = None if tp is None else draft_shard_rule(load_config(draft), tp)
+                draft = load_checkpoint(draft, dtype=dtype, device=device, shard=shard)
             rt = cls(target, draft, num_draft_tokens=num_draft_tokens, device=device, max_batch_size=max_batch_size,
                      max_seq_len=max_seq_len, tensor_parallel=tp, **kwargs)
         except Exception as exc:

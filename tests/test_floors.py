@@ -23,6 +23,12 @@ def test_llama_1b_shape_with_eagle3_head():
     assert phase_bytes(t, d, 3) == {"TARGET_DECODE": target, "TARGET_VERIFY": target, "DRAFT_EXTEND": step + fc,
                                     "DRAFT_DECODE": 2 * step}
     assert abs(target / 2**30 - 2.30) < 0.01  # the 2.30 GiB the benchmark history quotes
+    # over 4 ranks: the target and a split head's step by 4 (its norms, under 0.01%, rounded in),
+    # fc whole; a replicated head whole
+    split = phase_bytes(t, d, 3, tensor_parallel=4, draft_split=True)
+    assert split == {"TARGET_DECODE": target // 4, "TARGET_VERIFY": target // 4, "DRAFT_EXTEND": step // 4 + fc,
+                     "DRAFT_DECODE": 2 * (step // 4)}
+    assert phase_bytes(t, d, 3, tensor_parallel=4)["DRAFT_DECODE"] == 2 * step
 
 
 def test_llama_8b_shape_with_eagle_head_and_k1():

@@ -37,11 +37,21 @@ def _forward(rt: Runtime, prompt):
 
 
 def _run(target, draft, tp_size, **kw):
+    """(greedy tokens, sampled tokens, accepted drafts, the drafts proposed at each step of one greedy
+    request, whether the draft is split over the ranks)."""
     rt = Runtime.from_pretrained(target, draft, tensor_parallel_size=tp_size, **{**_RT, **kw})
     sampled = SamplingParams(max_new_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
     greedy = [g.token_ids for g in rt.generate(PROMPTS, _GREEDY)]
     accepted = sum(rt.acceptance_counts)
-    return greedy, [g.token_ids for g in rt.generate(PROMPTS, sampled)], accepted
+    proposals = []
+    if draft is not None:
+        rid = rt.add_request(PROMPTS[0], _GREEDY)
+        while not rt.finished(rid):
+            rt.step()
+            proposals.append(rt.state.draft_tokens[:-1].tolist())
+        rt.pop_generation(rid)
+    split = rt.draft_ckpt is not None and rt.draft_ckpt.parallel is not None
+    return greedy, [g.token_ids for g in rt.generate(PROMPTS, sampled)], accepted, proposals, split
 
 
 def _worker(out_dir, world, target, drafts, kw):
@@ -81,6 +91,11 @@ def _check_ranks(ranks, single, kinds):
         assert res["filtered"][0] == single["plain"][0][0] and res["filtered"] == ranks[0]["filtered"]
         # the self-drafts agree with the target, so the accepted-token path ran under TP too
         assert all(res[k][2] > 0 for k in ("lm", "eagle") if k in kinds)
+        # the EAGLE-3 head is split over the ranks (the others are replicated), and proposes the
+        # drafts the whole head proposes in one process, step by step
+        for kind in kinds:
+            assert res[kind][4] == (kind == "eagle3"), kind
+            assert res[kind][3] == single[kind][3], kind
 
 
 def _single(kinds=tuple(DRAFTS), **kw):
@@ -177,6 +192,27 @@ def test_shard_rule():
     assert rule("layers.0.self_attn.v_proj.weight") == (0, 16, 32)
     with pytest.raises(ConfigMismatchError, match="num_attention_heads"):
         target_shard_rule(cfg, TensorParallel(None, 0, 3))
+
+
+def test_draft_shard_rule(tmp_path):
+    """An EAGLE-3 head splits as a target layer does, its LM head over the draft vocabulary; fc, d2t
+    and the norms stay whole. Other drafts, and heads the ranks do not divide, stay replicated."""
+    from graphrt.checkpoint_config import load_config
+    from graphrt.checkpoint_writer import write_random_checkpoint
+    from graphrt.parallel import TensorParallel, draft_shard_rule
+
+    cfg = load_config(draft_dir("eagle3"))  # the tiny target's shape: 4 q heads of 16, intermediate 128
+    rule = draft_shard_rule(cfg, TensorParallel(None, 1, 2))
+    v = cfg.draft_vocab_size
+    assert rule("lm_head.weight") == (0, v // 2, v)
+    assert rule("layers.0.self_attn.q_proj.weight") == (0, 32, 64)
+    assert rule("layers.0.mlp.down_proj.weight") == (1, 64, 128)
+    for whole in ("fc.weight", "d2t", "norm.weight", "layers.0.hidden_norm.weight", "embed_tokens.weight"):
+        assert rule(whole) is None, whole
+    assert draft_shard_rule(load_config(draft_dir("eagle")), TensorParallel(None, 0, 2)) is None
+    odd = write_random_checkpoint(tmp_path / "odd", "tiny", kind="eagle3", dtype=torch.float32,
+                                  target=tiny_dir(), draft_vocab_size=3)
+    assert draft_shard_rule(odd, TensorParallel(None, 0, 4)) is None  # 3 draft ids over 4 ranks
 
 
 def test_sliced_load_reads_the_rank_slice():

@@ -19,14 +19,16 @@ def build_target(ckpt, max_positions: int, device, tp=None) -> DecoderLM:
     return DecoderLM(ckpt.config, ckpt.weights, max_positions, device, tp=tp)
 
 
-def build_draft(ckpt, target: DecoderLM, max_positions: int, device):
+def build_draft(ckpt, target: DecoderLM, max_positions: int, device, tp=None):
+    """tp: this rank's graphrt.parallel.TensorParallel when ckpt holds its slice of an EAGLE-3 head
+    (graphrt/parallel/shard.draft_shard_rule); other drafts are whole on every rank."""
     if ckpt.kind == "lm":
         return DecoderLM(ckpt.config, ckpt.weights, max_positions, device)
     if ckpt.kind == "eagle":
         return EagleHead(ckpt.config, ckpt.weights, target, max_positions, device)
     if ckpt.kind == "eagle3":
         return Eagle3Head(ckpt.config, ckpt.weights, target, max_positions, device,
-                          aux_layer_ids=eagle3_aux_layers(ckpt.config, target.cfg))
+                          aux_layer_ids=eagle3_aux_layers(ckpt.config, target.cfg), tp=tp)
     raise ValueError(f"unknown draft kind {ckpt.kind!r}")
 
 

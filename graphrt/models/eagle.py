@@ -66,8 +66,8 @@ class Eagle3Layer(DecoderLayer):
     """The EAGLE-3 decoder layer: attention reads [norm(embedding) ; hidden_norm(hidden)] (2H wide)
     while the residual carries the un-normalised hidden state."""
 
-    def __init__(self, weights, prefix, cfg, rotary):
-        super().__init__(weights, prefix, cfg, rotary)
+    def __init__(self, weights, prefix, cfg, rotary, tp=None):
+        super().__init__(weights, prefix, cfg, rotary, tp=tp)
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
         self.norm_before_residual = cfg.norm_before_residual
 
@@ -84,19 +84,26 @@ class Eagle3Layer(DecoderLayer):
 class Eagle3Head(_EagleBase):
     """EAGLE-3: fc fuses the target's low/mid/high residual streams (3H -> H) on the first step;
     later steps feed back the head's own pre-norm output. Its LM head covers a reduced draft
-    vocabulary; d2t maps a draft id to a target id (target = draft + d2t[draft])."""
+    vocabulary; d2t maps a draft id to a target id (target = draft + d2t[draft]).
+
+    tp: a graphrt.parallel.TensorParallel when the weights are this rank's slice
+    (graphrt/parallel/shard.draft_shard_rule): the layers all-reduce as the target's do, and
+    draft_logits is the rank's shard of the draft vocabulary, which argmax takes with logits_shard."""
 
     target_hidden = "aux"
 
-    def __init__(self, cfg, weights: dict, target, max_positions: int, device, *, aux_layer_ids: tuple[int, ...]):
+    def __init__(self, cfg, weights: dict, target, max_positions: int, device, *, aux_layer_ids: tuple[int, ...],
+                 tp=None):
         super().__init__(cfg, weights, target, max_positions, device)
+        if tp is not None:
+            self.logits_shard = dict(group=tp.group, vocab_size=cfg.draft_vocab_size)
         self.aux_layer_ids = aux_layer_ids  # the target layers whose entering streams it reads
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
         # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
         self.draft_to_target = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
-        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary)] + [
-            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary) for i in range(1, cfg.num_hidden_layers)]
+        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp)] + [
+            DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(1, cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
