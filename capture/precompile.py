@@ -111,6 +111,28 @@ def _balanced(jobs: list[tuple[str, str, str]], n: int) -> list[list]:
     return shares
 
 
+def _ranks_on_host() -> int:
+    """Processes of this host that capture at once: the tensor-parallel ranks share its cores."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(os.environ.get("LOCAL_WORLD_SIZE", torch.distributed.get_world_size()))
+    return 1
+
+
+def _default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 32) // _ranks_on_host())
+
+
+def _worker_env() -> dict:
+    """A worker loads what it compiles onto a GPU (its launcher): onto this process's GPU, not
+    every rank's workers onto device 0."""
+    env = dict(os.environ)
+    if torch.cuda.is_available():
+        dev = torch.cuda.current_device()
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[dev] if dev < len(visible) else str(dev)
+    return env
+
+
 def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     """run_all(): launches every phase of every bucket, as the warm-up does. configuration: a
     description of everything that decides which kernel variants run (model configs, K, buckets,
@@ -125,10 +147,10 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     jobs, procs, error = [], [], None
     try:
         # The workers start first, so that their imports overlap the recording pass.
-        for _ in range(workers or min(os.cpu_count() or 1, 32)):
+        for _ in range(workers or _default_workers()):
             log = tempfile.TemporaryFile()
             procs.append((subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"],
-                                           stdin=subprocess.PIPE, stderr=log, text=True), log))
+                                           stdin=subprocess.PIPE, stderr=log, text=True, env=_worker_env()), log))
         with _recording_variants(variants):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="relaxed"):
