@@ -130,13 +130,14 @@ def test_tensor_parallel_matches_one_process(world, single, tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 def test_nccl_with_graphs_matches_one_gpu(world, tmp_path):
     """The same on 2 and 4 GPUs: NCCL and the symmetric-memory all-reduce inside the captured
-    graphs, fp32 for exact greedy; the EAGLE-1/2 head drafts through the vocab-parallel argmax. Each
-    runtime compiles its own kernel variants (cold Triton cache: minutes)."""
+    graphs, fp32 for exact greedy; the EAGLE-1/2 head drafts through the vocab-parallel argmax, the
+    EAGLE-3 head split over the ranks. Each runtime compiles its own kernel variants (cold Triton
+    cache: minutes)."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
     kw = dict(device="cuda", use_cuda_graphs=True)
-    _check_ranks(_ranks(world, tmp_path, kinds=("eagle",), timeout_s=240, **kw), _single(kinds=("eagle",), **kw),
-                 ("eagle",))
+    kinds = ("eagle", "eagle3")
+    _check_ranks(_ranks(world, tmp_path, kinds=kinds, timeout_s=300, **kw), _single(kinds=kinds, **kw), kinds)
 
 
 def _failing_worker(out_dir, world, target):
