@@ -7,7 +7,9 @@ there) in two launches, the row pass and the walk (kernels/rejection_kernels.py)
 (draft logits given: its race pass and finish are kernels/rejection_fullq.py), chained by
 programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
 before. With top_k / top_p / min_p, three kernels before them find each row's threshold
-(kernels/rejection_filter.py).
+(kernels/rejection_filter.py); in one-hot mode the last of them also draws each sampled row whose
+kept entries it holds in its candidate buffer, and the row pass skips those rows (filter_stage,
+LaunchConfig.filter_draw).
 """
 
 from __future__ import annotations

@@ -19,8 +19,13 @@ Up to three launches, the first two spread over many programs per row:
      keys (_select). A row whose candidates overflow the buffer, or weigh
      less than top_p of the row, runs _row_tau over the whole row instead. It also resets the
      workspace rows it used, which every call and graph replay shares (_workspace).
+     With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
+     also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so the
+     kept row's lse, its argmax, the draft's x and the two-level race (same keys, bit for bit,
+     as the whole-row race's: counter-based bits by vocab id) need nothing else of the row.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
-race.
+race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
+stats_f) instead of the planes'.
 """
 
 from __future__ import annotations

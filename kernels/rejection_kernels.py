@@ -12,7 +12,9 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
      is not the reference's (a +inf logit, x overflowing) rerun the split through the exact
      sanitised loop. The split holding row j's draft also stores its logit (and q's), so the walk
      reads nothing that depends on another read. With FUSE_RACE (one-hot, few rows) it also races
-     every row's entries per split, draft excluded, so the walk reads no logits.
+     every row's entries per split, draft excluded, so the walk reads no logits. DRAWN (filters):
+     rows the threshold kernel drew from their candidates (kernels/rejection_filter.py) get no
+     tile here.
   2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
      two-level race (_pick_chunk: the chunks' keys from the split stats; then _chunk_winner over
@@ -20,7 +22,8 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
      here, pruned exactly by _race_tile where asked: a tile is raced only if some entry's upper
      bound raw * inv_t + (-log(1 - u)) beats the best key so far, so such tiles cost the hash and
      one fast lg2 per entry instead of two exact logs). In full q it leaves the one row that needs a
-     race for kernels/rejection_fullq.py.
+     race for kernels/rejection_fullq.py. DRAWN: a drawn row's max, argmax, lse, draft's x and
+     race winner come from the threshold kernel instead of the planes.
 Workspace: stat planes fstat [_NUM_FPLANES, B*(K+1), splits] fp32 (planes _P_*; _P_XD / _P_YD use
 split 0 only) and istat [2, B*(K+1), splits] int32 (raw argmax, fused race winner).
 """
