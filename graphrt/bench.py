@@ -146,7 +146,7 @@ def main(args) -> list[dict]:
     if simulated is not None:
         print(f"simulated acceptance {simulated:g}: each verify step accepts a drawn number of drafts "
               f"(mean tokens per cycle {simulated:g}); costs are the real cycle's, tokens are not the target's")
-    tp_note = f"; {_tp_desc(tp, plain)}" if tp else ""
+    tp_note = f"; {_tp_desc(tp, plain, spec.draft_ckpt.parallel is not None if draft else None)}" if tp else ""
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else "")
           + tp_note)
@@ -251,13 +251,14 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
                              "speedup": r["tokens_per_s"] / base[b]["tokens_per_s"],
                              "phases_us": {p: r["phases"][p]["mean_us"] for p in SWEEP_PHASES if p in r["phases"]},
                              "plain_step_us": base[b]["phases"]["TARGET_DECODE"]["mean_us"]})
+        split = spec.draft_ckpt.parallel is not None
         del spec
     even = break_even(rows)
     print(f"graphrt bench --sweep-accept: simulated acceptance L (each verify step accepts a drawn number of "
           f"drafts, mean tokens per cycle L; the target forward and rejection kernel run as always)\n"
           f"target: {target}\ndraft: {draft_desc}\n{max_new} new tokens per request, prompt {args.prompt_len}, "
           f"greedy, {'graphs' if graphs else 'eager'}, {device}"
-          + (f", {_tp_desc(tp, plain)}" if tp else ""))
+          + (f", {_tp_desc(tp, plain, split)}" if tp else ""))
     print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7}  "
           + "  ".join(f"{p + ' us':>16}" for p in SWEEP_PHASES) + f"  {'plain step us':>13}")
     for r in rows:
@@ -350,7 +351,8 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
     _finish(plt, fig, ax, path, title, "batch size", "decode tokens/s", legend_size=8, which="both")
 
 
-def _tp_desc(tp, rt) -> str:
-    split = rt.draft_ckpt is not None and rt.draft_ckpt.parallel is not None
-    draft = "" if rt.draft_ckpt is None else ", draft split" if split else ", draft replicated"
+def _tp_desc(tp, rt, draft_split: bool | None = None) -> str:
+    """rt: a runtime of the run (its all-reduce path); draft_split: whether the speculative
+    runtime's draft is split over the ranks (None: no draft)."""
+    draft = "" if draft_split is None else ", draft split over the ranks" if draft_split else ", draft replicated"
     return f"tensor parallel over {tp.world_size} ranks, all-reduce {rt.all_reduce_path}{draft}"
