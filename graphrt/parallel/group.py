@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -31,7 +32,9 @@ class _OneShotAllReduce:
         import torch.distributed._symmetric_memory as symm_mem
 
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # older torch needs it; newer ones warn it is not
-            symm_mem.enable_symm_mem_for_group(group.group_name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(group.group_name)
         self.name = group.group_name
         self.buffer = symm_mem.empty(numel, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.name)
