@@ -68,9 +68,14 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
     dtype_bytes = rt.target_ckpt.weights["embed_tokens.weight"].element_size()
     draft = rt.draft_ckpt.config if rt.draft_ckpt is not None else None
     tp = rt.tp.world_size if rt.tp is not None else 1
-    split = rt.draft_ckpt is not None and rt.draft_ckpt.parallel is not None
     return {phase: nbytes / (bandwidth_gbs * 1e3)
-            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp, split).items()}
+            for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp,
+                                             bool(_draft_split(rt))).items()}
+
+
+def _draft_split(rt) -> bool | None:
+    """Whether rt's draft is split over the tensor-parallel ranks; None without a draft."""
+    return None if rt.draft_ckpt is None else rt.draft_ckpt.parallel is not None
 
 
 def main(args) -> list[dict]:
@@ -146,7 +151,7 @@ def main(args) -> list[dict]:
     if simulated is not None:
         print(f"simulated acceptance {simulated:g}: each verify step accepts a drawn number of drafts "
               f"(mean tokens per cycle {simulated:g}); costs are the real cycle's, tokens are not the target's")
-    tp_note = f"; {_tp_desc(tp, plain, spec.draft_ckpt.parallel is not None if draft else None)}" if tp else ""
+    tp_note = f"; {_tp_desc(tp, plain, _draft_split(runtimes[0][1]))}" if tp else ""
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else "")
           + tp_note)
@@ -251,7 +256,7 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
                              "speedup": r["tokens_per_s"] / base[b]["tokens_per_s"],
                              "phases_us": {p: r["phases"][p]["mean_us"] for p in SWEEP_PHASES if p in r["phases"]},
                              "plain_step_us": base[b]["phases"]["TARGET_DECODE"]["mean_us"]})
-        split = spec.draft_ckpt.parallel is not None
+        split = _draft_split(spec)
         del spec
     even = break_even(rows)
     print(f"graphrt bench --sweep-accept: simulated acceptance L (each verify step accepts a drawn number of "

@@ -68,6 +68,11 @@ def _token_ids(prompt) -> list[int]:
     return out
 
 
+def _kv_heads(model) -> int:
+    """KV heads per layer of a model's cache on this rank (its share under tensor parallelism)."""
+    return model.layers[0].attn.num_kv_heads if model.layers else model.cfg.num_key_value_heads
+
+
 def _budget_left(req: _Request) -> int:
     """Tokens the request may still generate (max_new_tokens counts the prefill's first one)."""
     return req.params.max_new_tokens - len(req.gen.token_ids)
@@ -137,11 +142,11 @@ class Runtime:
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
 
         dtype = target.weights["embed_tokens.weight"].dtype
-        kv_heads = self.target.layers[0].attn.num_kv_heads if self.target.layers else tcfg.num_key_value_heads
+        kv_heads = _kv_heads(self.target)
         per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, kv_heads, tcfg.head_dim, dtype)
         if self.draft is not None:
             dc = self.draft.cfg
-            draft_kv_heads = self.draft.layers[0].attn.num_kv_heads if self.draft.layers else dc.num_key_value_heads
+            draft_kv_heads = _kv_heads(self.draft)
             per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, draft_kv_heads, dc.head_dim, dtype)
         if kv_budget_tokens is None and kv_memory_fraction is None:
             # enough for every slot at full length, each rounded up to whole blocks as it is

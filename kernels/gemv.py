@@ -209,6 +209,29 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 
 @triton.jit
+def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
+    masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros).
+    kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k in range(k0, k_full, BLOCK_K):
+        xt = tl.load(xt_ptrs + k)
+        acc = tl.dot(tl.load(w_ptrs + k), xt, acc, input_precision=DOT_PRECISION)
+        if GATED:
+            acc_u = tl.dot(tl.load(u_ptrs + k), xt, acc_u, input_precision=DOT_PRECISION)
+    if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
+        kmask = (k_full + offs_k) < k_end
+        xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
+        acc = tl.dot(tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0), xt, acc, input_precision=DOT_PRECISION)
+        if GATED:
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0)
+            acc_u = tl.dot(u, xt, acc_u, input_precision=DOT_PRECISION)
+    return acc, acc_u
+
+
+@triton.jit
 def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     if REDUCE_EACH:
         out = acc
@@ -312,21 +335,9 @@ def _gemv_kernel(
         offs_m = tl.arange(0, BLOCK_M)
         # Padding rows read row 0 (valid memory); their outputs are masked at the store.
         xt_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # GATED: the up rows, N below the gate rows
-        for k in range(k0, k_full, BLOCK_K):
-            xt = tl.load(xt_ptrs + k)
-            acc = tl.dot(tl.load(w_ptrs + k), xt, acc, input_precision=DOT_PRECISION)
-            if GATED:
-                acc_u = tl.dot(tl.load(w_ptrs + N * K + k), xt, acc_u, input_precision=DOT_PRECISION)
-        if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
-            kmask = (k_full + offs_k) < k_end
-            xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
-            w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
-            acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-            if GATED:
-                u = tl.load(w_ptrs + N * K + k_full, mask=kmask[None, :], other=0.0)
-                acc_u = tl.dot(u, xt, acc_u, input_precision=DOT_PRECISION)
+        # GATED: acc_u sums the up rows, N below the gate rows
+        acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, GATED, DOT_PRECISION)
         offs_m2 = offs_m[None, :]
         mask = (offs_m2 < M) & (offs_n[:, None] < N)
         if SPLIT:

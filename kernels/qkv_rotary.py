@@ -26,7 +26,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import _fma_final, _fma_k_loop, linear, materialized, norm_fusable, row_fma_config
+from graphrt.kernels.gemv import (
+    _dot_k_loop,
+    _fma_final,
+    _fma_k_loop,
+    linear,
+    materialized,
+    norm_fusable,
+    row_fma_config,
+)
 from graphrt.kernels.gemv_config import dot_rotary_config
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -205,15 +213,8 @@ def _qkv_rotary_dot_kernel(
     xt_ptrs = x_ptr + tok.to(tl.int64)[None, :] * K + offs_k[:, None]
     if USE_PDL:
         wait_for_producer()
-    acc = tl.zeros([2 * BLOCK_N, BLOCK_M], tl.float32)
-    k_full = (K // BLOCK_K) * BLOCK_K
-    for k in range(0, k_full, BLOCK_K):
-        acc = tl.dot(tl.load(w_ptrs + k), tl.load(xt_ptrs + k), acc, input_precision=DOT_PRECISION)
-    if k_full < K:
-        kmask = (k_full + offs_k) < K
-        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0)
-        xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
-        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+    acc, _ = _dot_k_loop(w_ptrs, w_ptrs, xt_ptrs, 0, (K // BLOCK_K) * BLOCK_K, K, offs_k, 2 * BLOCK_N, BLOCK_M,
+                         BLOCK_K, False, DOT_PRECISION)
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
     if HAS_BIAS:
         y1 += tl.load(bias_ptr + r1).to(tl.float32)[:, None]
