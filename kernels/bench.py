@@ -5,22 +5,23 @@
 For each (B, V): argmax (ours vs torch.argmax vs the bytes-read floor); for each (B, K, V):
 rejection_sample greedy / one-hot q / full q (ours vs a plain-torch sampler vs the bf16 read-once
 floor); one-hot with top_k = 50 and top_p = 0.9 on every request at K = 3, V = 128256 (ours,
-filtered and not, vs the sort-based torch filter in front of the plain-torch sampler). Inputs
+filtered and not, filtered without the draws from the candidates, vs the sort-based torch filter in
+front of the plain-torch sampler; `--filters`: these rows only). Inputs
 rotate over enough sets to exceed L2 (50 MB), so the timings are of DRAM reads. Rows of
 graphrt.kernels.attention_bench.run() are appended when that module exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
 
 import torch
 from graphrt.kernels.argmax import argmax_triton
-from graphrt.kernels.rejection import filter_launch, launch_config, rejection_sample_triton
-from graphrt.kernels.rejection_filter import thresholds_triton
-from graphrt.kernels.rejection_reference import apply_thresholds, thresholds_reference
+from graphrt.kernels.rejection import filter_stage, launch_config, rejection_sample_triton
+from graphrt.kernels.rejection_reference import RACE_CHUNK, apply_thresholds, thresholds_reference
 from graphrt.kernels.timing import memory_bandwidth_gbs, time_in_graph
 
 _L2_BYTES = 50 << 20
@@ -125,26 +126,30 @@ def filter_cases(b: int):
 def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
     """One-hot rejection sampling with filters on every request: top_k = 50 with top_p = 0.9 (the
     issue's case), top_k = 50 alone and top_p = 0.9 alone. Ours (ours_us; unfiltered_us: the same
-    call without the filters) vs torch (torch_us: the reference's sort-based thresholds and
-    masking, then the plain-torch sampler). The logits are randn: flat enough that top_p alone
-    keeps most of the vocabulary, so its rows overflow the candidate buffer and take the
-    whole-row search (kernels/rejection_filter.py): its worst case."""
+    call without the filters; whole_rows_us: with filter_draw off, every row read whole again after
+    its threshold; thresholds_us: the filters' kernels alone as the sampler launches them, the
+    draws of the rows whose candidates hold their threshold included) vs torch (torch_us: the
+    reference's sort-based thresholds and masking, then the plain-torch sampler). The logits are
+    randn: flat enough that top_p alone keeps most of the vocabulary, so its rows overflow the
+    candidate buffer and take the whole-row search (kernels/rejection_filter.py): its worst case."""
     rows = []
     for b in Bs:
         sets = rejection_sets(b, k, v, "onehot")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
-        # the thresholds alone, launched as the sampler launches them
-        launch = filter_launch(launch_config(b, k, False), sets[0][0].device)
+        cfg = launch_config(b, k, False)
+        whole_cfg = dataclasses.replace(cfg, filter_draw=False)
         for name, fk, fp in filter_cases(b):
             ours = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(
                 t, d, tt, s, p, top_k=k_, top_p=p_), sets)
-            alone = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, kw_=launch: thresholds_triton(
-                t, tt, k_, p_, None, **kw_), sets)
+            whole = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, c_=whole_cfg: rejection_sample_triton(
+                t, d, tt, s, p, top_k=k_, top_p=p_, config=c_), sets)
+            alone = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, c_=cfg: filter_stage(
+                t, d, tt, s, p, None, k_, p_, None, c_, False, RACE_CHUNK), sets)
             ref = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: torch_rejection_baseline(
                 apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
             rows.append(dict(kernel=f"rejection_onehot_{name}", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
                              torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain,
-                             thresholds_us=alone))
+                             whole_rows_us=whole, thresholds_us=alone))
     return rows
 
 
@@ -192,7 +197,7 @@ def _report(rows, bw, out_json, extra=()) -> list[dict]:
 
 def print_table(rows) -> None:
     cols = ["kernel", "B", "K", "V", "dtype", "ours_us", "torch_us", "floor_us", "ours/floor", "unfiltered_us",
-            "thresholds_us"]
+            "whole_rows_us", "thresholds_us"]
     print(" ".join(f"{c:>18}" if i == 0 else f"{c:>10}" for i, c in enumerate(cols)))
     for row in rows:
         cells = []

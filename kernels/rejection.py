@@ -7,7 +7,9 @@ there) in two launches, the row pass and the walk (kernels/rejection_kernels.py)
 (draft logits given: its race pass and finish are kernels/rejection_fullq.py), chained by
 programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
 before. With top_k / top_p / min_p, three kernels before them find each row's threshold
-(kernels/rejection_filter.py).
+(kernels/rejection_filter.py); in one-hot mode the last of them also draws each sampled row whose
+kept entries it holds in its candidate buffer, and the row pass skips those rows (filter_stage,
+LaunchConfig.filter_draw).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
-from graphrt.kernels.rejection_filter import FILTER_CAP, thresholds_triton
+from graphrt.kernels.rejection_filter import FILTER_CAP, Draws, thresholds_triton
 from graphrt.kernels.rejection_fullq import race_and_finish
 from graphrt.kernels.rejection_kernels import (
     _NUM_FPLANES,
@@ -58,7 +60,10 @@ class LaunchConfig:
     filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
     passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
     candidates (filter_block_v stays its whole-row search's); filter_cap: their candidates per row
-    (past it a row's threshold search reads the whole row; 0: every row's does).
+    (past it a row's threshold search reads the whole row; 0: every row's does). filter_draw
+    (one-hot): a sampled row whose threshold the candidates held is drawn by the threshold kernel
+    from them (its lse, argmax, draft's logit and two-level race), and the row pass skips it; off:
+    every row is read whole again after its threshold.
     """
 
     block_v: int = 1024
@@ -76,6 +81,7 @@ class LaunchConfig:
     filter_cand_block_v: int = 1024
     filter_warps: int = 8
     filter_cap: int = FILTER_CAP
+    filter_draw: bool = True
 
 
 def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
@@ -112,6 +118,24 @@ def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
     """thresholds_triton's launch keywords, as the sampler launches it on dev."""
     return dict(block_v=cfg.filter_block_v, cand_block_v=cfg.filter_cand_block_v, num_warps=cfg.filter_warps,
                 cap=cfg.filter_cap, pdl=cfg.pdl if pdl_enabled(dev) else 0)
+
+
+def filter_stage(target_logits, ids, temperature, seed, position, num_draft_tokens, top_k, top_p, min_p,
+                 cfg: LaunchConfig, full_q: bool, chunk: int) -> tuple[torch.Tensor | None, Draws | None]:
+    """The filters' kernels as the sampler launches them -> (tau or None without filters, the rows
+    drawn from their candidates or None: one-hot with filter_draw only). ids: the draft ids, any [B]
+    tensor at K = 0; chunk: the race chunk."""
+    if top_k is None and top_p is None and min_p is None:
+        return None, None
+    b, r, _ = target_logits.shape
+    dev = target_logits.device
+    draws = None
+    if cfg.filter_draw and not full_q:
+        draws = Draws(ids, num_draft_tokens, seed, position, chunk,
+                      torch.empty((3, b * r), dtype=torch.int32, device=dev),
+                      torch.empty((4, b * r), dtype=torch.float32, device=dev))
+    tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev), draws=draws)
+    return tau, draws
 
 
 def _on_gpu(dev: torch.device) -> bool:
@@ -216,11 +240,12 @@ def rejection_sample_triton(
     counts = acceptance_counts if acceptance_counts is not None else seed
     ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
     ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
-    tau = None
-    if top_k is not None or top_p is not None or min_p is not None:
-        tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev))
+    tau, draws = filter_stage(target_logits, ids, temperature, seed, position, num_draft_tokens, top_k, top_p,
+                              min_p, cfg, full_q, chunk)
     common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
                   FILTER=tau is not None)
+    if draws is not None:
+        common.update(DRAWN=True, dstat_i_ptr=draws.stats_i)
     tau_arg = tau if tau is not None else race_f  # a valid pointer when unused
     # No FMA contraction: x * inv_t + g must round like the reference's two torch ops, or race
     # keys drift by an ulp and near-ties could pick different tokens.
@@ -240,7 +265,7 @@ def rejection_sample_triton(
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
         RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, num_warps=walk_warps, enable_fp_fusion=False,
-        **common, **launch,
+        **common, **({} if draws is None else dict(dstat_f_ptr=draws.stats_f)), **launch,
     )
     if full_q:
         race_and_finish(target_logits, q, temperature, seed, position, race_i, race_f, tok, lp, tau,

@@ -19,11 +19,18 @@ Up to three launches, the first two spread over many programs per row:
      keys (_select). A row whose candidates overflow the buffer, or weigh
      less than top_p of the row, runs _row_tau over the whole row instead. It also resets the
      workspace rows it used, which every call and graph replay shares (_workspace).
+     With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
+     also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so the
+     kept row's lse, its argmax, the draft's x and the two-level race (same keys, bit for bit,
+     as the whole-row race's: counter-based bits by vocab id) need nothing else of the row.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
-race.
+race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
+stats_f) instead of the planes'.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -31,6 +38,7 @@ import triton.language as tl
 from graphrt.kernels.counters import capturing
 from graphrt.kernels.rejection_kernels import _NEG_INF, _inv_temperature, _pdl_wait, _scaled
 from graphrt.kernels.rejection_reference import LOG2E_F32, POLY, W_BITS
+from graphrt.kernels.rng import tl_chunk_key, tl_race_gumbel, tl_race_key
 
 _TL_W = tl.constexpr(W_BITS)
 _TL_LOG2E_F32 = tl.constexpr(LOG2E_F32)
@@ -368,6 +376,74 @@ def _group_candidates(smax_ptr, NS, gmax_ptr, NG, row_ptr, V, cand_ptr, ids_ptr,
 
 
 @triton.jit
+def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, pos, GROUP: tl.constexpr,
+                     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, NC_POW2: tl.constexpr):
+    """What the sampler's row pass and its two-level race find on a row whose kept entries all lie
+    among its n candidates (cand_ptr: raw values, whole groups in increasing vocab order, so the
+    entries of a race chunk are consecutive; gid_ptr: the groups): (the lowest id of the raw max
+    rmax (0 on a dead row), the kept row's lse, the race's winner with excl left out and its x; x
+    -inf: nothing to race, the walk falls back to the argmax). x_max: the row's largest scaled
+    logit. The race keys are the whole-row race's, bit for bit (same ops, same counter-based bits
+    by vocab id); entries outside the candidates are filtered out, so they would only add -inf."""
+    offs0 = tl.arange(0, BLOCK_V)
+    cc = tl.arange(0, NC_POW2)
+    s_row = tl.zeros([BLOCK_V], tl.float32)
+    amax = tl.full([BLOCK_V], _INT32_BIG, tl.int32)
+    # each chunk's mass without excl, relative to the running max of the live entries: a chunk more
+    # than ~87 under it underflows, and could not win anyway (a Gumbel spans under 20)
+    m_live = tl.max(tl.full([BLOCK_V], _NEG_INF, tl.float32), axis=0)
+    s_c = tl.zeros([NC_POW2], tl.float32)
+    cnt = tl.zeros([NC_POW2], tl.int32)
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
+        slot = t * BLOCK_V + offs0
+        inb = slot < n
+        raw = tl.load(cand_ptr + slot, mask=inb, other=float("-inf"))
+        vid = tl.load(gid_ptr + slot // GROUP, mask=inb, other=0) * GROUP + slot % GROUP
+        raw = tl.where(raw >= tau, raw, _NEG_INF)
+        x = _scaled(raw, inv_t)
+        s_row += tl.exp(x - x_max)
+        amax = tl.minimum(amax, tl.where(raw == rmax, vid, _INT32_BIG))
+        ch = vid // CHUNK
+        xl = tl.where(vid != excl, x, _NEG_INF)
+        new = tl.maximum(m_live, tl.max(xl, axis=0))
+        e = tl.where(new > _NEG_INF, tl.exp(xl - new), 0.0)
+        alpha = tl.where(new > _NEG_INF, tl.exp(m_live - new), 0.0)
+        s_c = s_c * alpha + tl.sum(tl.where(ch[:, None] == cc[None, :], e[:, None], 0.0), axis=0)
+        cnt += tl.histogram(ch, NC_POW2, mask=inb & (ch < NC_POW2))
+        m_live = new
+    amax_s = tl.min(amax, axis=0)
+    amax_s = tl.where(amax_s < _INT32_BIG, amax_s, 0)
+    lse = x_max + tl.log(tl.sum(s_row, axis=0))
+    # the first level: as _pick_chunk, on the same chunk Gumbels
+    lse_c = m_live + tl.log(s_c)
+    ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
+    kc = tl.max(ckey, axis=0)
+    cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
+    start = tl.sum(tl.where(cc < cw, cnt, 0), axis=0)
+    end = start + tl.sum(tl.where(cc == cw, cnt, 0), axis=0)
+    # the second level over chunk cw's candidates only (a strict > per lane, then the lowest id)
+    rkey = tl_race_key(seed, pos)
+    best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+    best_i = tl.full([BLOCK_V], _INT32_BIG, tl.int32)
+    best_x = tl.full([BLOCK_V], _NEG_INF, tl.float32)
+    for t in range(start // BLOCK_V, tl.cdiv(end, BLOCK_V)):
+        slot = t * BLOCK_V + offs0
+        inr = (slot >= start) & (slot < end)
+        raw = tl.load(cand_ptr + slot, mask=inr, other=float("-inf"))
+        vid = tl.load(gid_ptr + slot // GROUP, mask=inr, other=0) * GROUP + slot % GROUP
+        x = _scaled(tl.where(raw >= tau, raw, _NEG_INF), inv_t)
+        key = tl.where(inr & (vid != excl), x + tl_race_gumbel(rkey, vid), _NEG_INF)
+        win = key > best
+        best = tl.where(win, key, best)
+        best_i = tl.where(win, vid, best_i)
+        best_x = tl.where(win, x, best_x)
+    km = tl.max(best, axis=0)
+    wi = tl.min(tl.where(best == km, best_i, _INT32_BIG), axis=0)
+    xw = tl.max(tl.where(best_i == wi, best_x, _NEG_INF), axis=0)
+    return amax_s, lse, wi, tl.where((kc > _NEG_INF) & (km > _NEG_INF), xw, _NEG_INF)
+
+
+@triton.jit
 def _threshold_kernel(
     logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
     temp_ptr,  # [B] fp32
@@ -378,6 +454,10 @@ def _threshold_kernel(
     kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
     ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
+    draft_ptr, nd_ptr, seed_ptr, pos_ptr,  # the sampler's [B, K] drafts, [B] num_draft_tokens, seed, position (DRAW)
+    dstat_i_ptr,  # [3, rows] int32 out (DRAW): drawn from the candidates (0/1), the argmax, the race's winner
+    dstat_f_ptr,  # [4, rows] fp32 out (DRAW, where drawn): the raw max, the lse, x of the draft, x of the winner
+    stride_db, stride_dk,
     stride_lb, stride_lj, R, V, NG, NS, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
@@ -388,32 +468,64 @@ def _threshold_kernel(
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
+    DRAW: tl.constexpr = False,  # one-hot sampler: rows whose candidates hold their threshold are drawn here
+    HAS_ND: tl.constexpr = False,
+    CHUNK: tl.constexpr = 1,  # DRAW: the two-level race's chunk, NC_POW2 >= the row's chunks
+    NC_POW2: tl.constexpr = 1,
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
     tau = tl.zeros_like(inv_t) + _NEG_INF
-    row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
+    j = row % R
+    row_ptr = logits_ptr + b * stride_lb + j * stride_lj
+    drawn = row < 0
     if active:  # rows that filter nothing stop here
         done = row < 0
         if CAND:
-            x_max = _scaled(_key_value(tl.load(kmax_ptr + row), SHIFT), inv_t)
+            rmax = _key_value(tl.load(kmax_ptr + row), SHIFT)
+            x_max = _scaled(rmax, inv_t)
             mass = tl.load(mass_ptr + row)
             n = tl.zeros_like(NG)
+            gid_ptr = ids_ptr + row * 2 * (CAP // GROUP)
             if x_max > _NEG_INF:  # a dead row has no candidates
                 key_bar, z_bar = _group_bar(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, k, use_k, top_p, min_p,
                                             inv_t, x_max, hist_ptr + row * 64, mass, SHIFT, CAND_BLOCK_V, NP)
                 n = _group_candidates(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, row_ptr, V,
-                                      cand_ptr + row * CAP, ids_ptr + row * 2 * (CAP // GROUP), CAP, key_bar, z_bar,
+                                      cand_ptr + row * CAP, gid_ptr, CAP, key_bar, z_bar,
                                       inv_t, x_max, SHIFT, CAND_BLOCK_V, GROUP, SUPER)
             if n <= CAP:
                 tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, mass, True, SHIFT,
                                      CAND_BLOCK_V, NP)
+                if DRAW:
+                    if done:  # every kept entry is a candidate: the sampler needs nothing else of this row
+                        K = R - 1
+                        kb = K
+                        if HAS_ND:
+                            kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int64), 0), K)
+                        d = tl.load(draft_ptr + b * stride_db + j * stride_dk, mask=j < K, other=-1).to(tl.int64)
+                        # the row emits a correction where it rejects its draft, else the bonus: excl as the row pass
+                        excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
+                        raw_d = tl.load(row_ptr + tl.minimum(tl.maximum(d, 0), V - 1), mask=j < K, other=0.0)
+                        x_d = _scaled(tl.where(raw_d.to(tl.float32) >= tau, raw_d.to(tl.float32), _NEG_INF), inv_t)
+                        amax, lse, win, x_win = _candidate_draws(
+                            cand_ptr + row * CAP, gid_ptr + CAP // GROUP, n, rmax, x_max, tau, inv_t, excl,
+                            tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j, GROUP, CAND_BLOCK_V, CHUNK, NC_POW2)
+                        rows = tl.num_programs(0).to(tl.int64)
+                        tl.store(dstat_i_ptr + rows + row, amax)
+                        tl.store(dstat_i_ptr + 2 * rows + row, win)
+                        tl.store(dstat_f_ptr + row, rmax)
+                        tl.store(dstat_f_ptr + rows + row, lse)
+                        tl.store(dstat_f_ptr + 2 * rows + row, x_d)
+                        tl.store(dstat_f_ptr + 3 * rows + row, x_win)
+                        drawn = done
             tl.store(kmax_ptr + row, -_INT32_BIG)
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
         if ~done:
             tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
+    if DRAW:  # every row, every call: the row pass and the walk read it
+        tl.store(dstat_i_ptr + row, drawn.to(tl.int32))
 
 
 _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -444,16 +556,32 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
     return ws
 
 
+class Draws(NamedTuple):
+    """What the threshold kernel needs to draw a row from its candidates (the one-hot sampler's
+    inputs) and where it writes what it found (the sampler's walk reads it; the row pass skips the
+    rows drawn)."""
+
+    draft_ids: torch.Tensor  # [B, K] integer (any [B] tensor at K = 0)
+    num_draft_tokens: torch.Tensor | None  # [B] int32/int64
+    seed: torch.Tensor  # [B] int64
+    position: torch.Tensor  # [B] int64
+    chunk: int  # the two-level race's chunk (a power of two)
+    stats_i: torch.Tensor  # [3, B*(K+1)] int32 out: drawn (0/1), the lowest argmax, the race's winner
+    stats_f: torch.Tensor  # [4, B*(K+1)] fp32 out: the raw max, the lse, x of the draft, x of the winner
+
+
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
                       pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
-                      cand_block_v: int | None = None) -> torch.Tensor:
+                      cand_block_v: int | None = None, draws: Draws | None = None) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
     and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
     that many; cap: candidates per row (below GROUP: every row reads its whole row in the one
     exact kernel); cand_block_v: kernel 3's tile over the maxima and the candidates (block_v by
-    default; block_v stays the tile of its whole-row search)."""
+    default; block_v stays the tile of its whole-row search). draws: also draw, for the one-hot
+    sampler, each sampled row whose threshold came from its candidates (draws.stats_i[0] says which:
+    every row's flag is written)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
@@ -485,8 +613,14 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 **flags, **launch)
     else:
         kmax = mass = hist = gmax = smax = cand = ids = tau  # valid pointers, unused
+    d = draws
+    sample = () if d is None else (d.draft_ids, d.num_draft_tokens if d.num_draft_tokens is not None else d.seed,
+                                   d.seed, d.position, d.stats_i, d.stats_f)
+    dstrides = (d.draft_ids.stride(0), d.draft_ids.stride(1)) if d is not None and d.draft_ids.dim() == 2 else (0, 0)
+    draw = dict(DRAW=True, HAS_ND=d.num_draft_tokens is not None, CHUNK=d.chunk,
+                NC_POW2=triton.next_power_of_2(triton.cdiv(v, d.chunk))) if d is not None else {}
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids, *strides, ng, ns, cap,
-        CAND=ws is not None, BLOCK_V=block_v, CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags,
-        **launch)
+        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids,
+        *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None, BLOCK_V=block_v,
+        CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags, **draw, **launch)
     return tau

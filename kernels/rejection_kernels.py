@@ -12,7 +12,9 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
      is not the reference's (a +inf logit, x overflowing) rerun the split through the exact
      sanitised loop. The split holding row j's draft also stores its logit (and q's), so the walk
      reads nothing that depends on another read. With FUSE_RACE (one-hot, few rows) it also races
-     every row's entries per split, draft excluded, so the walk reads no logits.
+     every row's entries per split, draft excluded, so the walk reads no logits. DRAWN (filters):
+     rows the threshold kernel drew from their candidates (kernels/rejection_filter.py) get no
+     tile here.
   2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
      two-level race (_pick_chunk: the chunks' keys from the split stats; then _chunk_winner over
@@ -20,7 +22,8 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
      here, pruned exactly by _race_tile where asked: a tile is raced only if some entry's upper
      bound raw * inv_t + (-log(1 - u)) beats the best key so far, so such tiles cost the hash and
      one fast lg2 per entry instead of two exact logs). In full q it leaves the one row that needs a
-     race for kernels/rejection_fullq.py.
+     race for kernels/rejection_fullq.py. DRAWN: a drawn row's max, argmax, lse, draft's x and
+     race winner come from the threshold kernel instead of the planes.
 Workspace: stat planes fstat [_NUM_FPLANES, B*(K+1), splits] fp32 (planes _P_*; _P_XD / _P_YD use
 split 0 only) and istat [2, B*(K+1), splits] int32 (raw argmax, fused race winner).
 """
@@ -232,6 +235,8 @@ def _row_stats_kernel(
     XSUM: tl.constexpr = False,  # one-hot: also the sums without the draft (P_XSUM)
     FILTER: tl.constexpr = False,  # top_k / top_p / min_p: entries under tau are -inf
     SHARDED: tl.constexpr = False,  # vocab parallel (kernels/vocab_parallel.py), below
+    DRAWN: tl.constexpr = False,  # the filters drew some rows from their candidates: skip those
+    dstat_i_ptr=None,  # [3, B*(K+1)] int32 (DRAWN only): plane 0 says which rows (rejection_filter.Draws)
 ):
     """SHARDED: logits_ptr holds the V entries [VOFF, VOFF + V) of a V_ALL-entry row (one rank's
     vocab shard, VOFF a multiple of the race chunk); loads and tiles are local, every id that
@@ -271,6 +276,8 @@ def _row_stats_kernel(
     chunk_start = tile0 * BLOCK_V
     # Tiles of this chunk, and how many of them lie wholly inside the row (loaded without a mask).
     n_tiles = tl.minimum(TILES_PER_SPLIT, tl.cdiv(V, BLOCK_V) - tile0)
+    if DRAWN:  # no tile: the stores below are a dead row's, which the walk replaces
+        n_tiles = tl.where(tl.load(dstat_i_ptr + row) != 0, 0, n_tiles)
     n_full = tl.maximum(tl.minimum(n_tiles, V // BLOCK_V - tile0), 0)
     # The chunk holding the draft stores its logits for the walk (no dependent read there).
     dc = tl.minimum(tl.maximum(d, 0), v_all - 1) - voff
@@ -462,6 +469,9 @@ def _walk_kernel(
     FAST: tl.constexpr = False,
     PDL: tl.constexpr = 0,
     FILTER: tl.constexpr = False,
+    DRAWN: tl.constexpr = False,  # rows drawn by the filters' threshold kernel: their results replace the planes'
+    dstat_i_ptr=None,  # [3, B*(K+1)] int32 (DRAWN only): drawn (0/1), the lowest argmax, the race's winner
+    dstat_f_ptr=None,  # [4, B*(K+1)] fp32: the raw max, the lse, x of the draft, x of the race's winner
 ):
     """Request b = program id: merge its rows' splits, walk its drafts, write its results.
 
@@ -489,10 +499,27 @@ def _walk_kernel(
     raw_i = tl.load(istat_ptr + o2, mask=m2, other=_INT32_MAX, cache_modifier=".cg")
     rmax = tl.max(raw_m, axis=1)
     amax = tl.min(tl.where(raw_m == rmax[:, None], raw_i, _INT32_MAX), axis=1).to(tl.int64)
-    amax = tl.where(row_ok, amax, 0)
-    x_amax = _scaled(rmax, inv_t)  # x at the argmax (-inf on a dead row)
     pm = tl.load(fstat_ptr + _P_MAX * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
     lse = _merge_lse(pm, tl.load(fstat_ptr + _P_SUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg"), m2)
+    o_row = (b * R + jr) * SPLITS
+    is_draft = jr < K
+    x_d = tl.load(fstat_ptr + _P_XD * plane + o_row, mask=is_draft, other=0.0, cache_modifier=".cg")
+    drawn = jr < 0
+    dwin = amax
+    dx_win = rmax
+    if DRAWN:
+        rows = tl.num_programs(0).to(tl.int64) * R
+        o_d = b * R + jr
+        drawn = tl.load(dstat_i_ptr + o_d, mask=row_ok, other=0, cache_modifier=".cg") != 0
+        dwin = tl.load(dstat_i_ptr + 2 * rows + o_d, mask=row_ok, other=0, cache_modifier=".cg").to(tl.int64)
+        dx_win = tl.load(dstat_f_ptr + 3 * rows + o_d, mask=row_ok, other=_NEG_INF, cache_modifier=".cg")
+        rmax = tl.where(drawn, tl.load(dstat_f_ptr + o_d, mask=row_ok, other=0.0, cache_modifier=".cg"), rmax)
+        amax = tl.where(drawn, tl.load(dstat_i_ptr + rows + o_d, mask=row_ok, other=0, cache_modifier=".cg"), amax)
+        lse = tl.where(drawn, tl.load(dstat_f_ptr + rows + o_d, mask=row_ok, other=0.0, cache_modifier=".cg"), lse)
+        x_d = tl.where(drawn, tl.load(dstat_f_ptr + 2 * rows + o_d, mask=row_ok, other=0.0, cache_modifier=".cg"),
+                       x_d)
+    amax = tl.where(row_ok, amax, 0)
+    x_amax = _scaled(rmax, inv_t)  # x at the argmax (-inf on a dead row)
     if not FULL_Q:  # the race's inputs for every row: none of these loads waits on the walk
         psx = tl.load(fstat_ptr + _P_XSUM * plane + o2, mask=m2, other=0.0, cache_modifier=".cg")
         if FUSE_RACE:
@@ -501,11 +528,8 @@ def _walk_kernel(
             rx = tl.load(fstat_ptr + _P_RACE_X * plane + o2, mask=m2, other=_NEG_INF, cache_modifier=".cg")
     dead = lse == _NEG_INF
 
-    is_draft = jr < K
     d = tl.load(draft_ptr + b * stride_db + jr * stride_dk, mask=is_draft, other=-1).to(tl.int64)
     valid = is_draft & (d >= 0) & (d < V)
-    o_row = (b * R + jr) * SPLITS
-    x_d = tl.load(fstat_ptr + _P_XD * plane + o_row, mask=is_draft, other=0.0, cache_modifier=".cg")
     p_d = tl.where(valid & ~dead, tl.exp(x_d - lse), 0.0)
     u = tl_accept_uniform(seed, pos + jr)
     if FULL_Q:
@@ -541,22 +565,28 @@ def _walk_kernel(
     x_t = x_amax_n
     if not FULL_Q:
         if ~greedy:
-            # Row n_acc's two-level race (the reference's _two_level_race).
-            sel = at_n[:, None]
-            kc, cw = _pick_chunk(tl.max(tl.where(sel, pm, _NEG_INF), axis=0),
-                                 tl.sum(tl.where(sel, psx, 0.0), axis=0), seed, pos + n_acc, NC_POW2, SPC)
-            if FUSE_RACE:
-                win, x_win, kmax = _chunk_winner(
-                    tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
-                    tl.max(tl.where(sel, rx, _NEG_INF), axis=0), cw, NC_POW2, SPC)
+            drawn_n = tl.max(tl.where(at_n & drawn, 1, 0), axis=0) > 0
+            if drawn_n:  # the threshold kernel raced this row over its candidates
+                win = tl.sum(tl.where(at_n, dwin, 0), axis=0)
+                x_win = tl.max(tl.where(at_n, dx_win, _NEG_INF), axis=0)
+                raced = x_win > _NEG_INF
             else:
-                tau_n = inv_t
-                if FILTER:
-                    tau_n = tl.load(tau_ptr + b * R + n_acc)
-                win, x_win, kmax = _race_chunk_entries(
-                    logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
-                    excl, tau_n, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST, FILTER)
-            raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
+                # Row n_acc's two-level race (the reference's _two_level_race).
+                sel = at_n[:, None]
+                kc, cw = _pick_chunk(tl.max(tl.where(sel, pm, _NEG_INF), axis=0),
+                                     tl.sum(tl.where(sel, psx, 0.0), axis=0), seed, pos + n_acc, NC_POW2, SPC)
+                if FUSE_RACE:
+                    win, x_win, kmax = _chunk_winner(
+                        tl.max(tl.where(sel, rk, _NEG_INF), axis=0), tl.sum(tl.where(sel, ri, 0), axis=0),
+                        tl.max(tl.where(sel, rx, _NEG_INF), axis=0), cw, NC_POW2, SPC)
+                else:
+                    tau_n = inv_t
+                    if FILTER:
+                        tau_n = tl.load(tau_ptr + b * R + n_acc)
+                    win, x_win, kmax = _race_chunk_entries(
+                        logits_ptr + b * stride_lb + n_acc * stride_lj, cw, tl_race_key(seed, pos + n_acc), inv_t,
+                        excl, tau_n, V, CHUNK, RACE_BLOCK_V, VEC, PRUNE, FAST, FILTER)
+                raced = (kc > _NEG_INF) & (kmax > _NEG_INF)
             tok_n = tl.where(raced, win, amax_n)
             x_t = tl.where(raced, x_win, x_amax_n)
     lp_n = tl.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)

@@ -12,7 +12,7 @@ from graphrt.kernels.rejection_filter import thresholds_triton
 from graphrt.kernels.rejection_reference import W_BITS, thresholds_reference, weights
 
 from tests.seeds import fresh_seed
-from tests.test_rejection import assert_same_result, check_outputs_valid, chi2_pvalue, make_inputs
+from tests.test_rejection import assert_same_result, check_outputs_valid, chi2_pvalue, clone_args, make_inputs
 
 INF = float("inf")
 
@@ -176,17 +176,19 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
                         for kmax, mass, hist, *_ in used)
 
 
-CASES = {  # name: (temps, full_q, ragged, fuse_race)
-    "onehot_fused": ([1.0, 0.5, 1.3], False, False, True),
-    "onehot_race_pass": ([1.3, 0.7], False, True, False),
-    "fullq": ([0.9, 1.3], True, False, None),
-    "mixed": ([0.0, 1.0, float("nan"), 0.5], False, True, False),
+CASES = {  # name: (temps, full_q, ragged, launch fields)
+    # one-hot rows drawn by the threshold kernel from their candidates (all of them fit at V = 75)
+    "onehot_fused": ([1.0, 0.5, 1.3], False, False, dict(fuse_race=True)),
+    # two groups of candidates at most: most rows read whole again, and the walk races their chunk
+    "onehot_race_pass": ([1.3, 0.7], False, True, dict(fuse_race=False, filter_cap=32)),
+    "fullq": ([0.9, 1.3], True, False, {}),
+    "mixed": ([0.0, 1.0, float("nan"), 0.5], False, True, dict(fuse_race=False, filter_draw=False)),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_matches_reference_with_filters(name):
-    temps, full_q, ragged, fuse = CASES[name]
+    temps, full_q, ragged, fields = CASES[name]
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     dtype = [torch.float32, torch.bfloat16, torch.float16][seed % 3]
@@ -197,11 +199,88 @@ def test_triton_matches_reference_with_filters(name):
     counts_ref = torch.zeros(3, dtype=torch.int64)
     counts_tri = counts_ref.clone()
     ref = rejection_sample_reference(**args, **f, acceptance_counts=counts_ref, race_chunk=32)
-    got = rejection_sample_triton(**args, **f, acceptance_counts=counts_tri, race_chunk=32, config=small_config(
-        args, **({} if fuse is None else {"fuse_race": fuse})))
+    got = rejection_sample_triton(**args, **f, acceptance_counts=counts_tri, race_chunk=32,
+                                  config=small_config(args, **fields))
     msg = f"seed {seed} dtype {dtype}"
     assert_same_result(got, ref, msg, counts=(counts_tri, counts_ref))
     check_outputs_valid(got, args)
+
+
+DRAW_CASES = {  # name: (K, filter_cap, fuse_race); CASES["mixed"] runs without the draws
+    "fit_fused": (3, None, True),  # every candidate set fits
+    "overflow_walk_race": (3, 32, False),  # two groups: many rows search their whole row
+    "k0": (0, None, False),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAW_CASES))
+def test_rows_drawn_from_candidates(name, monkeypatch):
+    """A sampled row whose threshold its candidates held is drawn by the threshold kernel, and
+    nothing reads its logits after that: they are NaN by then here (poisoned once the threshold
+    kernel returns), yet every token and count is the reference's. Mixed batch: greedy (0 and NaN
+    temperature), unfiltered and filtered requests, rows dead or with NaN / +inf, invalid drafts,
+    ragged drafts (a bonus row with a draft beside it excludes none), V = 75 (no tile divides it),
+    3-5 race chunks; rows overflowing the candidates take the whole-row path."""
+    import graphrt.kernels.rejection as rejection
+    from graphrt.kernels.rejection_filter import FILTER_CAP, GROUP
+
+    k, cap, fuse = DRAW_CASES[name]
+    cap = FILTER_CAP if cap is None else cap
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    b, v = 8, 75
+    dtype = [torch.bfloat16, torch.float32, torch.float16][seed % 3]
+    temps = [1.0, 0.0, 0.7, float("nan"), 1.3, 0.5, 1.0, 0.9]
+    args = make_inputs(b, k, v, gen=gen, temps=temps, ragged=True, hazards=True, dtype=dtype)
+    x = args["target_logits"]
+    x[::2] = tied(x[::2].float()).to(dtype)
+    x[7, :, 10], x[7, :, 40] = 50.0, 48.0  # top_k 2 keeps two groups: they fit even the small buffer
+    if k:  # request 7's row 0 is its bonus row: the draft beside it stays in the race (p 0.9)
+        args["num_draft_tokens"][7], args["draft_token_ids"][7, 0] = 0, 10
+    f = random_filters(b, v, gen)
+    f["top_k"][0] = 8  # every group of request 0, over the small buffer
+    f["top_k"][7], f["top_p"][7], f["min_p"][7] = 2, 1.0, 0.0
+    f["top_k"][6], f["top_p"][6], f["min_p"][6] = 0, 1.0, 0.0  # sampled, unfiltered
+    f["top_k"][5], f["top_p"][5], f["min_p"][5] = 0, 1.0, 0.1  # every row dead (K > 0): drawn from no candidates
+    chunk = [16, 32][(seed // 3) % 2]
+    ref = rejection_sample_reference(**args, **f, race_chunk=chunk)
+
+    real = rejection.thresholds_triton
+    seen = {}
+
+    def poisoning(logits, *a, draws=None, **kw):
+        tau = real(logits, *a, draws=draws, **kw)
+        seen["draws"] = draws
+        logits.view(-1, v)[draws.stats_i[0] != 0] = float("nan")
+        return tau
+
+    class RowPassSpy:  # the row pass's launch keywords: it must be told which rows to skip
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen["row pass"] = kw
+                return kernel[grid](*a, **kw)
+            return launch
+
+    kernel = rejection._row_stats_kernel
+    monkeypatch.setattr(rejection, "thresholds_triton", poisoning)
+    monkeypatch.setattr(rejection, "_row_stats_kernel", RowPassSpy())
+    got = rejection_sample_triton(**clone_args(args), **f, race_chunk=chunk, config=small_config(
+        args, fuse_race=fuse, filter_cap=cap))
+    msg = f"seed {seed} dtype {dtype} race_chunk {chunk}"
+    assert_same_result(got, ref, msg)
+    check_outputs_valid(got, args)
+    stats_i = seen["draws"].stats_i
+    assert seen["row pass"].get("DRAWN") and seen["row pass"].get("dstat_i_ptr") is stats_i, msg
+    drawn = (stats_i[0] != 0).view(b, k + 1)
+    sampled = torch.tensor(temps) > 0
+    filtering = ((f["top_k"] > 0) & (f["top_k"] < v)) | (f["top_p"] < 1) | (f["min_p"] > 0)
+    assert not bool((drawn & ~(sampled & filtering)[:, None]).any()), f"{msg}: {drawn}"
+    assert bool(drawn[5].all()) and bool(drawn[7].all()), f"{msg}: {drawn}"
+    way = torch.tensor([w == "candidates" for w in _candidates(x, torch.tensor(temps), f, cap, 8)]).view(b, k + 1)
+    assert bool(drawn[way].all()), f"{msg}: {drawn} vs {way}"  # top_p alone: not mirrored, may go either way
+    if cap < v:
+        assert not bool(drawn[0].any()), f"{msg}: {drawn}"
+        assert cap == 2 * GROUP
 
 
 def test_filters_off_change_nothing():
@@ -362,3 +441,27 @@ def test_triton_matches_reference_with_filters_gpu(cuda, full_q, b, dtype):
     ref = rejection_sample_reference(**args)
     got = rejection_sample(**args)
     assert_same_result(got, ref, f"seed {seed}", tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 64, 256])
+def test_drawn_rows_match_whole_row_pass_gpu(cuda, b):
+    """The bench's top_k 50 + top_p 0.9 beside greedy, unfiltered and overflowing requests (top_k
+    1000: a thousand groups, over the candidate buffer): the rows drawn from their candidates give
+    the reference's tokens, and the same as every row read whole again (filter_draw off)."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    k, v = 3, 128256
+    args = make_inputs(b, k, 8, gen=gen, temps=[1.0, 0.0, 0.7, 1.3, 0.9], ragged=True)
+    target = (torch.randn(b, k + 1, v, device=cuda) * 3).to(torch.bfloat16)
+    drafts = torch.multinomial(torch.softmax(target[:, :k].float() + 1, -1).reshape(-1, v), 1).reshape(b, k)
+    drafts[::3] = target[::3, :k].float().argmax(-1)
+    i = torch.arange(b) % 5
+    f = {"top_k": torch.tensor([50, 50, 0, 1000, 50])[i], "top_p": torch.tensor([0.9, 0.9, 1.0, 0.9, 0.9])[i]}
+    args = {key: (val.to(cuda) if isinstance(val, torch.Tensor) else val) for key, val in {**args, **f}.items()}
+    args.update(target_logits=target, draft_token_ids=drafts)
+    ref = rejection_sample_reference(**args)
+    got = rejection_sample(**args)
+    whole = rejection_sample_triton(**args, config=dataclasses.replace(launch_config(b, k, False), filter_draw=False))
+    assert_same_result(got, ref, f"seed {seed}", tol=1e-4)
+    assert_same_result(whole, ref, f"seed {seed}", tol=1e-4)
