@@ -2,7 +2,7 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Up to three launches, the first two spread over many programs per row:
+Up to four launches, the first two spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
      each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
      One read of the row and no compaction: on the H200 a gather inside this streaming pass, in
@@ -16,13 +16,16 @@ Up to three launches, the first two spread over many programs per row:
      most 1 - top_p; min_p alone: over its bar), found supergroup first, have their entries
      copied to a per-row candidate buffer (_group_candidates); then the exact threshold over them
      (_row_tau), bit for bit the reference's: a radix select over the order-preserving integer
-     keys (_select). A row whose candidates overflow the buffer, or weigh
-     less than top_p of the row, runs _row_tau over the whole row instead. It also resets the
-     workspace rows it used, which every call and graph replay shares (_workspace).
+     keys (_select). A row whose candidates overflow the buffer, or weigh less than top_p of the
+     row, is flagged for kernel 4 instead. It also resets the workspace rows it used, which every
+     call and graph replay shares (_workspace).
      With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
      also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so the
      kept row's lse, its argmax, the draft's x and the two-level race (same keys, bit for bit,
      as the whole-row race's: counter-based bits by vocab id) need nothing else of the row.
+  4. _whole_row_kernel, grid rows: _row_tau over the whole row of each flagged row; the other
+     programs exit at once. Apart, so that its tiles over the row (registers, spills) do not set
+     those of kernel 3, which every filtered row runs.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
 stats_f) instead of the planes'.
@@ -450,7 +453,8 @@ def _threshold_kernel(
     topk_ptr,  # [B] int32/int64 (HAS_K only)
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
-    tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered
+    tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered (not yet where flagged)
+    need_ptr,  # [B*(K+1)] int32 out: 1 where the row's threshold needs the whole-row search (_whole_row_kernel), else 0
     kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
     ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
@@ -461,11 +465,10 @@ def _threshold_kernel(
     stride_lb, stride_lj, R, V, NG, NS, CAP,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
-    BLOCK_V: tl.constexpr,  # the whole-row search's tile
     CAND_BLOCK_V: tl.constexpr,  # the tile over the maxima and the candidates (at most CAP entries)
     GROUP: tl.constexpr,
     SUPER: tl.constexpr,
-    CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every row from its logits
+    CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every active row is flagged
     NP: tl.constexpr = 8,  # pivots per bisection round
     PDL: tl.constexpr = 0,
     DRAW: tl.constexpr = False,  # one-hot sampler: rows whose candidates hold their threshold are drawn here
@@ -479,6 +482,7 @@ def _threshold_kernel(
     j = row % R
     row_ptr = logits_ptr + b * stride_lb + j * stride_lj
     drawn = row < 0
+    done = row >= 0
     if active:  # rows that filter nothing stop here
         done = row < 0
         if CAND:
@@ -521,11 +525,38 @@ def _threshold_kernel(
             tl.store(kmax_ptr + row, -_INT32_BIG)
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
-        if ~done:
-            tau, done = _row_tau(row_ptr, V, k, use_k, top_p, min_p, inv_t, 0, False, SHIFT, BLOCK_V, NP)
     tl.store(tau_ptr + row, tau)
+    # every row, every call (graph replays share the buffer): the whole-row search is a kernel of its
+    # own, whose tiles over the whole row would otherwise set this kernel's registers, and so how
+    # many of its programs share an SM, on every row for the sake of the few that overflow
+    tl.store(need_ptr + row, (~done).to(tl.int32))
     if DRAW:  # every row, every call: the row pass and the walk read it
         tl.store(dstat_i_ptr + row, drawn.to(tl.int32))
+
+
+@triton.jit
+def _whole_row_kernel(
+    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
+    tau_ptr,  # [B*(K+1)] fp32: the threshold of each row flagged in need_ptr, out
+    need_ptr,  # [B*(K+1)] int32: _threshold_kernel's flags
+    stride_lb, stride_lj, R, V,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # the tile over the row
+    NP: tl.constexpr = 8,
+    PDL: tl.constexpr = 0,
+):
+    """The threshold of each row whose candidates overflowed the buffer or weighed less than top_p
+    of the row (or of every active row without candidates): _row_tau over the whole row. Launched
+    on every row, right after _threshold_kernel; the others exit at once. Such a row was not drawn
+    from its candidates: the sampler's row pass reads it whole."""
+    _pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(need_ptr + row) != 0:
+        row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
+                                                                 HAS_K, HAS_P, HAS_M, 0)
+        tau, ok = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p, inv_t, 0,
+                           False, SHIFT, BLOCK_V, NP)
+        tl.store(tau_ptr + row, tau)
 
 
 _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -572,16 +603,18 @@ class Draws(NamedTuple):
 
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
                       pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
-                      cand_block_v: int | None = None, draws: Draws | None = None) -> torch.Tensor:
+                      cand_block_v: int | None = None, draws: Draws | None = None,
+                      whole: torch.Tensor | None = None) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
-    the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernels 2
-    and 3, stats_block_v kernel 1's (one per program); programs: kernel 2's launches aim at about
-    that many; cap: candidates per row (below GROUP: every row reads its whole row in the one
-    exact kernel); cand_block_v: kernel 3's tile over the maxima and the candidates (block_v by
-    default; block_v stays the tile of its whole-row search). draws: also draw, for the one-hot
+    the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernel 2
+    and of the whole-row search (kernel 4), stats_block_v kernel 1's (one per program); programs:
+    kernel 2's launches aim at about that many; cap: candidates per row (below GROUP: every row
+    reads its whole row in kernel 4); cand_block_v: kernel 3's tile over the maxima and the
+    candidates (block_v by default). draws: also draw, for the one-hot
     sampler, each sampled row whose threshold came from its candidates (draws.stats_i[0] says which:
-    every row's flag is written)."""
+    every row's flag is written). whole: [B*(K+1)] int32 out, 1 on the rows whose threshold took the
+    whole-row search (a new buffer when None)."""
     b, r, v = target_logits.shape
     rows = b * r
     dev = target_logits.device
@@ -619,8 +652,11 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     dstrides = (d.draft_ids.stride(0), d.draft_ids.stride(1)) if d is not None and d.draft_ids.dim() == 2 else (0, 0)
     draw = dict(DRAW=True, HAS_ND=d.num_draft_tokens is not None, CHUNK=d.chunk,
                 NC_POW2=triton.next_power_of_2(triton.cdiv(v, d.chunk))) if d is not None else {}
+    need = torch.empty(rows, dtype=torch.int32, device=dev) if whole is None else whole
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, kmax, mass, hist, gmax, smax, cand, ids,
-        *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None, BLOCK_V=block_v,
+        target_logits, temperature, *filters, tau, need, kmax, mass, hist, gmax, smax, cand, ids,
+        *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
         CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags, **draw, **launch)
+    _whole_row_kernel[(rows,)](target_logits, temperature, *filters, tau, need, *strides, BLOCK_V=block_v, **flags,
+                               **launch)
     return tau

@@ -26,7 +26,8 @@ _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr=
             lp_ptr="*fp32", counts_ptr="*i64", race_i_ptr="*i32", race_f_ptr="*fp32", ctr_ptr="*i32",
             part_k_ptr="*fp32", part_i_ptr="*i32", part_x_ptr="*fp32")
 _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32", kmax_ptr="*i32",
-               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32")
+               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", need_ptr="*i32", dstat_i_ptr="*i32",
+               dstat_f_ptr="*fp32")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
@@ -122,18 +123,36 @@ CASES = {
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
-    "rej-threshold-whole-rows": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=1024, CAND_BLOCK_V=1024, GROUP=16, SUPER=16,
-        CAND=False, PDL=0),
+    # the one-hot sampler's launch: sampled rows whose candidates hold their threshold are drawn there
+    "rej-threshold-draw": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
+        HAS_K=True, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=2, DRAW=True,
+        HAS_ND=True, CHUNK=8192, NC_POW2=16), dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-threshold-no-candidates": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
+    # the rows the threshold kernel flags: B <= 2 (4096-entry tiles) and beyond (2048)
+    "rej-whole-row-small": ("rejection_filter", "_whole_row_kernel", _FILTER, dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, PDL=2), dict(num_warps=8,
+                                                                                enable_fp_fusion=False)),
+    "rej-whole-row": ("rejection_filter", "_whole_row_kernel", _FILTER, dict(
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, PDL=1), dict(num_warps=8,
+                                                                                  enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
         XSUM=True, FILTER=True), _NO_FUSION),
     "rej-walk-filter": ("rejection_kernels", "_walk_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=1,
         CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, FILTER=True), _NO_FUSION),
+    # the rows the threshold kernel drew: the row pass skips them, the walk takes their results
+    "rej-row-stats-drawn": ("rejection_kernels", "_row_stats_kernel", _FILTER, dict(
+        HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
+        XSUM=True, FILTER=True, DRAWN=True), _NO_FUSION),
+    "rej-walk-drawn": ("rejection_kernels", "_walk_kernel", _FILTER, dict(
+        HAS_ND=True, HAS_COUNTS=True, FULL_Q=False, FUSE_RACE=False, R_POW2=4, SPLITS_POW2=16, PDL=2,
+        CHUNK=8192, SPC=1, NC_POW2=16, RACE_BLOCK_V=2048, VEC=8, PRUNE=True, FAST=True, FILTER=True, DRAWN=True),
+        _NO_FUSION),
     "rej-race-filter": ("rejection_fullq", "_race_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         BLOCK_V=1024, VEC=8, PDL=2, FILTER=True), _NO_FUSION),
 }

@@ -107,6 +107,18 @@ def test_thresholds_triton_match_reference(dtype):
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"seed {seed} {kinds}: {got} vs {ref}"
 
 
+def _filtering(f: dict, b: int, v: int) -> torch.Tensor:
+    """[b] bool: which requests' filters cut anything at vocabulary size v."""
+    out = torch.zeros(b, dtype=torch.bool)
+    if "top_k" in f:
+        out |= (f["top_k"] > 0) & (f["top_k"] < v)
+    if "top_p" in f:
+        out |= f["top_p"] < 1
+    if "min_p" in f:
+        out |= f["min_p"] > 0
+    return out
+
+
 def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: int) -> list[str]:
     """Per row, which way the Triton path takes it (kernels/rejection_filter.py, mirrored here in
     torch): "candidates", "whole row" (too many candidates) or "" (filters nothing, or top_p without
@@ -125,7 +137,7 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: in
                 out.append("")
                 continue
             vals = torch.where(torch.isnan(x[i, j]), -INF, x[i, j].float()) + 0.0
-            xs = (vals * (1.0 / temps[i])).nan_to_num(nan=-INF).clamp(max=3.4028234663852886e38)
+            xs = (vals * (1.0 / temps[i])).nan_to_num(nan=-INF, neginf=-INF).clamp(max=3.4028234663852886e38)
             if xs.max() == -INF:
                 out.append("candidates")  # none: a dead row
                 continue
@@ -148,8 +160,9 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: in
 @pytest.mark.parametrize("programs, stats_block_v", [(1024, 8192), (2, 64)])
 def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
-    buffer) give the reference's bits; kernels 1 and 2 over one program per row or several; the
-    shared workspace is left as found."""
+    buffer) give the reference's bits in one batch; kernels 1 and 2 over one program per row or
+    several; the shared workspace is left as found. The rows flagged for the whole-row kernel are
+    the overflowing ones, every flag rewritten on every call (stale ones here: all set)."""
     from graphrt.kernels.rejection_filter import GROUP, SUPER, _workspaces
 
     seed = fresh_seed()
@@ -165,11 +178,17 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
             f["top_k"][::3] = 7  # more than the row's groups: all of them are candidates
         args = [f.get(name) for name in ("top_k", "top_p", "min_p")]
         ref = thresholds_reference(x, temps, *args).flatten()
+        whole = torch.ones(b * r, dtype=torch.int32)
         got = thresholds_triton(x, temps, *args, block_v=16, num_warps=4, pdl=0, cap=cap, programs=programs,
-                                stats_block_v=stats_block_v)
+                                stats_block_v=stats_block_v, whole=whole)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), \
             f"seed {seed} {kinds}: {got} vs {ref}"
-        seen.update(_candidates(x, temps, f, cap, min(SUPER, min(stats_block_v, triton.next_power_of_2(v)) // GROUP)))
+        way = _candidates(x, temps, f, cap, min(SUPER, min(stats_block_v, triton.next_power_of_2(v)) // GROUP))
+        filtering = _filtering(f, b, v)
+        active = [bool(temps[i] > 0 and filtering[i]) for i in range(b) for _ in range(r)]
+        want = [{"candidates": 0, "whole row": 1}.get(w, None if a else 0) for w, a in zip(way, active)]
+        assert all(w is None or w == int(h) for w, h in zip(want, whole)), f"seed {seed} {kinds}: {whole} vs {want}"
+        seen.update(way)
     assert {"candidates", "whole row"} <= seen, f"seed {seed}: {seen}"
     used = [ws for key, ws in _workspaces.items() if key[1:3] == (cap, triton.cdiv(v, GROUP))]
     assert used and all(bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
@@ -249,7 +268,8 @@ def test_rows_drawn_from_candidates(name, monkeypatch):
     seen = {}
 
     def poisoning(logits, *a, draws=None, **kw):
-        tau = real(logits, *a, draws=draws, **kw)
+        seen["whole"] = torch.ones(b * (k + 1), dtype=torch.int32)  # stale flags: every one must be rewritten
+        tau = real(logits, *a, draws=draws, whole=seen["whole"], **kw)
         seen["draws"] = draws
         logits.view(-1, v)[draws.stats_i[0] != 0] = float("nan")
         return tau
@@ -272,14 +292,17 @@ def test_rows_drawn_from_candidates(name, monkeypatch):
     stats_i = seen["draws"].stats_i
     assert seen["row pass"].get("DRAWN") and seen["row pass"].get("dstat_i_ptr") is stats_i, msg
     drawn = (stats_i[0] != 0).view(b, k + 1)
+    whole = (seen["whole"] != 0).view(b, k + 1)
     sampled = torch.tensor(temps) > 0
-    filtering = ((f["top_k"] > 0) & (f["top_k"] < v)) | (f["top_p"] < 1) | (f["min_p"] > 0)
+    filtering = _filtering(f, b, v)
     assert not bool((drawn & ~(sampled & filtering)[:, None]).any()), f"{msg}: {drawn}"
+    # every sampled row that filters is drawn from its candidates or searched whole, never both
+    assert torch.equal(drawn ^ whole, (sampled & filtering)[:, None].expand(b, k + 1)), f"{msg}: {drawn} {whole}"
     assert bool(drawn[5].all()) and bool(drawn[7].all()), f"{msg}: {drawn}"
     way = torch.tensor([w == "candidates" for w in _candidates(x, torch.tensor(temps), f, cap, 8)]).view(b, k + 1)
     assert bool(drawn[way].all()), f"{msg}: {drawn} vs {way}"  # top_p alone: not mirrored, may go either way
-    if cap < v:
-        assert not bool(drawn[0].any()), f"{msg}: {drawn}"
+    if cap < v:  # both kinds of row in the batch
+        assert not bool(drawn[0].any()) and bool(whole[0].all()), f"{msg}: {drawn} {whole}"
         assert cap == 2 * GROUP
 
 
