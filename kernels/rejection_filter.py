@@ -396,7 +396,6 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     # than ~87 under it underflows, and could not win anyway (a Gumbel spans under 20)
     m_live = tl.max(tl.full([BLOCK_V], _NEG_INF, tl.float32), axis=0)
     s_c = tl.zeros([NC_POW2], tl.float32)
-    cnt = tl.zeros([NC_POW2], tl.int32)
     for t in range(0, tl.cdiv(n, BLOCK_V)):
         slot = t * BLOCK_V + offs0
         inb = slot < n
@@ -412,7 +411,6 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
         e = tl.where(new > _NEG_INF, tl.exp(xl - new), 0.0)
         alpha = tl.where(new > _NEG_INF, tl.exp(m_live - new), 0.0)
         s_c = s_c * alpha + tl.sum(tl.where(ch[:, None] == cc[None, :], e[:, None], 0.0), axis=0)
-        cnt += tl.histogram(ch, NC_POW2, mask=inb & (ch < NC_POW2))
         m_live = new
     amax_s = tl.min(amax, axis=0)
     amax_s = tl.where(amax_s < _INT32_BIG, amax_s, 0)
@@ -422,8 +420,18 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
     kc = tl.max(ckey, axis=0)
     cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
-    start = tl.sum(tl.where(cc < cw, cnt, 0), axis=0)
-    end = start + tl.sum(tl.where(cc == cw, cnt, 0), axis=0)
+    # chunk cw's slots, counted in a pass of their own: a per-chunk histogram carried through the loop
+    # above cost ~35 registers (sm_90), enough to halve how many programs share an SM
+    below = tl.zeros([BLOCK_V], tl.int32)
+    inside = tl.zeros([BLOCK_V], tl.int32)
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
+        slot = t * BLOCK_V + offs0
+        inb = slot < n
+        ch = (tl.load(gid_ptr + slot // GROUP, mask=inb, other=0) * GROUP + slot % GROUP) // CHUNK
+        below += (inb & (ch < cw)).to(tl.int32)
+        inside += (inb & (ch == cw)).to(tl.int32)
+    start = tl.sum(below, axis=0)
+    end = start + tl.sum(inside, axis=0)
     # the second level over chunk cw's candidates only (a strict > per lane, then the lowest id)
     rkey = tl_race_key(seed, pos)
     best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
@@ -469,7 +477,7 @@ def _threshold_kernel(
     GROUP: tl.constexpr,
     SUPER: tl.constexpr,
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every active row is flagged
-    NP: tl.constexpr = 8,  # pivots per bisection round
+    NP: tl.constexpr = 4,  # pivots per bisection round: 8 took ~30 more registers (sm_90) for a pass fewer
     PDL: tl.constexpr = 0,
     DRAW: tl.constexpr = False,  # one-hot sampler: rows whose candidates hold their threshold are drawn here
     HAS_ND: tl.constexpr = False,
