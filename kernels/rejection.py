@@ -59,7 +59,7 @@ class LaunchConfig:
     row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
     filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
     passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
-    candidates (filter_block_v stays its whole-row search's); filter_cap: their candidates per row
+    candidates (filter_block_v is the whole-row search's, a kernel of its own); filter_cap: their candidates per row
     (past it a row's threshold search reads the whole row; 0: every row's does). filter_draw
     (one-hot): a sampled row whose threshold the candidates held is drawn by the threshold kernel
     from them (its lse, argmax, draft's logit and two-level race), and the row pass skips it; off:
