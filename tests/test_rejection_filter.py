@@ -285,7 +285,7 @@ def test_rows_drawn_from_candidates(name, monkeypatch):
     monkeypatch.setattr(rejection, "thresholds_triton", poisoning)
     monkeypatch.setattr(rejection, "_row_stats_kernel", RowPassSpy())
     got = rejection_sample_triton(**clone_args(args), **f, race_chunk=chunk, config=small_config(
-        args, fuse_race=fuse, filter_cap=cap))
+        args, fuse_race=fuse, filter_cap=cap, filter_draw=True))
     msg = f"seed {seed} dtype {dtype} race_chunk {chunk}"
     assert_same_result(got, ref, msg)
     check_outputs_valid(got, args)
@@ -471,7 +471,7 @@ def test_triton_matches_reference_with_filters_gpu(cuda, full_q, b, dtype):
 def test_drawn_rows_match_whole_row_pass_gpu(cuda, b):
     """The bench's top_k 50 + top_p 0.9 beside greedy, unfiltered and overflowing requests (top_k
     1000: a thousand groups, over the candidate buffer): the rows drawn from their candidates give
-    the reference's tokens, and the same as every row read whole again (filter_draw off)."""
+    the reference's tokens, and so does every row read whole again (filter_draw off)."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     k, v = 3, 128256
@@ -485,6 +485,7 @@ def test_drawn_rows_match_whole_row_pass_gpu(cuda, b):
     args.update(target_logits=target, draft_token_ids=drafts)
     ref = rejection_sample_reference(**args)
     got = rejection_sample(**args)
-    whole = rejection_sample_triton(**args, config=dataclasses.replace(launch_config(b, k, False), filter_draw=False))
+    for draw in (True, False):  # the default draws from 16 rows on: both ways at every size
+        way = rejection_sample_triton(**args, config=dataclasses.replace(launch_config(b, k, False), filter_draw=draw))
+        assert_same_result(way, ref, f"seed {seed} filter_draw {draw}", tol=1e-4)
     assert_same_result(got, ref, f"seed {seed}", tol=1e-4)
-    assert_same_result(whole, ref, f"seed {seed}", tol=1e-4)
