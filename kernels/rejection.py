@@ -107,9 +107,9 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
       candidates (at most filter_cap entries, usually a few hundred) takes 1024-entry tiles: with
       the whole-row tile it spent its time on masked lanes.
     - The threshold kernel draws the filtered rows from their candidates (filter_draw) from 16 rows
-      (B = 4 at K = 3): there the row pass it spares was the larger cost, 6-15% faster at top_k 50
-      + top_p 0.9 from B = 4 to 256 on an H200; below, each row's serial race over its candidates
-      in one program took longer than the row pass spread over many (7-14% slower at B = 1, 2).
+      (B = 4 at K = 3), where the row pass it spares costs more than the draw; below, one program's
+      serial race over a row's candidates takes longer than the row pass spread over many programs
+      (RESULTS.md, the filters' table).
     """
     rows = batch * (k + 1)
     prune = batch >= 128
