@@ -21,6 +21,7 @@ import math
 import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
+from graphrt.profiling.family_chart import IDLE, SEGMENTS, family_bars
 from graphrt.profiling.kernel_families import kernel_family
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
@@ -135,6 +136,16 @@ def format_table(result: Attribution, *, top: int = 3, expected_nodes: dict | No
         why = "; ".join(f"{n} {reason}" for reason, n in sorted(result.reasons.items()))
         lines.append(f"unattributed kernels: {why}")
 
+    bars, by_family = family_bars(result)
+    if bars:  # compute against communication (family comm) and the rest, for every launch
+        shown = [f for f in SEGMENTS if any(v > 0 for v in by_family[f])]
+        lines += ["", "by kernel family, exclusive us per launch (they add up to the wall; idle: the GPU idle "
+                      "between kernels)"]
+        head = f"{'phase':<15} {'B':>4} " + " ".join(f"{'idle' if f == IDLE else f:>11}" for f in shown)
+        lines += [head, "-" * len(head)]
+        for i, (name, b) in enumerate(bars):
+            lines.append(f"{name:<15} {_num(b, '{}'):>4} " + " ".join(f"{by_family[f][i]:>11.1f}" for f in shown))
+
     if top > 0:
         lines += ["", f"top kernels by exclusive time, us per launch. {KERNEL_COLUMNS}"]
         for c in _ordered(result.by_batch.values()):
@@ -178,9 +189,12 @@ def _stats_json(result: Attribution, p: PhaseStats, top: int | None) -> dict:
 
 def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = None,
             events: EventTimes | None = None, events_traced: EventTimes | None = None) -> dict:
+    bars, by_family = family_bars(result)
+    families = {cell: {f: by_family[f][i] for f in SEGMENTS} for i, cell in enumerate(bars)}
     by_batch = []
     for c in _ordered(result.by_batch.values()):
         cell = _stats_json(result, c, top)
+        cell["families_us"] = families.get((c.name, c.batch_size))  # exclusive us per launch (not PREFILL)
         cell["cuda_events_us"] = (events or {}).get((c.name, c.batch_size))
         cell["cuda_events_traced_us"] = (events_traced or {}).get((c.name, c.batch_size))
         cell["wall_over_events"] = wall_over_events(c, events)

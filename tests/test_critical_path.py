@@ -134,6 +134,12 @@ def test_committed_pdl_export_reads_as_recorded():
     expected = json.loads((DATA / "nsys_pdl.expected.json").read_text())
     got = report.to_json(r, top=None)
     got.pop("source")
+    for cell in got["by_batch"]:  # the committed file predates the family split: checked against the wall
+        families = cell.pop("families_us")
+        if families is not None:
+            assert sum(families.values()) == pytest.approx(cell["mean_wall_ns_per_launch"] / 1e3), cell["phase"]
+    for cell in expected["attribution"]["by_batch"]:
+        cell.pop("families_us", None)
     assert got == expected["attribution"]  # the shrunk file reads exactly as the full export did
     for key, n in expected["meta"].get("graph_kernel_nodes", {}).items():
         phase, b = key.rsplit("/", 1)

@@ -698,6 +698,14 @@ def test_text_table_and_json(tmp_path):
     assert rows == ["PREFILL", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", UNATTRIBUTED, "total"]
     assert "1 no launch record" in text and "TARGET_VERIFY B=8: wall 0.1 us per launch" in text
     assert "vectorized_elementwise_kernel" in text
+    # by kernel family: TARGET_VERIFY B=8's GEMM 40 ns, attention 20, the sampler 40, the fill 50
+    fam = lines.index(next(ln for ln in lines if ln.startswith("by kernel family")))
+    cols = lines[fam + 1].split()
+    assert cols[:2] == ["phase", "B"] and "comm" not in cols and "PREFILL" not in text[text.index("by kernel family"):
+                                                                                         text.index("top kernels")]
+    tvf = next(ln.split() for ln in lines[fam + 3:] if ln.startswith("TARGET_VERIFY ") and ln.split()[1] == "8")
+    assert {"GEMM", "attention", "sampler", "other", "idle"} <= set(cols) and len(tvf) == len(cols)
+    assert sum(map(float, tvf[2:])) == pytest.approx(0.15, abs=0.3)  # 0.1 us each at most, rounded
     j = report.to_json(r, meta={"x": 1}, events=events)
     assert [p["phase"] for p in j["phases"]] == ["PREFILL", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"]
     assert sum(p["total_ns"] for p in j["phases"]) + j["unattributed"]["total_ns"] == j["total_ns"]
@@ -707,6 +715,9 @@ def test_text_table_and_json(tmp_path):
     assert cell["wall_ns"] == 150 and cell["cuda_events_us"] == 0.16
     assert cell["wall_over_events"] == pytest.approx(0.15 / 0.16 - 1)
     assert sum(k["exclusive_ns"] for k in cell["top_kernels"]) == cell["wall_ns"]
+    assert cell["families_us"]["GEMM"] == pytest.approx(0.04) and cell["families_us"]["other"] == pytest.approx(0.05)
+    assert sum(cell["families_us"].values()) == pytest.approx(cell["wall_ns"] / 1e3)
+    assert next(c for c in j["by_batch"] if c["phase"] == "PREFILL")["families_us"] is None
     assert j["tracing_overhead"]["worst"]["phase"] == "DRAFT_EXTEND" and j["tracing_overhead"]["over_limit"]
     path = tmp_path / "r.json"
     report.write_json(r, path)
