@@ -39,14 +39,21 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.counters import capturing
-from graphrt.kernels.rejection_kernels import _NEG_INF, _inv_temperature, _pdl_wait, _scaled
+from graphrt.kernels.rejection_kernels import (
+    _INT32_MAX,
+    _NEG_INF,
+    _chunk_race,
+    _inv_temperature,
+    _pdl_wait,
+    _race_result,
+    _scaled,
+)
 from graphrt.kernels.rejection_reference import LOG2E_F32, POLY, W_BITS
-from graphrt.kernels.rng import tl_chunk_key, tl_race_gumbel, tl_race_key
+from graphrt.kernels.rng import tl_race_gumbel, tl_race_key
 
 _TL_W = tl.constexpr(W_BITS)
 _TL_LOG2E_F32 = tl.constexpr(LOG2E_F32)
 _C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in POLY)
-_INT32_BIG = tl.constexpr(2**31 - 1)
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
 GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
@@ -170,13 +177,13 @@ def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, 
 def _key_range(ptr, N, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr):
     """(lowest, highest) key of the N values at ptr."""
     offs0 = tl.arange(0, BLOCK_V)
-    hi = tl.max(tl.full([BLOCK_V], -_INT32_BIG, tl.int64), axis=0)
+    hi = tl.max(tl.full([BLOCK_V], -_INT32_MAX, tl.int64), axis=0)
     lo = -hi
     for t in range(0, tl.cdiv(N, BLOCK_V)):
         offs = t * BLOCK_V + offs0
         key = _keys(tl.load(ptr + offs, mask=offs < N, other=float("-inf")).to(tl.float32), SHIFT)
-        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_BIG), axis=0))
-        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_BIG), axis=0))
+        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_MAX), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_MAX), axis=0))
     return lo, hi
 
 
@@ -201,16 +208,16 @@ def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.con
             # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
             thr = min_p.to(tl.float64) * 4294967296.0
             mass = tl.zeros([BLOCK_V], tl.int64)
-            wmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
-            mmin = tl.full([BLOCK_V], _INT32_BIG, tl.int64)
+            wmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
+            mmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
             for t in range(0, tl.cdiv(n, BLOCK_V)):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
                 key = _keys(raw, SHIFT)
                 w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
                 mass += w
-                wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_BIG))
-                mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_BIG))
+                wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_MAX))
+                mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_MAX))
             if top_p < 1.0:
                 kept = tl.sum(mass, axis=0)
                 total = kept
@@ -308,7 +315,7 @@ def _group_bar(smax_ptr, NS, gmax_ptr, NG, k, use_k, top_p, min_p, inv_t, x_max,
     it, so the row's top k all lie in groups whose max does. Rows without top_k: z_bar is top_p's
     cut from the weight histogram (under it the row weighs at most 1 - top_p), else min_p's bar;
     both half a bin low."""
-    key_bar = tl.zeros_like(k) - _INT32_BIG
+    key_bar = tl.zeros_like(k) - _INT32_MAX
     z_bar = tl.zeros_like(inv_t) + _NEG_INF
     if use_k:
         if k < NS:
@@ -391,7 +398,7 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     offs0 = tl.arange(0, BLOCK_V)
     cc = tl.arange(0, NC_POW2)
     s_row = tl.zeros([BLOCK_V], tl.float32)
-    amax = tl.full([BLOCK_V], _INT32_BIG, tl.int32)
+    amax = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
     # each chunk's mass without excl, relative to the running max of the live entries: a chunk more
     # than ~87 under it underflows, and could not win anyway (a Gumbel spans under 20)
     m_live = tl.max(tl.full([BLOCK_V], _NEG_INF, tl.float32), axis=0)
@@ -404,7 +411,7 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
         raw = tl.where(raw >= tau, raw, _NEG_INF)
         x = _scaled(raw, inv_t)
         s_row += tl.exp(x - x_max)
-        amax = tl.minimum(amax, tl.where(raw == rmax, vid, _INT32_BIG))
+        amax = tl.minimum(amax, tl.where(raw == rmax, vid, _INT32_MAX))
         ch = vid // CHUNK
         xl = tl.where(vid != excl, x, _NEG_INF)
         new = tl.maximum(m_live, tl.max(xl, axis=0))
@@ -413,13 +420,10 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
         s_c = s_c * alpha + tl.sum(tl.where(ch[:, None] == cc[None, :], e[:, None], 0.0), axis=0)
         m_live = new
     amax_s = tl.min(amax, axis=0)
-    amax_s = tl.where(amax_s < _INT32_BIG, amax_s, 0)
+    amax_s = tl.where(amax_s < _INT32_MAX, amax_s, 0)
     lse = x_max + tl.log(tl.sum(s_row, axis=0))
-    # the first level: as _pick_chunk, on the same chunk Gumbels
-    lse_c = m_live + tl.log(s_c)
-    ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
-    kc = tl.max(ckey, axis=0)
-    cw = tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
+    # the first level: the row pass path's chunk race, on these log-masses
+    kc, cw = _chunk_race(m_live + tl.log(s_c), seed, pos, NC_POW2)
     # chunk cw's slots, counted in a pass of their own: a per-chunk histogram carried through the loop
     # above cost ~35 registers (sm_90), enough to halve how many programs share an SM
     below = tl.zeros([BLOCK_V], tl.int32)
@@ -435,7 +439,7 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     # the second level over chunk cw's candidates only (a strict > per lane, then the lowest id)
     rkey = tl_race_key(seed, pos)
     best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-    best_i = tl.full([BLOCK_V], _INT32_BIG, tl.int32)
+    best_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
     best_x = tl.full([BLOCK_V], _NEG_INF, tl.float32)
     for t in range(start // BLOCK_V, tl.cdiv(end, BLOCK_V)):
         slot = t * BLOCK_V + offs0
@@ -448,9 +452,8 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
         best = tl.where(win, key, best)
         best_i = tl.where(win, vid, best_i)
         best_x = tl.where(win, x, best_x)
-    km = tl.max(best, axis=0)
-    wi = tl.min(tl.where(best == km, best_i, _INT32_BIG), axis=0)
-    xw = tl.max(tl.where(best_i == wi, best_x, _NEG_INF), axis=0)
+    km, wi, xw = _race_result(tl.reshape(best, (BLOCK_V, 1)), tl.reshape(best_i, (BLOCK_V, 1)),
+                              tl.reshape(best_x, (BLOCK_V, 1)))
     return amax_s, lse, wi, tl.where((kc > _NEG_INF) & (km > _NEG_INF), xw, _NEG_INF)
 
 
@@ -530,7 +533,7 @@ def _threshold_kernel(
                         tl.store(dstat_f_ptr + 2 * rows + row, x_d)
                         tl.store(dstat_f_ptr + 3 * rows + row, x_win)
                         drawn = done
-            tl.store(kmax_ptr + row, -_INT32_BIG)
+            tl.store(kmax_ptr + row, -_INT32_MAX)
             tl.store(mass_ptr + row, 0)
             tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
     tl.store(tau_ptr + row, tau)
@@ -562,7 +565,7 @@ def _whole_row_kernel(
     if tl.load(need_ptr + row) != 0:
         row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
                                                                  HAS_K, HAS_P, HAS_M, 0)
-        tau, ok = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p, inv_t, 0,
+        tau, _ = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p, inv_t, 0,
                            False, SHIFT, BLOCK_V, NP)
         tl.store(tau_ptr + row, tau)
 

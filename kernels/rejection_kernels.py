@@ -390,9 +390,16 @@ def _pick_chunk(pm, psx, seed, pos, NC_POW2: tl.constexpr, SPC: tl.constexpr):
     """First level of the reference's _two_level_race on one row: the chunks race on their
     log-mass, merged from the row pass's per-split max and sum without the excluded draft (pm, psx:
     [NC_POW2 * SPC], -inf / 0 past the last split). -> (best chunk key, -inf if none; its chunk)"""
-    cc = tl.arange(0, NC_POW2)
     pm = tl.reshape(pm, (NC_POW2, SPC))
-    lse_c = _merge_lse(pm, tl.reshape(psx, (NC_POW2, SPC)), pm > _NEG_INF)
+    return _chunk_race(_merge_lse(pm, tl.reshape(psx, (NC_POW2, SPC)), pm > _NEG_INF), seed, pos, NC_POW2)
+
+
+@triton.jit
+def _chunk_race(lse_c, seed, pos, NC_POW2: tl.constexpr):
+    """The chunks' race on their log-masses lse_c [NC_POW2] (-inf: empty) -> (best chunk key, -inf
+    if none; its chunk). Shared by the row pass's path and the filters' draws from the candidates
+    (kernels/rejection_filter.py), which must pick the same chunk bit for bit."""
+    cc = tl.arange(0, NC_POW2)
     ckey = tl.where(lse_c > _NEG_INF, lse_c + tl_race_gumbel(tl_chunk_key(seed, pos), cc), _NEG_INF)
     kc = tl.max(ckey, axis=0)
     return kc, tl.min(tl.where(ckey == kc, cc, NC_POW2), axis=0)
