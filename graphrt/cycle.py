@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
+from graphrt.kernels.cycle_index import CycleInputs, advance, cycle_inputs, cycle_inputs_reference
 from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
@@ -111,7 +112,6 @@ class Cycle:
         self.block_size = target_kv.block_size
         self.max_blocks = state.block_tables.shape[1]
         device = state.num_tokens.device
-        self.rows = torch.arange(self.K + 1, device=device)  # [K+1]
         self.batch_rows = torch.arange(state.batch_slots.shape[0], device=device)
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
         self.offset = draft.position_offset if draft is not None else 0
@@ -119,60 +119,57 @@ class Cycle:
         self.hooks = PhaseHooks()
         self.graphs = None  # a graphrt.capture.graphs.CycleGraphs, once captured
 
-    def _meta(self, slots, positions) -> AttentionMetadata:
-        """slots [B]; positions [B, T] int64 (consecutive per row)."""
-        bs = self.block_size
-        tables = self.s.block_tables[slots]  # [B, max_blocks]
-        blk = (positions // bs).clamp(max=self.max_blocks - 1)
-        slot_mapping = tables.gather(1, blk).to(torch.int64) * bs + positions % bs
-        return AttentionMetadata(
-            block_tables=tables,
-            seq_lens=(positions[:, -1] + 1).to(torch.int32),
-            slot_mapping=slot_mapping.flatten(),
-            query_len=positions.shape[1],
-            max_seq_len=self.max_blocks * bs,
-        )
+    def _inputs(self, slots, T: int, **kw) -> CycleInputs:
+        """The rows' positions, attention metadata and (by request) tokens and sampling state, in
+        one launch (kernels/cycle_index.py). By default row b starts at num_tokens[slots[b]] - 1."""
+        s = self.s
+        kw.setdefault("src", s.num_tokens)
+        kw.setdefault("base_add", -1)
+        return cycle_inputs(slots, block_tables=s.block_tables, T=T, block_size=self.block_size, **kw)
 
-    def _step_metas(self, slots, first) -> tuple[torch.Tensor, list[AttentionMetadata]]:
-        """The K-1 one-token steps of DRAFT_DECODE at positions first + i (first: [B] int64): their
-        positions [K-1, B] and attention metadata, computed in one pass and handed out as row views,
-        so the unrolled steps launch no metadata kernels of their own."""
-        bs, steps = self.block_size, self.K - 1
-        tables = self.s.block_tables[slots]  # [B, max_blocks]
-        positions = first[None, :] + self.rows[:steps, None]  # [K-1, B]
-        blk = (positions // bs).clamp(max=self.max_blocks - 1)
-        slot_mapping = (tables.gather(1, blk.T).T.to(torch.int64) * bs + positions % bs).contiguous()
-        seq_lens = (positions + 1).to(torch.int32)
-        return positions, [
-            AttentionMetadata(block_tables=tables, seq_lens=seq_lens[i], slot_mapping=slot_mapping[i], query_len=1,
-                              max_seq_len=self.max_blocks * bs)
-            for i in range(steps)
+    def _meta(self, inputs: CycleInputs) -> AttentionMetadata:
+        return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=inputs.seq_lens,
+                                 slot_mapping=inputs.slot_mapping, query_len=inputs.positions.shape[1],
+                                 max_seq_len=self.max_blocks * self.block_size)
+
+    def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
+        """The metadata of one request's positions 0 .. T-1 (slots: [1]). Eager and once per request:
+        the torch reference, as a Triton launch would compile for every prompt length."""
+        start = torch.zeros(1, dtype=torch.int64, device=slots.device)
+        return self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
+                                                 by_slot=False))
+
+    def _step_metas(self, slots) -> tuple[torch.Tensor, list[AttentionMetadata]]:
+        """The K-1 one-token steps of DRAFT_DECODE, the first at num_tokens + offset: their positions
+        [K-1, B] and attention metadata, made in one launch and handed out as row views, so the
+        unrolled steps launch no metadata kernels of their own."""
+        x = self._inputs(slots, self.K - 1, base_add=self.offset, step_major=True)
+        return x.positions, [
+            AttentionMetadata(block_tables=x.block_tables, seq_lens=x.seq_lens[i], slot_mapping=x.slot_mapping[i],
+                              query_len=1, max_seq_len=self.max_blocks * self.block_size)
+            for i in range(self.K - 1)
         ]
 
     def _advance(self, slots, n, B):
         s = self.s
-        ne = s.num_emitted[:B].to(torch.int64)
-        s.num_tokens[slots] = n + ne
-        s.last_token[slots] = s.emitted[:B].gather(1, (ne - 1)[:, None]).squeeze(1)
-        s.reset_scratch()
+        advance(slots, n, s.num_emitted[:B], s.emitted[:B], s.num_tokens, s.last_token, s.scratch_slot)
 
     # ---- TARGET_VERIFY ------------------------------------------------------------------------
     def target_verify(self, B: int) -> None:
         s, K = self.s, self.K
         slots = s.batch_slots[:B]
-        # gathered straight into the static buffer: one kernel, no copy node
-        n = torch.index_select(s.num_tokens, 0, slots, out=s.batch_n[:B])
-        drafts = s.draft_tokens[slots]
-        tokens = torch.cat([s.last_token[slots][:, None], drafts], dim=1)  # [B, K+1]
-        positions = (n - 1)[:, None] + self.rows  # [B, K+1]
-        hidden, aux = self.target.forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
+        n = s.batch_n[:B]  # num_tokens at the rows' slots, written by _inputs into the static buffer
+        x = self._inputs(slots, K + 1, n_out=n, tokens=(s.last_token, s.draft_tokens),
+                         sampling=(s.temperature, s.seed))
+        drafts = x.tokens[:, 1:]  # [B, K]
+        hidden, aux = self.target.forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x),
                                           self.target_kv)
         logits = self.target.logits(hidden).view(B, K + 1, -1)
         simulated = s.simulated_rate is not None
-        seed = s.seed[slots]
+        seed = x.seed
         shard = self.target.logits_shard  # under tensor parallelism: the rank's vocab shard
         rejection_sample(  # writes the cycle's results straight into the static buffers
-            logits, drafts, s.temperature[slots], seed, n,
+            logits, drafts, x.temperature, seed, n,
             num_draft_tokens=s.batch_num_drafts[:B], acceptance_counts=None if simulated else s.acceptance_counts,
             out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]), **s.filters(slots), **shard,
         )
@@ -192,10 +189,10 @@ class Cycle:
         # -1 marks "not emitted"; those rows are computed and ignored, but must not index the
         # embedding with -1.
         tokens = s.emitted[:B].clamp(min=0)  # [B, K+1]
-        positions = (s.batch_n[:B] + self.offset)[:, None] + self.rows  # [B, K+1]
+        x = self._inputs(slots, K + 1, src=s.batch_n, by_slot=False, base_add=self.offset)
         hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
-        state = self.draft.draft_forward(tokens.flatten(), positions.flatten(), self._meta(slots, positions),
-                                         self.draft_kv, hidden_in)
+        state = self.draft.draft_forward(tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
+                                         hidden_in)
         last = self.batch_rows[:B] * (K + 1) + s.num_emitted[:B].to(torch.int64) - 1
         if s.draft_state is not None:
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
@@ -211,7 +208,7 @@ class Cycle:
         """slots: the batch rows' slots, default batch_slots[:B] (what the captured graph reads)."""
         s = self.s
         slots = s.batch_slots[:B] if slots is None else slots
-        positions, metas = self._step_metas(slots, s.num_tokens[slots] + self.offset)
+        positions, metas = self._step_metas(slots)
         # Each step feeds the next its token and (EAGLE) state straight from the tensors it made;
         # only DRAFT_EXTEND's hand-over goes through the static buffers.
         tokens = s.draft_tokens[slots, 0]
@@ -233,12 +230,11 @@ class Cycle:
     def target_decode(self, B: int) -> None:
         s = self.s
         slots = s.batch_slots[:B]
-        n = s.num_tokens[slots]
-        positions = (n - 1)[:, None]  # [B, 1]
-        hidden, _ = self.target.forward(s.last_token[slots], positions[:, 0], self._meta(slots, positions),
-                                        self.target_kv)
+        n = s.batch_n[:B]
+        x = self._inputs(slots, 1, n_out=n, tokens=(s.last_token, s.draft_tokens), sampling=(s.temperature, s.seed))
+        hidden, _ = self.target.forward(x.tokens[:, 0], x.positions[:, 0], self._meta(x), self.target_kv)
         logits = self.target.logits(hidden).view(B, 1, -1)
-        out = rejection_sample(logits, self.no_drafts[:B], s.temperature[slots], s.seed[slots], n,
+        out = rejection_sample(logits, self.no_drafts[:B], x.temperature, x.seed, n,
                                **s.filters(slots), **self.target.logits_shard)
         s.emitted[:B].fill_(-1)
         s.emitted[:B, :1] = out.token_ids
@@ -284,7 +280,7 @@ class Cycle:
         P = prompt.shape[0]
         slots = torch.tensor([slot], device=prompt.device)
         positions = torch.arange(P, device=prompt.device)[None, :]  # [1, P]
-        hidden, aux = self.target.forward(prompt, positions[0], self._meta(slots, positions), self.target_kv)
+        hidden, aux = self.target.forward(prompt, positions[0], self._prompt_meta(slots, P), self.target_kv)
         logits = self.target.logits(hidden[-1:]).view(1, 1, -1)
         out = rejection_sample(logits, self.no_drafts[:1], s.temperature[slots], s.seed[slots],
                                torch.full((1,), P, dtype=torch.int64, device=prompt.device), **s.filters(slots),
@@ -301,8 +297,8 @@ class Cycle:
         else:  # rows t_0 .. t_P at positions 0 .. P
             hidden_in = None
             positions = torch.arange(P + 1, device=prompt.device)[None, :]
-        state = self.draft.draft_forward(tokens, positions[0], self._meta(slots, positions), self.draft_kv,
-                                         hidden_in)
+        state = self.draft.draft_forward(tokens, positions[0], self._prompt_meta(slots, positions.shape[1]),
+                                         self.draft_kv, hidden_in)
         if s.draft_state is not None:
             s.draft_state[:1] = state[-1:]  # batch row 0: what draft_decode(1, slots) reads
         self._propose(slots, state[-1:], column=0)

@@ -28,6 +28,9 @@ _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr=
 _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32", kmax_ptr="*i32",
                mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", need_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
+_CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
+              temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
+              smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", base_add="i64")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
@@ -155,6 +158,17 @@ CASES = {
         _NO_FUSION),
     "rej-race-filter": ("rejection_fullq", "_race_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         BLOCK_V=1024, VEC=8, PDL=2, FILTER=True), _NO_FUSION),
+    # the cycle's bookkeeping: TARGET_VERIFY's inputs, DRAFT_EXTEND's, DRAFT_DECODE's steps, the advance
+    "cycle-inputs-verify": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
+        T=4, TP=4, BLOCK_MB=256, BY_SLOT=True, N_OUT=True, TOKENS=True, SAMPLING=True), dict(num_warps=1)),
+    "cycle-inputs-extend": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
+        T=4, TP=4, BLOCK_MB=256, BY_SLOT=False, N_OUT=False, TOKENS=False, SAMPLING=False), dict(num_warps=1)),
+    "cycle-inputs-steps": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
+        T=2, TP=2, BLOCK_MB=256, BY_SLOT=True, N_OUT=False, TOKENS=False, SAMPLING=False, STEP_MAJOR=True),
+        dict(num_warps=1)),
+    "cycle-advance": ("cycle_index", "_advance_kernel", dict(
+        slots_ptr="*i64", n_ptr="*i64", nemit_ptr="*i32", emit_ptr="*i64", num_tokens_ptr="*i64", last_ptr="*i64"),
+        dict(BP=64), dict(num_warps=4)),
 }
 
 _SCRIPT = textwrap.dedent("""

@@ -26,9 +26,9 @@ def _forward(rt: Runtime, prompt):
     """(final hidden [P, H], logits [P, V]) of the target over the prompt, through the paged KV."""
     rid = rt.add_request(prompt, SamplingParams(max_new_tokens=4))
     slot = rt.running_slots()[0]
-    positions = torch.arange(len(prompt), device=rt.device)[None, :]
-    meta = rt.cycle._meta(torch.tensor([slot], device=rt.device), positions)
-    hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions[0], meta, rt.target_kv)
+    meta = rt.cycle._prompt_meta(torch.tensor([slot], device=rt.device), len(prompt))
+    positions = torch.arange(len(prompt), device=rt.device)
+    hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions, meta, rt.target_kv)
     logits = rt.target.logits(hidden)
     while not rt.finished(rid):
         rt.step()
