@@ -112,7 +112,6 @@ class Cycle:
         self.block_size = target_kv.block_size
         self.max_blocks = state.block_tables.shape[1]
         device = state.num_tokens.device
-        self.batch_rows = torch.arange(state.batch_slots.shape[0], device=device)
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
@@ -187,13 +186,13 @@ class Cycle:
         s, K = self.s, self.K
         slots = s.batch_slots[:B]
         # -1 marks "not emitted"; those rows are computed and ignored, but must not index the
-        # embedding with -1.
-        tokens = s.emitted[:B].clamp(min=0)  # [B, K+1]
-        x = self._inputs(slots, K + 1, src=s.batch_n, by_slot=False, base_add=self.offset)
+        # embedding with -1: the tokens read it as 0.
+        x = self._inputs(slots, K + 1, src=s.batch_n, by_slot=False, base_add=self.offset,
+                         emitted=(s.emitted, s.num_emitted))
         hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
-        state = self.draft.draft_forward(tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
+        state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
                                          hidden_in)
-        last = self.batch_rows[:B] * (K + 1) + s.num_emitted[:B].to(torch.int64) - 1
+        last = x.last  # [B]: the row of each request's last emitted token
         if s.draft_state is not None:
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather

@@ -10,7 +10,9 @@ casts, divisions, scatters), each costing a launch and a hand-off on the GPU. He
                  slot_mapping[b * T + j] = table[min(pos // bs, MB - 1)] * bs + pos % bs, and on
                  request src[s] itself (n), the tokens [last_token[s], draft_tokens[s, :T-1]], and
                  the row's temperature and seed. step_major: T one-token steps instead of one
-                 T-token row, positions, seq_lens (pos + 1) and slot_mapping laid out [T, B];
+                 T-token row, positions, seq_lens (pos + 1) and slot_mapping laid out [T, B].
+                 emitted (DRAFT_EXTEND): tokens = the verify step's emitted tokens with -1 read as
+                 0, and the row of each request's last emitted one, b * T + num_emitted[b] - 1;
   advance        num_tokens[s] = n[b] + num_emitted[b], last_token[s] = emitted[b, num_emitted[b] - 1]
                  for every row whose slot is not the scratch slot, which stays pinned at (2, 0).
 
@@ -39,22 +41,26 @@ class CycleInputs:
     tokens: torch.Tensor | None = None  # [B, T] int64 (with_tokens)
     temperature: torch.Tensor | None = None  # [B] fp32 (with_sampling)
     seed: torch.Tensor | None = None  # [B] int64 (with_sampling)
+    last: torch.Tensor | None = None  # [B] int64 (emitted): the row of each request's last emitted token
 
 
-def _sampling_sources(sampling):
+def _check_sources(sampling, tokens, emitted):
     if sampling is not None and (len(sampling) != 2 or sampling[0].dtype != torch.float32
                                  or sampling[1].dtype != torch.int64):
         raise ValueError("sampling must be (temperature [S] fp32, seed [S] int64)")
+    if tokens is not None and emitted is not None:
+        raise ValueError("tokens and emitted both make the rows' tokens: pass one")
 
 
 def cycle_inputs_reference(slots, src, block_tables, *, T: int, block_size: int, base_add: int = 0,
                            by_slot: bool = True, n_out=None, tokens=None, sampling=None,
-                           step_major: bool = False) -> CycleInputs:
+                           step_major: bool = False, emitted=None) -> CycleInputs:
     """slots [B] int64; src [S] int64 (by_slot: read at the rows' slots) or [B] (read per row);
     block_tables [S, MB] int32; n_out: [B] int64 to receive src at the rows (by_slot only);
     tokens: (last_token [S] int64, draft_tokens [S, >= T-1] int64) or None; sampling:
-    (temperature [S] fp32, seed [S] int64) or None."""
-    _sampling_sources(sampling)
+    (temperature [S] fp32, seed [S] int64) or None; emitted: (emitted [>= B, T] int64,
+    num_emitted [>= B] int32, >= 1) or None."""
+    _check_sources(sampling, tokens, emitted)
     B = slots.shape[0]
     src_rows = src[slots] if by_slot else src[:B]
     if n_out is not None:
@@ -75,6 +81,9 @@ def cycle_inputs_reference(slots, src, block_tables, *, T: int, block_size: int,
         out.tokens = torch.cat([last[slots][:, None], drafts[slots, : T - 1]], dim=1)
     if sampling is not None:
         out.temperature, out.seed = sampling[0][slots], sampling[1][slots]
+    if emitted is not None:
+        out.tokens = emitted[0][:B].clamp(min=0)
+        out.last = torch.arange(B, device=slots.device) * T + emitted[1][:B].to(torch.int64) - 1
     return out
 
 
@@ -95,6 +104,9 @@ def _cycle_inputs_kernel(
     tok_ptr,  # [B, T] int64 out (TOKENS)
     temp_out_ptr,  # [B] fp32 out (SAMPLING)
     seed_out_ptr,  # [B] int64 out (SAMPLING)
+    emit_ptr,  # [>= B, T] int64 contiguous (EMITTED)
+    nemit_ptr,  # [>= B] int32 (EMITTED)
+    last_out_ptr,  # [B] int64 out (EMITTED)
     base_add,
     block_size,
     MB,
@@ -108,6 +120,7 @@ def _cycle_inputs_kernel(
     TOKENS: tl.constexpr,
     SAMPLING: tl.constexpr,
     STEP_MAJOR: tl.constexpr = False,
+    EMITTED: tl.constexpr = False,
 ):
     b = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + b)
@@ -139,15 +152,20 @@ def _cycle_inputs_kernel(
     if SAMPLING:
         tl.store(temp_out_ptr + b, tl.load(temp_ptr + slot))
         tl.store(seed_out_ptr + b, tl.load(seed_ptr + slot))
+    if EMITTED:
+        e = tl.load(emit_ptr + b * T + j, mask=live, other=0)
+        tl.store(tok_ptr + b * T + j, tl.maximum(e, 0), mask=live)
+        tl.store(last_out_ptr + b, b * T + tl.load(nemit_ptr + b).to(tl.int64) - 1)
 
 
 def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, base_add: int = 0,
                         by_slot: bool = True, n_out=None, tokens=None, sampling=None,
-                        step_major: bool = False) -> CycleInputs:
+                        step_major: bool = False, emitted=None) -> CycleInputs:
     """Same contract as cycle_inputs_reference. One launch, one program per batch row."""
-    _sampling_sources(sampling)
-    if not block_tables.is_contiguous() or (tokens is not None and not tokens[1].is_contiguous()):
-        raise ValueError("block_tables and draft_tokens must be contiguous")
+    _check_sources(sampling, tokens, emitted)
+    if not block_tables.is_contiguous() or (tokens is not None and not tokens[1].is_contiguous()) or (
+            emitted is not None and not emitted[0].is_contiguous()):
+        raise ValueError("block_tables, draft_tokens and emitted must be contiguous")
     B, MB = slots.shape[0], block_tables.shape[1]
     dev = slots.device
     out = CycleInputs(positions=torch.empty((T, B) if step_major else (B, T), dtype=torch.int64, device=dev),
@@ -162,6 +180,9 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
         temp, seed = sampling
         out.temperature = torch.empty(B, dtype=torch.float32, device=dev)
         out.seed = torch.empty(B, dtype=torch.int64, device=dev)
+    if emitted is not None:
+        out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
+        out.last = torch.empty(B, dtype=torch.int64, device=dev)
     if B == 0:
         return out
     any_ = out.positions  # a valid pointer for the arguments a variant does not read
@@ -170,10 +191,12 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
         any_ if temp is None else temp, any_ if seed is None else seed, any_ if n_out is None else n_out,
         out.positions, out.block_tables, out.seq_lens, out.slot_mapping,
         any_ if out.tokens is None else out.tokens, any_ if out.temperature is None else out.temperature,
-        any_ if out.seed is None else out.seed, base_add, block_size, MB,
+        any_ if out.seed is None else out.seed, any_ if emitted is None else emitted[0],
+        any_ if emitted is None else emitted[1], any_ if out.last is None else out.last, base_add, block_size, MB,
         1 if drafts is None else drafts.shape[1], B, T=T, TP=triton.next_power_of_2(T),
         BLOCK_MB=min(1024, triton.next_power_of_2(MB)), BY_SLOT=by_slot, N_OUT=n_out is not None,
-        TOKENS=tokens is not None, SAMPLING=sampling is not None, STEP_MAJOR=step_major, num_warps=1,
+        TOKENS=tokens is not None, SAMPLING=sampling is not None, STEP_MAJOR=step_major,
+        EMITTED=emitted is not None, num_warps=1,
     )
     return out
 

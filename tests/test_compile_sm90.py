@@ -30,7 +30,8 @@ _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_pt
                dstat_f_ptr="*fp32")
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
-              smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", base_add="i64")
+              smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", emit_ptr="*i64",
+              nemit_ptr="*i32", last_out_ptr="*i64", base_add="i64")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)
@@ -162,7 +163,8 @@ CASES = {
     "cycle-inputs-verify": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
         T=4, TP=4, BLOCK_MB=256, BY_SLOT=True, N_OUT=True, TOKENS=True, SAMPLING=True), dict(num_warps=1)),
     "cycle-inputs-extend": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
-        T=4, TP=4, BLOCK_MB=256, BY_SLOT=False, N_OUT=False, TOKENS=False, SAMPLING=False), dict(num_warps=1)),
+        T=4, TP=4, BLOCK_MB=256, BY_SLOT=False, N_OUT=False, TOKENS=False, SAMPLING=False, EMITTED=True),
+        dict(num_warps=1)),
     "cycle-inputs-steps": ("cycle_index", "_cycle_inputs_kernel", _CYCLE, dict(
         T=2, TP=2, BLOCK_MB=256, BY_SLOT=True, N_OUT=False, TOKENS=False, SAMPLING=False, STEP_MAJOR=True),
         dict(num_warps=1)),

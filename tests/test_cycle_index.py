@@ -47,13 +47,20 @@ def test_cycle_inputs_triton_equals_reference(B, T, MB, block_size, by_slot, bas
     inputs = (slots, src, tables, last, drafts, temperature, seeds)
     snap = [t.clone() for t in inputs]
     kw = dict(T=T, block_size=block_size, base_add=base_add, by_slot=by_slot, step_major=step_major)
+    emitted = num_emitted = None
     if by_slot and not step_major:
         kw.update(tokens=(last, drafts), sampling=(temperature, seeds))
+    elif not by_slot:  # DRAFT_EXTEND: the verify step's tokens, -1 past each request's count
+        num_emitted = torch.randint(1, T + 1, (B + 2,), generator=gen).to(torch.int32)
+        emitted = torch.randint(0, 5000, (B + 2, T), generator=gen)
+        emitted[torch.arange(T)[None, :] >= num_emitted.long()[:, None]] = -1
+        kw.update(emitted=(emitted, num_emitted))
+        inputs += (emitted, num_emitted)
     n_ref, n_tri = torch.full((B,), -7), torch.full((B,), -7)
     ref = cycle_inputs_reference(slots, src, tables, **kw, n_out=n_ref if by_slot and not step_major else None)
     tri = cycle_inputs_triton(slots, src, tables, **kw, n_out=n_tri if by_slot and not step_major else None)
     msg = f"seed {seed}"
-    for name in ("positions", "block_tables", "seq_lens", "slot_mapping", "tokens", "temperature", "seed"):
+    for name in ("positions", "block_tables", "seq_lens", "slot_mapping", "tokens", "temperature", "seed", "last"):
         a, b = getattr(ref, name), getattr(tri, name)
         assert (a is None) == (b is None), f"{msg}: {name}"
         if a is not None:
@@ -70,6 +77,11 @@ def test_cycle_inputs_triton_equals_reference(B, T, MB, block_size, by_slot, bas
         assert torch.equal(tri.seq_lens.long(), pos.T + 1) and torch.equal(tri.slot_mapping, want.T), msg
     else:
         assert torch.equal(tri.seq_lens.long(), pos[:, -1] + 1) and torch.equal(tri.slot_mapping, want.flatten()), msg
+    if emitted is not None:
+        assert torch.equal(tri.tokens, emitted[:B].clamp(min=0)), msg
+        assert torch.equal(tri.last, torch.arange(B) * T + num_emitted[:B].long() - 1), msg
+        assert int(tri.tokens.min()) >= 0, msg
+    snap += [t.clone() for t in inputs[len(snap):]]
     assert all(torch.equal(a, b) for a, b in zip(snap, inputs)), f"{msg}: an input was modified"
 
 
@@ -101,9 +113,14 @@ def test_advance_triton_equals_reference(B, W):
     assert torch.equal(got_nt[untouched], num_tokens[untouched]), msg
 
 
-def test_bad_sampling_sources_are_named():
+def test_bad_sources_are_named():
     slots = torch.zeros(1, dtype=torch.int64)
     tables = torch.zeros(2, 3, dtype=torch.int32)
-    with pytest.raises(ValueError, match="sampling"):
-        cycle_inputs_reference(slots, torch.ones(2, dtype=torch.int64), tables, T=1, block_size=4,
-                               sampling=(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.int64)))
+    src = torch.ones(2, dtype=torch.int64)
+    for fn in (cycle_inputs_reference, cycle_inputs_triton):
+        with pytest.raises(ValueError, match="sampling"):
+            fn(slots, src, tables, T=1, block_size=4,
+               sampling=(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.int64)))
+        with pytest.raises(ValueError, match="tokens and emitted"):
+            fn(slots, src, tables, T=1, block_size=4, tokens=(src, src[:, None]),
+               emitted=(src[:, None], src.to(torch.int32)))
