@@ -206,6 +206,8 @@ class Cycle:
     def draft_decode(self, B: int, slots=None) -> None:
         """slots: the batch rows' slots, default batch_slots[:B] (what the captured graph reads)."""
         s = self.s
+        if self.K < 2:  # one draft token: DRAFT_EXTEND proposed it
+            return
         slots = s.batch_slots[:B] if slots is None else slots
         positions, metas = self._step_metas(slots)
         # Each step feeds the next its token and (EAGLE) state straight from the tensors it made;
