@@ -98,7 +98,7 @@ def simulate_acceptance_reference(logits, drafts, num_drafts, seed, position, al
 @triton.jit
 def _simulate_kernel(
     logits_ptr,  # [B, K+1, V] contiguous, any float dtype
-    drafts_ptr,  # [B, K] int64 contiguous
+    drafts_ptr,  # [B, K] int64, row stride drafts_stride, unit column stride
     nd_ptr,  # [B] int (num_drafts)
     seed_ptr,  # [B] int64
     pos_ptr,  # [B] int64
@@ -109,6 +109,7 @@ def _simulate_kernel(
     counts_ptr,  # [K] int64
     top_ptr,  # [B, K+1] int64 (HAS_TOP): each row's top-1
     V,
+    drafts_stride,
     K: tl.constexpr,
     KP: tl.constexpr,  # next power of 2 >= K + 1
     BLOCK_V: tl.constexpr,
@@ -143,7 +144,7 @@ def _simulate_kernel(
         top = tl.min(tl.where(best_val == m, best_idx, V), axis=0)
         top = tl.where(top >= V, 0, top)  # a row of NaN / -inf: index 0
     cols = tl.arange(0, KP)
-    d = tl.load(drafts_ptr + b * K + cols, mask=cols < K, other=-1)
+    d = tl.load(drafts_ptr + b * drafts_stride + cols, mask=cols < K, other=-1)
     tok = tl.where(cols < a, d, -1)
     tok = tl.where(cols == a, top, tok)
     tl.store(emit_ptr + b * (K + 1) + cols, tok, mask=cols < K + 1)
@@ -157,12 +158,13 @@ def simulate_acceptance_triton(logits, drafts, num_drafts, seed, position, alpha
     _check(logits, drafts, num_drafts, seed, position, alpha, out)
     emitted, num_emitted, logprobs, counts = out
     B, R, V = logits.shape
-    if not (logits.is_contiguous() and drafts.is_contiguous() and emitted.is_contiguous()
-            and logprobs.is_contiguous()):
-        raise ValueError("logits, drafts, emitted and logprobs must be contiguous")
+    # drafts may be a column slice (TARGET_VERIFY's tokens[:, 1:]): rows strided, columns not
+    if not (logits.is_contiguous() and emitted.is_contiguous() and logprobs.is_contiguous()
+            and (drafts.shape[1] < 2 or drafts.stride(1) == 1)):
+        raise ValueError("logits, emitted and logprobs must be contiguous, and drafts' columns")
     _simulate_kernel[(B,)](
         logits, drafts, num_drafts, seed, position, alpha, emitted, num_emitted, logprobs, counts,
-        top if top is not None else emitted, V, K=R - 1, KP=triton.next_power_of_2(R),
+        top if top is not None else emitted, V, drafts.stride(0), K=R - 1, KP=triton.next_power_of_2(R),
         BLOCK_V=min(block_v, triton.next_power_of_2(V)), HAS_TOP=top is not None, num_warps=4,
     )
     return out

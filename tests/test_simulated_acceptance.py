@@ -14,10 +14,12 @@ from graphrt.kernels.simulated_acceptance import (
 from tests.seeds import fresh_seed
 
 
-def _case(B, K, V, gen, *, nan_rows=0, dtype=torch.float32):
+def _case(B, K, V, gen, *, nan_rows=0, dtype=torch.float32, sliced=False):
     logits = torch.randn(B, K + 1, V, generator=gen).to(dtype)
     logits[:nan_rows] = float("nan")
-    drafts = torch.randint(0, V, (B, K), generator=gen)
+    # sliced: the drafts as TARGET_VERIFY passes them, the columns 1.. of its [B, K+1] tokens
+    drafts = torch.randint(0, V, (B, K + 1), generator=gen)
+    drafts = drafts[:, 1:] if sliced else drafts[:, :K].contiguous()
     num_drafts = torch.randint(0, K + 1, (B,), generator=gen)
     seed = torch.randint(-(2**62), 2**62, (B,), generator=gen)
     position = torch.randint(0, 10**6, (B,), generator=gen)
@@ -29,16 +31,17 @@ def _out(B, K):
             torch.zeros(B, K + 1), torch.zeros(K, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("sliced", [False, True])
 @pytest.mark.parametrize("B,K,V,L", [(1, 1, 37, 1.5), (5, 3, 1000, 2.5), (9, 5, 777, 6.0), (4, 3, 64, 1.0)])
-def test_triton_equals_reference(B, K, V, L):
+def test_triton_equals_reference(B, K, V, L, sliced):
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    args = _case(B, K, V, gen, nan_rows=1)
+    args = _case(B, K, V, gen, nan_rows=1, sliced=sliced)
     alpha = torch.tensor([acceptance_rate_for(L, K)])
     snap = [a.clone() for a in args]
     ref = simulate_acceptance_reference(*args, alpha, out=_out(B, K))
     tri = simulate_acceptance_triton(*args, alpha, out=_out(B, K), block_v=128)
-    msg = f"seed={seed} B={B} K={K} V={V} L={L}"
+    msg = f"seed={seed} B={B} K={K} V={V} L={L} sliced={sliced}"
     for r, t in zip(ref, tri):
         assert torch.equal(r.nan_to_num(-7.0), t.nan_to_num(-7.0)), msg
     for before, after in zip(snap, args):
