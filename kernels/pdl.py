@@ -15,8 +15,8 @@ that its predecessors on the stream have *started*, back to the nearest node who
 is not programmatic (a torch kernel, say): that one started only after everything before it had
 finished and its writes were visible. Memory written before that fence is settled and may be read
 before the wait. The attention kernels read seq_lens and block_tables before it: the cycle
-computes both with torch kernels before the forward's first kernel, the embedding gather, itself a
-torch kernel and so the fence.
+computes both (kernels/cycle_index.py, launched without the attribute) before the forward's first
+kernel, the embedding gather, a torch kernel and so the fence.
 tests/test_capture.py checks that in every captured graph (capture/inspect.launch_chain).
 """
 
