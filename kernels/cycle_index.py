@@ -87,7 +87,9 @@ def cycle_inputs_reference(slots, src, block_tables, *, T: int, block_size: int,
     return out
 
 
-@triton.jit
+# B and base_add change with the bucket and the phase: specialising on them (B = 1, say) would compile
+# a variant per bucket for nothing
+@triton.jit(do_not_specialize=["base_add", "B"])
 def _cycle_inputs_kernel(
     slots_ptr,  # [B] int64
     src_ptr,  # [S] int64 (BY_SLOT) or [B] int64
@@ -219,7 +221,7 @@ def advance_reference(slots, n, num_emitted, emitted, num_tokens, last_token, sc
     last_token[scratch_slot:].fill_(0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _advance_kernel(
     slots_ptr,  # [B] int64
     n_ptr,  # [B] int64
