@@ -232,18 +232,20 @@ def _advance_kernel(
     B,
     W,
     scratch,
-    BP: tl.constexpr,  # next power of 2 >= B
+    BLOCK: tl.constexpr,
 ):
-    r = tl.arange(0, BP)
-    m = r < B
-    slot = tl.load(slots_ptr + r, mask=m, other=scratch)
-    ne = tl.maximum(tl.load(nemit_ptr + r, mask=m, other=1).to(tl.int64), 1)
-    n = tl.load(n_ptr + r, mask=m, other=0)
-    last = tl.load(emit_ptr + r.to(tl.int64) * W + ne - 1, mask=m, other=0)
-    # one program: rows on the scratch slot are never written, so no two lanes store to one slot
-    real = m & (slot != scratch)
-    tl.store(num_tokens_ptr + slot, n + ne, mask=real)
-    tl.store(last_ptr + slot, last, mask=real)
+    # one program, BLOCK rows at a time whatever the bucket (one compiled variant for all of them):
+    # rows on the scratch slot are never written, so no two lanes store to one slot
+    for start in range(0, B, BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        m = r < B
+        slot = tl.load(slots_ptr + r, mask=m, other=scratch)
+        ne = tl.maximum(tl.load(nemit_ptr + r, mask=m, other=1).to(tl.int64), 1)
+        n = tl.load(n_ptr + r, mask=m, other=0)
+        last = tl.load(emit_ptr + r.to(tl.int64) * W + ne - 1, mask=m, other=0)
+        real = m & (slot != scratch)
+        tl.store(num_tokens_ptr + slot, n + ne, mask=real)
+        tl.store(last_ptr + slot, last, mask=real)
     tl.store(num_tokens_ptr + scratch, tl.full((), 2, tl.int64))
     tl.store(last_ptr + scratch, tl.zeros((), tl.int64))
 
@@ -255,7 +257,7 @@ def advance_triton(slots, n, num_emitted, emitted, num_tokens, last_token, scrat
         raise ValueError("emitted must be contiguous and the scratch slot the last one")
     B = slots.shape[0]
     _advance_kernel[(1,)](slots, n, num_emitted, emitted, num_tokens, last_token, B, emitted.shape[1],
-                          scratch_slot, BP=triton.next_power_of_2(max(B, 1)), num_warps=4)
+                          scratch_slot, BLOCK=64, num_warps=2)
 
 
 def advance(slots, n, num_emitted, emitted, num_tokens, last_token, scratch_slot: int) -> None:

@@ -170,7 +170,7 @@ CASES = {
         dict(num_warps=1)),
     "cycle-advance": ("cycle_index", "_advance_kernel", dict(
         slots_ptr="*i64", n_ptr="*i64", nemit_ptr="*i32", emit_ptr="*i64", num_tokens_ptr="*i64", last_ptr="*i64"),
-        dict(BP=64), dict(num_warps=4)),
+        dict(BLOCK=64), dict(num_warps=2)),
 }
 
 _SCRIPT = textwrap.dedent("""

@@ -85,7 +85,7 @@ def test_cycle_inputs_triton_equals_reference(B, T, MB, block_size, by_slot, bas
     assert all(torch.equal(a, b) for a, b in zip(snap, inputs)), f"{msg}: an input was modified"
 
 
-@pytest.mark.parametrize("B,W", [(1, 1), (5, 4), (37, 6)])
+@pytest.mark.parametrize("B,W", [(1, 1), (5, 4), (37, 6), (130, 4)])  # 130: past one 64-row block
 def test_advance_triton_equals_reference(B, W):
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
