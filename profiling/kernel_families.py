@@ -1,4 +1,5 @@
-"""Kernel families for the profile chart: GEMV, GEMM, attention, norm, rotary, sampler, argmax, other.
+"""Kernel families for the profile chart: GEMV, GEMM, attention, norm, rotary, sampler, argmax,
+bookkeeping (the cycle's own index launches), comm, other.
 
 Classified from the kernel's name alone (the trace has nothing else), first match wins. The order
 matters where graphrt fuses: `_qkv_rotary_kernel` is the M = 1 qkv projection with rotary and the
@@ -14,7 +15,7 @@ import re
 
 from graphrt.profiling.attribution import short_kernel_name
 
-FAMILIES = ("GEMV", "GEMM", "attention", "norm", "rotary", "sampler", "argmax", "comm", "other")
+FAMILIES = ("GEMV", "GEMM", "attention", "norm", "rotary", "sampler", "argmax", "bookkeeping", "comm", "other")
 
 _RULES = [
     # tensor parallelism's collectives: NCCL's kernels are ncclDevKernel_AllReduce_Sum_bf16_RING_LL...
@@ -30,6 +31,8 @@ _RULES = [
     ("sampler", r"rejection|sampl|gumbel|multinomial|softmax|topk|top_k"
                 r"|^_(row_stats|walk|race|finish|simulate|assemble)_kernel"),
     ("GEMM", r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|^sm\d+_"),
+    # kernels/cycle_index.py: each phase's inputs by slot, and the requests' advance after the sampler
+    ("bookkeeping", r"^_(cycle_inputs|advance)_kernel"),
 ]
 _COMPILED = [(family, re.compile(pattern, re.IGNORECASE)) for family, pattern in _RULES]
 # Generic kernels named by their template arguments: torch.argmax runs a reduce_kernel over

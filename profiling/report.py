@@ -152,11 +152,11 @@ def format_table(result: Attribution, *, top: int = 3, expected_nodes: dict | No
             if not c.kernels:
                 continue
             lines.append(f"{c.name} B={c.batch_size}: wall {_us(c.mean_wall_ns_per_launch)} us per launch")
-            lines.append(f"  {'kernel':<44} {'family':<9} {'n':>5} {'excl':>8} {'wait':>8} {'gap':>7} {'dur':>8} "
+            lines.append(f"  {'kernel':<44} {'family':<11} {'n':>5} {'excl':>8} {'wait':>8} {'gap':>7} {'dur':>8} "
                          f"{'excl%':>6}")
             for k in c.top_kernels(top):
                 per = c.launches
-                lines.append(f"  {k.name[:44]:<44} {kernel_family(k.name):<9} {_num(k.count / per):>5} "
+                lines.append(f"  {k.name[:44]:<44} {kernel_family(k.name):<11} {_num(k.count / per):>5} "
                              f"{_us(k.exclusive_ns / per):>8} {_us(k.wait_ns / per):>8} {_us(k.gap_ns / per):>7} "
                              f"{_us(k.total_ns / per):>8} "
                              f"{_num(100 * k.exclusive_ns / c.wall_ns if c.wall_ns else None, '{:.0f}%'):>6}")

@@ -179,6 +179,7 @@ def test_cycle_numbers_per_host_thread():
      "c10::BFloat16*, c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
      "comm"),
     ("_assemble_kernel", "sampler"), ("_argmax_finish_kernel", "argmax"),
+    ("_cycle_inputs_kernel", "bookkeeping"), ("_advance_kernel", "bookkeeping"),
 ])
 def test_kernel_family(name, family):
     assert kernel_family(name) == family
