@@ -169,3 +169,34 @@ def test_gpu_graphs_decode_at_the_set_acceptance(cuda, tmp_path):
         decoded, cycles = sum(len(g.token_ids) - 1 for g in gens), sum(g.num_cycles for g in gens)
         assert decoded / cycles == pytest.approx(L, rel=0.06), L
         assert all(0 <= t < 512 for g in gens for t in g.token_ids), L
+
+
+def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path, monkeypatch):
+    """The cycle's own launches as CUDA runs them (kernels/cycle_index.py and this module's kernel,
+    through the interpreter) against their references, in a runtime with several requests a batch:
+    the tensors the cycle hands them (column slices, row views of step-major buffers) are the GPU's,
+    which a kernel test with fresh tensors does not see. Greedy and seeded sampled requests mixed."""
+    from graphrt.kernels import cycle_index
+
+    import graphrt.cycle as cycle
+    from graphrt import Runtime, SamplingParams
+    from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
+
+    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.float32, seed=5)
+    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
+    prompts = torch.randint(3, 500, (5, 4), generator=torch.Generator().manual_seed(1)).tolist()
+    params = [SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=0.0 if i % 2 else 0.9, seed=i)
+              for i in range(len(prompts))]
+    seed = fresh_seed()
+
+    def run():
+        rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu",
+                                     max_batch_size=8, max_seq_len=64, simulate_acceptance_length=2.5, seed=seed)
+        gens = rt.generate(prompts, params)
+        return [g.token_ids for g in gens], [g.num_cycles for g in gens], list(rt.acceptance_counts)
+
+    want = run()
+    monkeypatch.setattr(cycle, "cycle_inputs", cycle_index.cycle_inputs_triton)
+    monkeypatch.setattr(cycle, "advance", cycle_index.advance_triton)
+    monkeypatch.setattr(cycle, "simulate_acceptance", simulate_acceptance_triton)
+    assert run() == want, f"seed={seed}"
