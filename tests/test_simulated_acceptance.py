@@ -172,11 +172,12 @@ def test_gpu_graphs_decode_at_the_set_acceptance(cuda, tmp_path):
 
 
 def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path, monkeypatch):
-    """The cycle's own launches as CUDA runs them (kernels/cycle_index.py and this module's kernel,
-    through the interpreter) against their references, in a runtime with several requests a batch:
+    """The cycle's own launches as CUDA runs them (kernels/cycle_index.py, this module's kernel and the
+    drafts' argmax, through the interpreter) against their references, in a runtime with several requests a batch:
     the tensors the cycle hands them (column slices, row views of step-major buffers) are the GPU's,
     which a kernel test with fresh tensors does not see. Greedy and seeded sampled requests mixed."""
     from graphrt.kernels import cycle_index
+    from graphrt.kernels.argmax import argmax_triton
 
     import graphrt.cycle as cycle
     from graphrt import Runtime, SamplingParams
@@ -199,4 +200,5 @@ def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path
     monkeypatch.setattr(cycle, "cycle_inputs", cycle_index.cycle_inputs_triton)
     monkeypatch.setattr(cycle, "advance", cycle_index.advance_triton)
     monkeypatch.setattr(cycle, "simulate_acceptance", simulate_acceptance_triton)
+    monkeypatch.setattr(cycle, "argmax", lambda logits, **shard: argmax_triton(logits))  # the drafts' top-1
     assert run() == want, f"seed={seed}"
