@@ -171,13 +171,17 @@ def test_gpu_graphs_decode_at_the_set_acceptance(cuda, tmp_path):
         assert all(0 <= t < 512 for g in gens for t in g.token_ids), L
 
 
-def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path, monkeypatch):
-    """The cycle's own launches as CUDA runs them (kernels/cycle_index.py, this module's kernel and the
-    drafts' argmax, through the interpreter) against their references, in a runtime with several requests a batch:
-    the tensors the cycle hands them (column slices, row views of step-major buffers) are the GPU's,
-    which a kernel test with fresh tensors does not see. Greedy and seeded sampled requests mixed."""
+@pytest.mark.parametrize("mode", ["simulated", "drafted", "plain"])
+def test_runtime_on_the_triton_cycle_kernels_decodes_as_on_the_references(tmp_path, monkeypatch, mode):
+    """The cycle's launches as CUDA runs them (kernels/cycle_index.py, this module's kernel, the
+    drafts' argmax and the rejection sampler, through the interpreter) against their references,
+    in a runtime with several requests a batch: the tensors the cycle hands them (column slices,
+    row views of step-major buffers) are the GPU's, which kernel tests with fresh tensors do not
+    see. Greedy and seeded sampled requests mixed; simulated acceptance, real acceptance, and plain
+    decoding (TARGET_DECODE)."""
     from graphrt.kernels import cycle_index
     from graphrt.kernels.argmax import argmax_triton
+    from graphrt.kernels.rejection import rejection_sample_triton
 
     import graphrt.cycle as cycle
     from graphrt import Runtime, SamplingParams
@@ -191,8 +195,10 @@ def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path
     seed = fresh_seed()
 
     def run():
-        rt = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu",
-                                     max_batch_size=8, max_seq_len=64, simulate_acceptance_length=2.5, seed=seed)
+        draft = None if mode == "plain" else tmp_path / "d"
+        rt = Runtime.from_pretrained(tmp_path / "t", draft, num_draft_tokens=3, device="cpu", max_batch_size=8,
+                                     max_seq_len=64, seed=seed,
+                                     simulate_acceptance_length=2.5 if mode == "simulated" else None)
         gens = rt.generate(prompts, params)
         return [g.token_ids for g in gens], [g.num_cycles for g in gens], list(rt.acceptance_counts)
 
@@ -200,5 +206,6 @@ def test_runtime_on_the_triton_bookkeeping_decodes_as_on_the_references(tmp_path
     monkeypatch.setattr(cycle, "cycle_inputs", cycle_index.cycle_inputs_triton)
     monkeypatch.setattr(cycle, "advance", cycle_index.advance_triton)
     monkeypatch.setattr(cycle, "simulate_acceptance", simulate_acceptance_triton)
-    monkeypatch.setattr(cycle, "argmax", lambda logits, **shard: argmax_triton(logits))  # the drafts' top-1
-    assert run() == want, f"seed={seed}"
+    monkeypatch.setattr(cycle, "argmax", lambda logits, **shard: argmax_triton(logits))
+    monkeypatch.setattr(cycle, "rejection_sample", lambda *a, **kw: rejection_sample_triton(*a, **kw))
+    assert run() == want, f"seed={seed} mode={mode}"
