@@ -23,7 +23,14 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
-from graphrt.kernels.cycle_index import CycleInputs, advance, cycle_inputs, cycle_inputs_reference
+from graphrt.kernels.cycle_index import (
+    SCRATCH_NUM_TOKENS,
+    CycleInputs,
+    advance,
+    cycle_inputs,
+    cycle_inputs_reference,
+    pin_scratch,
+)
 from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
@@ -45,7 +52,7 @@ class DecodeState:
         i64 = dict(dtype=torch.int64, device=device)
         self.scratch_slot = S
         # per slot
-        self.num_tokens = torch.full((S + 1,), 2, **i64)
+        self.num_tokens = torch.full((S + 1,), SCRATCH_NUM_TOKENS, **i64)  # as the scratch slot is held
         self.last_token = torch.zeros(S + 1, **i64)
         self.draft_tokens = torch.zeros(S + 1, K, **i64)
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=device)
@@ -95,11 +102,7 @@ class DecodeState:
         return dict(top_k=self.top_k[slots], top_p=self.top_p[slots], min_p=self.min_p[slots])
 
     def reset_scratch(self):
-        # Padded rows advance the scratch slot like any request; pin it back so its positions stay
-        # small and inside block 0 forever.
-        # (fill_ on a view: a device-side fill, capturable, where item assignment copies from host)
-        self.num_tokens[self.scratch_slot :].fill_(2)
-        self.last_token[self.scratch_slot :].fill_(0)
+        pin_scratch(self.num_tokens, self.last_token, self.scratch_slot)
 
 
 class Cycle:

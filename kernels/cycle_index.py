@@ -14,7 +14,7 @@ casts, divisions, scatters), each costing a launch and a hand-off on the GPU. He
                  emitted (DRAFT_EXTEND): tokens = the verify step's emitted tokens with -1 read as
                  0, and the row of each request's last emitted one, b * T + num_emitted[b] - 1;
   advance        num_tokens[s] = n[b] + num_emitted[b], last_token[s] = emitted[b, num_emitted[b] - 1]
-                 for every row whose slot is not the scratch slot, which stays pinned at (2, 0).
+                 for every row whose slot is not the scratch slot, which stays pinned (pin_scratch).
 
 Positions are never negative (the cycle's state invariant), so floor and truncating division agree.
 Static shapes, no host sync: both sit inside the captured phase graphs. Triton on CUDA, the torch
@@ -28,6 +28,19 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+# The scratch slot (the last; padded batch rows use it) is held at num_tokens 2, last token 0: its
+# positions stay small and inside block 0 however many cycles pad with it.
+SCRATCH_NUM_TOKENS, SCRATCH_LAST_TOKEN = 2, 0
+_TL_SCRATCH_NUM_TOKENS = tl.constexpr(SCRATCH_NUM_TOKENS)
+_TL_SCRATCH_LAST_TOKEN = tl.constexpr(SCRATCH_LAST_TOKEN)
+
+
+def pin_scratch(num_tokens, last_token, scratch_slot: int) -> None:
+    """Put the scratch slot back to its pinned state (fill_ on a view: a device-side fill,
+    capturable, where item assignment copies from the host)."""
+    num_tokens[scratch_slot:].fill_(SCRATCH_NUM_TOKENS)
+    last_token[scratch_slot:].fill_(SCRATCH_LAST_TOKEN)
 
 
 @dataclass
@@ -215,10 +228,7 @@ def advance_reference(slots, n, num_emitted, emitted, num_tokens, last_token, sc
     ne = num_emitted.to(torch.int64)
     num_tokens[slots] = n + ne
     last_token[slots] = emitted.gather(1, (ne - 1)[:, None]).squeeze(1)
-    # padded rows advance the scratch slot like any request: pin it back (fill_ on a view: a
-    # device-side fill, capturable, where item assignment copies from the host)
-    num_tokens[scratch_slot:].fill_(2)
-    last_token[scratch_slot:].fill_(0)
+    pin_scratch(num_tokens, last_token, scratch_slot)  # padded rows advanced it like any request
 
 
 @triton.jit(do_not_specialize=["B"])
@@ -246,8 +256,8 @@ def _advance_kernel(
         real = m & (slot != scratch)
         tl.store(num_tokens_ptr + slot, n + ne, mask=real)
         tl.store(last_ptr + slot, last, mask=real)
-    tl.store(num_tokens_ptr + scratch, tl.full((), 2, tl.int64))
-    tl.store(last_ptr + scratch, tl.zeros((), tl.int64))
+    tl.store(num_tokens_ptr + scratch, tl.full((), _TL_SCRATCH_NUM_TOKENS, tl.int64))
+    tl.store(last_ptr + scratch, tl.full((), _TL_SCRATCH_LAST_TOKEN, tl.int64))
 
 
 def advance_triton(slots, n, num_emitted, emitted, num_tokens, last_token, scratch_slot: int) -> None:

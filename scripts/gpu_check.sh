@@ -100,7 +100,4 @@ for step in $steps; do
     *) echo "unknown step $step" ;;
   esac
 done
-# The device tool brings back at most 8 files from $OUT: past 7, every result but env.txt and
-# log.txt goes back as one archive.
-( cd "$OUT" && files=$(ls | grep -v -e '^env.txt$' -e '^log.txt$' -e '^results.tgz$')
-  if [ "$(ls | wc -l)" -gt 7 ] && [ -n "$files" ]; then tar czf results.tgz $files && rm -rf $files; fi )
+bash "$(dirname "$0")/pack_results.sh" "$OUT"  # at most 8 files go back from a device call

@@ -98,13 +98,19 @@ def test_rate_bounds_and_bad_length():
             acceptance_rate_for(bad, 3)
 
 
-def _simulating_runtime(path, device, dtype, max_seq_len, L):
-    """The tiny target with a one-layer EAGLE self-draft, K = 3, 16 slots, simulating acceptance L."""
-    from graphrt import Runtime
+def _write_tiny_pair(path, dtype):
+    """The tiny target at path / "t" and a one-layer EAGLE self-draft of it at path / "d"."""
     from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
     write_random_checkpoint(path / "t", "tiny", dtype=dtype, seed=5)
     self_draft(path / "t", path / "d", 1, kind="eagle")
+
+
+def _simulating_runtime(path, device, dtype, max_seq_len, L):
+    """The tiny target with a one-layer EAGLE self-draft, K = 3, 16 slots, simulating acceptance L."""
+    from graphrt import Runtime
+
+    _write_tiny_pair(path, dtype)
     # seeded (the requests' seeds, hence the draws, follow from it): a failure replays with the run's seed
     return Runtime.from_pretrained(path / "t", path / "d", num_draft_tokens=3, device=device, max_batch_size=16,
                                    max_seq_len=max_seq_len, simulate_acceptance_length=L, seed=fresh_seed())
@@ -185,10 +191,8 @@ def test_runtime_on_the_triton_cycle_kernels_decodes_as_on_the_references(tmp_pa
 
     import graphrt.cycle as cycle
     from graphrt import Runtime, SamplingParams
-    from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
-    write_random_checkpoint(tmp_path / "t", "tiny", dtype=torch.float32, seed=5)
-    self_draft(tmp_path / "t", tmp_path / "d", 1, kind="eagle")
+    _write_tiny_pair(tmp_path, torch.float32)
     prompts = torch.randint(3, 500, (5, 4), generator=torch.Generator().manual_seed(1)).tolist()
     params = [SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=0.0 if i % 2 else 0.9, seed=i)
               for i in range(len(prompts))]
