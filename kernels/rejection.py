@@ -59,7 +59,9 @@ class LaunchConfig:
     row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
     filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
     passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
-    candidates (filter_block_v is the whole-row search's, a kernel of its own); filter_cap: their candidates per row
+    candidates (filter_block_v is the whole-row search's, a kernel of its own), filter_cand_warps its
+    warps (filter_warps when None), filter_kept_block_v its tile over what the filters keep of the
+    candidates; filter_cap: their candidates per row
     (past it a row's threshold search reads the whole row; 0: every row's does). filter_draw
     (one-hot): a sampled row whose threshold the candidates held is drawn by the threshold kernel
     from them (its lse, argmax, draft's logit and two-level race), and the row pass skips it; off:
@@ -80,6 +82,8 @@ class LaunchConfig:
     filter_block_v: int = 1024
     filter_cand_block_v: int = 1024
     filter_warps: int = 8
+    filter_cand_warps: int | None = None
+    filter_kept_block_v: int = 256
     filter_cap: int = FILTER_CAP
     filter_draw: bool = True
 
@@ -122,7 +126,8 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
 def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
     """thresholds_triton's launch keywords, as the sampler launches it on dev."""
     return dict(block_v=cfg.filter_block_v, cand_block_v=cfg.filter_cand_block_v, num_warps=cfg.filter_warps,
-                cap=cfg.filter_cap, pdl=cfg.pdl if pdl_enabled(dev) else 0)
+                cand_warps=cfg.filter_cand_warps, kept_block_v=cfg.filter_kept_block_v, cap=cfg.filter_cap,
+                pdl=cfg.pdl if pdl_enabled(dev) else 0)
 
 
 def filter_stage(target_logits, ids, temperature, seed, position, num_draft_tokens, top_k, top_p, min_p,

@@ -188,14 +188,70 @@ def _key_range(ptr, N, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.constexpr, SHIFT: tl.constexpr,
-             BLOCK_V: tl.constexpr, NP: tl.constexpr):
-    """(tau, ok) of one row from its n entries at src_ptr: the whole row, or (CAND) its candidates
-    (fp32, n >= 0), a superset of what the filters keep; use_k: 0 < k < the row's V. With CAND and
-    top_p without top_k the kept mass is mass_total, the row's; ok is False when the candidates
-    weigh less than top_p of it (the caller then passes the whole row). n = 0: a dead row."""
+def _compact(cand_ptr, gid_ptr, n, lo, tau, dst_ptr, dvid_ptr, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr,
+             GROUP: tl.constexpr):
+    """Copy the n candidates at cand_ptr (whole groups; gid_ptr: their groups) with key >= lo and
+    value >= tau (NaN never) to dst_ptr, in vocab order, and their vocab ids to dvid_ptr -> how many.
+    Whatever reads them after needs only these, in a tile sized for the few entries a filter keeps."""
     offs0 = tl.arange(0, BLOCK_V)
-    kmin, kmax = _key_range(src_ptr, n, SHIFT, BLOCK_V)
+    m = tl.zeros_like(n)
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
+        slot = t * BLOCK_V + offs0
+        raw = tl.load(cand_ptr + slot, mask=slot < n, other=float("nan"))
+        take = (raw >= tau) & (_keys(raw, SHIFT) >= lo)
+        pos = m + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        vid = tl.load(gid_ptr + slot // GROUP, mask=take, other=0) * GROUP + slot % GROUP
+        tl.store(dst_ptr + pos, raw, mask=take)
+        tl.store(dvid_ptr + pos, vid, mask=take)
+        m += tl.sum(take.to(tl.int32), axis=0)
+    return m
+
+
+@triton.jit
+def _mass_tau(src_ptr, n, lo, tau_key, kmax, total, top_p, min_p, inv_t, x_max, SHIFT: tl.constexpr,
+              BLOCK_V: tl.constexpr, NP: tl.constexpr):
+    """top_p's and min_p's part of _row_tau over the n entries at src_ptr, every entry with key >=
+    lo among them: (tau_key raised to their cut, ok). total: the row's weight, or -1 for these
+    entries' own (the mass top-k kept); ok is False when they weigh less than top_p of total."""
+    offs0 = tl.arange(0, BLOCK_V)
+    # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
+    thr = min_p.to(tl.float64) * 4294967296.0
+    mass = tl.zeros([BLOCK_V], tl.int64)
+    wmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
+    mmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
+        offs = t * BLOCK_V + offs0
+        raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+        key = _keys(raw, SHIFT)
+        w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
+        mass += w
+        wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_MAX))
+        mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_MAX))
+    ok = n >= 0
+    if top_p < 1.0:
+        kept = tl.sum(mass, axis=0)
+        total = tl.where(total < 0, kept, total)
+        target = top_p.to(tl.float64) * total.to(tl.float64)
+        ok = kept.to(tl.float64) >= target
+        if ok:
+            tau_key = _select(src_ptr, n, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max, inv_t, True,
+                              SHIFT, BLOCK_V, NP)
+    if min_p > 0.0:
+        tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
+    return tau_key, ok
+
+
+@triton.jit
+def _row_tau(src_ptr, n, kmin, kmax, k, use_k, top_p, min_p, inv_t, mass_total, gid_ptr, kept_ptr, kvid_ptr,
+             CAND: tl.constexpr, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, KEPT_BLOCK_V: tl.constexpr,
+             NP: tl.constexpr, GROUP: tl.constexpr):
+    """(tau, ok) of one row from its n entries at src_ptr, whose keys lie in [kmin, kmax] (those
+    at or over the row's top-k cut do), kmax the row's largest: the whole row, or (CAND) its
+    candidates (fp32, n >= 0, whole groups, gid_ptr: their groups), a superset of what the filters
+    keep; use_k: 0 < k < the row's V. With CAND and top_p without top_k the kept mass is
+    mass_total, the row's; ok is False when the candidates weigh less than top_p of it (the caller
+    then passes the whole row). n = 0: a dead row. CAND with top_k and top_p or min_p: what top-k
+    keeps is copied to kept_ptr / kvid_ptr first (_compact), and top_p and min_p read only that."""
     x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
     tau = tl.zeros_like(inv_t) + _NEG_INF
     ok = n >= 0
@@ -205,31 +261,17 @@ def _row_tau(src_ptr, n, k, use_k, top_p, min_p, inv_t, mass_total, CAND: tl.con
             lo = _select(src_ptr, n, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
         tau_key = lo
         if (top_p < 1.0) | (min_p > 0.0):
-            # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
-            thr = min_p.to(tl.float64) * 4294967296.0
-            mass = tl.zeros([BLOCK_V], tl.int64)
-            wmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
-            mmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
-            for t in range(0, tl.cdiv(n, BLOCK_V)):
-                offs = t * BLOCK_V + offs0
-                raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
-                key = _keys(raw, SHIFT)
-                w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
-                mass += w
-                wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_MAX))
-                mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_MAX))
-            if top_p < 1.0:
-                kept = tl.sum(mass, axis=0)
-                total = kept
-                if CAND:
-                    total = tl.where(use_k, kept, mass_total)
-                target = top_p.to(tl.float64) * total.to(tl.float64)
-                ok = kept.to(tl.float64) >= target
-                if ok:
-                    tau_key = _select(src_ptr, n, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max,
-                                      inv_t, True, SHIFT, BLOCK_V, NP)
-            if min_p > 0.0:
-                tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
+            if CAND:
+                if use_k:
+                    m = _compact(src_ptr, gid_ptr, n, lo, _NEG_INF, kept_ptr, kvid_ptr, SHIFT, BLOCK_V, GROUP)
+                    tau_key, ok = _mass_tau(kept_ptr, m, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p,
+                                            min_p, inv_t, x_max, SHIFT, KEPT_BLOCK_V, NP)
+                else:
+                    tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, mass_total, top_p, min_p, inv_t, x_max,
+                                            SHIFT, BLOCK_V, NP)
+            else:
+                tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p, min_p,
+                                        inv_t, x_max, SHIFT, BLOCK_V, NP)
         tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
     return tau, ok
 
@@ -386,15 +428,15 @@ def _group_candidates(smax_ptr, NS, gmax_ptr, NG, row_ptr, V, cand_ptr, ids_ptr,
 
 
 @triton.jit
-def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, pos, GROUP: tl.constexpr,
-                     BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, NC_POW2: tl.constexpr):
-    """What the sampler's row pass and its two-level race find on a row whose kept entries all lie
-    among its n candidates (cand_ptr: raw values, whole groups in increasing vocab order, so the
-    entries of a race chunk are consecutive; gid_ptr: the groups): (the lowest id of the raw max
-    rmax (0 on a dead row), the kept row's lse, the race's winner with excl left out and its x; x
-    -inf: nothing to race, the walk falls back to the argmax). x_max: the row's largest scaled
-    logit. The race keys are the whole-row race's, bit for bit (same ops, same counter-based bits
-    by vocab id); entries outside the candidates are filtered out, so they would only add -inf."""
+def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, BLOCK_V: tl.constexpr,
+                     CHUNK: tl.constexpr, NC_POW2: tl.constexpr):
+    """What the sampler's row pass and its two-level race find on a row from the n entries its
+    filter keeps (kept_ptr: raw values in increasing vocab order, so the entries of a race chunk
+    are consecutive; vid_ptr: their vocab ids): (the lowest id of the raw max rmax (0 on a dead
+    row), the kept row's lse, the race's winner with excl left out and its x; x -inf: nothing to
+    race, the walk falls back to the argmax). x_max: the row's largest scaled logit. The race keys
+    are the whole-row race's, bit for bit (same ops, same counter-based bits by vocab id); the
+    entries the filter removes would only add -inf."""
     offs0 = tl.arange(0, BLOCK_V)
     cc = tl.arange(0, NC_POW2)
     s_row = tl.zeros([BLOCK_V], tl.float32)
@@ -406,9 +448,8 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     for t in range(0, tl.cdiv(n, BLOCK_V)):
         slot = t * BLOCK_V + offs0
         inb = slot < n
-        raw = tl.load(cand_ptr + slot, mask=inb, other=float("-inf"))
-        vid = tl.load(gid_ptr + slot // GROUP, mask=inb, other=0) * GROUP + slot % GROUP
-        raw = tl.where(raw >= tau, raw, _NEG_INF)
+        raw = tl.load(kept_ptr + slot, mask=inb, other=float("-inf"))
+        vid = tl.load(vid_ptr + slot, mask=inb, other=0)
         x = _scaled(raw, inv_t)
         s_row += tl.exp(x - x_max)
         amax = tl.minimum(amax, tl.where(raw == rmax, vid, _INT32_MAX))
@@ -431,7 +472,7 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     for t in range(0, tl.cdiv(n, BLOCK_V)):
         slot = t * BLOCK_V + offs0
         inb = slot < n
-        ch = (tl.load(gid_ptr + slot // GROUP, mask=inb, other=0) * GROUP + slot % GROUP) // CHUNK
+        ch = tl.load(vid_ptr + slot, mask=inb, other=0) // CHUNK
         below += (inb & (ch < cw)).to(tl.int32)
         inside += (inb & (ch == cw)).to(tl.int32)
     start = tl.sum(below, axis=0)
@@ -444,9 +485,9 @@ def _candidate_draws(cand_ptr, gid_ptr, n, rmax, x_max, tau, inv_t, excl, seed, 
     for t in range(start // BLOCK_V, tl.cdiv(end, BLOCK_V)):
         slot = t * BLOCK_V + offs0
         inr = (slot >= start) & (slot < end)
-        raw = tl.load(cand_ptr + slot, mask=inr, other=float("-inf"))
-        vid = tl.load(gid_ptr + slot // GROUP, mask=inr, other=0) * GROUP + slot % GROUP
-        x = _scaled(tl.where(raw >= tau, raw, _NEG_INF), inv_t)
+        raw = tl.load(kept_ptr + slot, mask=inr, other=float("-inf"))
+        vid = tl.load(vid_ptr + slot, mask=inr, other=0)
+        x = _scaled(raw, inv_t)
         key = tl.where(inr & (vid != excl), x + tl_race_gumbel(rkey, vid), _NEG_INF)
         win = key > best
         best = tl.where(win, key, best)
@@ -469,6 +510,7 @@ def _threshold_kernel(
     kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
     ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
+    kept_ptr, kvid_ptr,  # [rows, CAP] fp32, int32 scratch: what a filter keeps of them, and its vocab ids
     draft_ptr, nd_ptr, seed_ptr, pos_ptr,  # the sampler's [B, K] drafts, [B] num_draft_tokens, seed, position (DRAW)
     dstat_i_ptr,  # [3, rows] int32 out (DRAW): drawn from the candidates (0/1), the argmax, the race's winner
     dstat_f_ptr,  # [4, rows] fp32 out (DRAW, where drawn): the raw max, the lse, x of the draft, x of the winner
@@ -477,6 +519,7 @@ def _threshold_kernel(
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr,
     SHIFT: tl.constexpr,  # low key bits the dtype leaves zero (16 bf16, 13 fp16, 0 fp32)
     CAND_BLOCK_V: tl.constexpr,  # the tile over the maxima and the candidates (at most CAP entries)
+    KEPT_BLOCK_V: tl.constexpr,  # the tile over what the filters keep of them (top_k's few entries)
     GROUP: tl.constexpr,
     SUPER: tl.constexpr,
     CAND: tl.constexpr = True,  # from kernels 1 and 2's group maxima; False: every active row is flagged
@@ -497,11 +540,13 @@ def _threshold_kernel(
     if active:  # rows that filter nothing stop here
         done = row < 0
         if CAND:
-            rmax = _key_value(tl.load(kmax_ptr + row), SHIFT)
+            kmax = tl.load(kmax_ptr + row).to(tl.int64)
+            rmax = _key_value(kmax, SHIFT)
             x_max = _scaled(rmax, inv_t)
             mass = tl.load(mass_ptr + row)
             n = tl.zeros_like(NG)
             gid_ptr = ids_ptr + row * 2 * (CAP // GROUP)
+            key_bar = tl.zeros_like(k) - _INT32_MAX
             if x_max > _NEG_INF:  # a dead row has no candidates
                 key_bar, z_bar = _group_bar(smax_ptr + row * NS, NS, gmax_ptr + row * NG, NG, k, use_k, top_p, min_p,
                                             inv_t, x_max, hist_ptr + row * 64, mass, SHIFT, CAND_BLOCK_V, NP)
@@ -509,8 +554,10 @@ def _threshold_kernel(
                                       cand_ptr + row * CAP, gid_ptr, CAP, key_bar, z_bar,
                                       inv_t, x_max, SHIFT, CAND_BLOCK_V, GROUP, SUPER)
             if n <= CAP:
-                tau, done = _row_tau(cand_ptr + row * CAP, n, k, use_k, top_p, min_p, inv_t, mass, True, SHIFT,
-                                     CAND_BLOCK_V, NP)
+                # the row's top k all reach key_bar (k entries do), so the k-th largest does too
+                tau, done = _row_tau(cand_ptr + row * CAP, n, key_bar, kmax, k, use_k,
+                                     top_p, min_p, inv_t, mass, gid_ptr + CAP // GROUP, kept_ptr + row * CAP,
+                                     kvid_ptr + row * CAP, True, SHIFT, CAND_BLOCK_V, KEPT_BLOCK_V, NP, GROUP)
                 if DRAW:
                     if done:  # every kept entry is a candidate: the sampler needs nothing else of this row
                         K = R - 1
@@ -522,9 +569,11 @@ def _threshold_kernel(
                         excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
                         raw_d = tl.load(row_ptr + tl.minimum(tl.maximum(d, 0), V - 1), mask=j < K, other=0.0)
                         x_d = _scaled(tl.where(raw_d.to(tl.float32) >= tau, raw_d.to(tl.float32), _NEG_INF), inv_t)
+                        m = _compact(cand_ptr + row * CAP, gid_ptr + CAP // GROUP, n, -_INT32_MAX, tau,
+                                     kept_ptr + row * CAP, kvid_ptr + row * CAP, SHIFT, CAND_BLOCK_V, GROUP)
                         amax, lse, win, x_win = _candidate_draws(
-                            cand_ptr + row * CAP, gid_ptr + CAP // GROUP, n, rmax, x_max, tau, inv_t, excl,
-                            tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j, GROUP, CAND_BLOCK_V, CHUNK, NC_POW2)
+                            kept_ptr + row * CAP, kvid_ptr + row * CAP, m, rmax, x_max, inv_t, excl,
+                            tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j, KEPT_BLOCK_V, CHUNK, NC_POW2)
                         rows = tl.num_programs(0).to(tl.int64)
                         tl.store(dstat_i_ptr + rows + row, amax)
                         tl.store(dstat_i_ptr + 2 * rows + row, win)
@@ -565,8 +614,10 @@ def _whole_row_kernel(
     if tl.load(need_ptr + row) != 0:
         row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
                                                                  HAS_K, HAS_P, HAS_M, 0)
-        tau, _ = _row_tau(logits_ptr + b * stride_lb + (row % R) * stride_lj, V, k, use_k, top_p, min_p, inv_t, 0,
-                           False, SHIFT, BLOCK_V, NP)
+        row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
+        kmin, kmax = _key_range(row_ptr, V, SHIFT, BLOCK_V)
+        tau, _ = _row_tau(row_ptr, V, kmin, kmax, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1, tau_ptr,
+                          tau_ptr, need_ptr, False, SHIFT, BLOCK_V, BLOCK_V, NP, 1)
         tl.store(tau_ptr + row, tau)
 
 
@@ -578,7 +629,8 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
     """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group and supergroup maxima
     [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
-    ids [rows', 2 * (cap // GROUP)] int32) with rows' >= rows, one per device, cap, ng, ns and
+    ids [rows', 2 * (cap // GROUP)] int32, what the filters keep of the candidates [rows', cap] fp32
+    and its vocab ids [rows', cap] int32) with rows' >= rows, one per device, cap, ng, ns and
     dtype, shared by every call and graph replay: the threshold kernel leaves each row it used as
     it found it. None inside a capture when it would have to grow (allocating there would tie it
     to that graph's pool)."""
@@ -593,7 +645,9 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
               torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
               torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, ns), dtype=dtype, device=dev),
               torch.empty((n, cap), dtype=torch.float32, device=dev),
-              torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev))
+              torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev),
+              torch.empty((n, cap), dtype=torch.float32, device=dev),
+              torch.empty((n, cap), dtype=torch.int32, device=dev))
         _workspaces[(dev, cap, ng, ns, dtype)] = ws
     return ws
 
@@ -614,7 +668,8 @@ class Draws(NamedTuple):
 
 def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
                       pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
-                      cand_block_v: int | None = None, draws: Draws | None = None,
+                      cand_block_v: int | None = None, cand_warps: int | None = None, kept_block_v: int = 256,
+                      draws: Draws | None = None,
                       whole: torch.Tensor | None = None) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
@@ -622,7 +677,8 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     and of the whole-row search (kernel 4), stats_block_v kernel 1's (one per program); programs:
     kernel 2's launches aim at about that many; cap: candidates per row (below GROUP: every row
     reads its whole row in kernel 4); cand_block_v: kernel 3's tile over the maxima and the
-    candidates (block_v by default). draws: also draw, for the one-hot
+    candidates (block_v by default), cand_warps its warps (num_warps by default), kept_block_v its tile
+    over what the filters keep of them (top_k's few entries). draws: also draw, for the one-hot
     sampler, each sampled row whose threshold came from its candidates (draws.stats_i[0] says which:
     every row's flag is written). whole: [B*(K+1)] int32 out, 1 on the rows whose threshold took the
     whole-row search (a new buffer when None)."""
@@ -645,7 +701,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
     ws = _workspace(dev, rows, cap, ng, ns, target_logits.dtype) if cap >= GROUP else None
     if ws is not None:
-        kmax, mass, hist, gmax, smax, cand, ids = ws
+        kmax, mass, hist, gmax, smax, cand, ids, kept, kvid = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
             target_logits, temperature, *filters, kmax, gmax, smax, *strides, ng, ns, BLOCK_V=stats_block_v,
             GROUP=GROUP, SUPER=sup, **flags, **launch)
@@ -656,7 +712,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 target_logits, temperature, *filters, kmax, mass, hist, *strides, per_split, BLOCK_V=block_v,
                 **flags, **launch)
     else:
-        kmax = mass = hist = gmax = smax = cand = ids = tau  # valid pointers, unused
+        kmax = mass = hist = gmax = smax = cand = ids = kept = kvid = tau  # valid pointers, unused
     d = draws
     sample = () if d is None else (d.draft_ids, d.num_draft_tokens if d.num_draft_tokens is not None else d.seed,
                                    d.seed, d.position, d.stats_i, d.stats_f)
@@ -665,9 +721,10 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 NC_POW2=triton.next_power_of_2(triton.cdiv(v, d.chunk))) if d is not None else {}
     need = torch.empty(rows, dtype=torch.int32, device=dev) if whole is None else whole
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, need, kmax, mass, hist, gmax, smax, cand, ids,
+        target_logits, temperature, *filters, tau, need, kmax, mass, hist, gmax, smax, cand, ids, kept, kvid,
         *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
-        CAND_BLOCK_V=cand_block_v, GROUP=GROUP, SUPER=sup, **flags, **draw, **launch)
+        CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
+        **draw, **dict(launch, num_warps=cand_warps or num_warps))
     _whole_row_kernel[(rows,)](target_logits, temperature, *filters, tau, need, *strides, BLOCK_V=block_v, **flags,
                                **launch)
     return tau

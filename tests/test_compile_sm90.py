@@ -26,7 +26,8 @@ _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr=
             lp_ptr="*fp32", counts_ptr="*i64", race_i_ptr="*i32", race_f_ptr="*fp32", ctr_ptr="*i32",
             part_k_ptr="*fp32", part_i_ptr="*i32", part_x_ptr="*fp32")
 _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32", kmax_ptr="*i32",
-               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", need_ptr="*i32", dstat_i_ptr="*i32",
+               mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", kept_ptr="*fp32", kvid_ptr="*i32",
+               need_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
@@ -127,14 +128,15 @@ CASES = {
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     # the one-hot sampler's launch: sampled rows whose candidates hold their threshold are drawn there
     "rej-threshold-draw": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, PDL=2, DRAW=True,
-        HAS_ND=True, CHUNK=8192, NC_POW2=16), dict(num_warps=8, enable_fp_fusion=False)),
+        HAS_K=True, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16, PDL=2,
+        DRAW=True, HAS_ND=True, CHUNK=8192, NC_POW2=16), dict(num_warps=8, enable_fp_fusion=False)),
     "rej-threshold-no-candidates": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, GROUP=16, SUPER=16, CAND=False, PDL=0),
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16,
+        CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
     # the rows the threshold kernel flags: B <= 2 (4096-entry tiles) and beyond (2048)
     "rej-whole-row-small": ("rejection_filter", "_whole_row_kernel", _FILTER, dict(

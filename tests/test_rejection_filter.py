@@ -21,7 +21,7 @@ def small_config(args, **fields):
     """Small tiles at small V (75: not a multiple of any of them), several splits and filter tiles."""
     b, r, _ = args["target_logits"].shape
     full_q = args.get("draft_logits") is not None and r > 1
-    small = dict(block_v=16, race_block_v=16, num_splits=3, filter_block_v=32)
+    small = dict(block_v=16, race_block_v=16, num_splits=3, filter_block_v=32, filter_kept_block_v=16)
     return dataclasses.replace(launch_config(b, r - 1, full_q), **{**small, **fields})
 
 
