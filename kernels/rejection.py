@@ -61,8 +61,9 @@ class LaunchConfig:
     passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
     candidates (filter_block_v is the whole-row search's, a kernel of its own), filter_cand_warps its
     warps (filter_warps when None), filter_kept_block_v its tile over what the filters keep of the
-    candidates; filter_cap: their candidates per row
-    (past it a row's threshold search reads the whole row; 0: every row's does). filter_draw
+    candidates; filter_stats_block_v: the tile of the filters' first kernel (one per program);
+    filter_cap: their candidates per row (past it a row's threshold search reads the whole row; 0:
+    every row's does). filter_draw
     (one-hot): a sampled row whose threshold the candidates held is drawn by the threshold kernel
     from them (its lse, argmax, draft's logit and two-level race), and the row pass skips it; off:
     every row is read whole again after its threshold.
@@ -84,6 +85,7 @@ class LaunchConfig:
     filter_warps: int = 8
     filter_cand_warps: int | None = None
     filter_kept_block_v: int = 256
+    filter_stats_block_v: int = 8192
     filter_cap: int = FILTER_CAP
     filter_draw: bool = True
 
@@ -114,19 +116,26 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
       (B = 4 at K = 3), where the row pass it spares costs more than the draw; below, one program's
       serial race over a row's candidates takes longer than the row pass spread over many programs
       (RESULTS.md, the filters' table).
+    - From 512 rows the threshold kernel runs 2 warps on 256-entry tiles (128 over what the filters
+      keep): its programs then share SMs, and a small program per row beat a wide one (H100, B = 256,
+      top_k 50 + top_p 0.9: 189.5 against 234.4 us for the filtered sampler); at 256 rows and below
+      the 8-warp program's latency wins.
     """
     rows = batch * (k + 1)
     prune = batch >= 128
+    many = rows >= 512
     return LaunchConfig(block_v=2048 if full_q and rows > 8 else 1024, fuse_race=rows <= 8 and not full_q,
                         race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
                         pdl=1 if 8 < rows <= 128 else 2, filter_block_v=4096 if rows <= 8 else 2048,
-                        filter_draw=rows >= 16)
+                        filter_cand_block_v=256 if many else 1024, filter_cand_warps=2 if many else None,
+                        filter_kept_block_v=128 if many else 256, filter_draw=rows >= 16)
 
 
 def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
     """thresholds_triton's launch keywords, as the sampler launches it on dev."""
     return dict(block_v=cfg.filter_block_v, cand_block_v=cfg.filter_cand_block_v, num_warps=cfg.filter_warps,
-                cand_warps=cfg.filter_cand_warps, kept_block_v=cfg.filter_kept_block_v, cap=cfg.filter_cap,
+                cand_warps=cfg.filter_cand_warps, kept_block_v=cfg.filter_kept_block_v,
+                stats_block_v=cfg.filter_stats_block_v, cap=cfg.filter_cap,
                 pdl=cfg.pdl if pdl_enabled(dev) else 0)
 
 

@@ -13,8 +13,8 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
      sanitised loop. The split holding row j's draft also stores its logit (and q's), so the walk
      reads nothing that depends on another read. With FUSE_RACE (one-hot, few rows) it also races
      every row's entries per split, draft excluded, so the walk reads no logits. DRAWN (filters):
-     rows the threshold kernel drew from their candidates (kernels/rejection_filter.py) get no
-     tile here.
+     rows the threshold kernel drew from their candidates (kernels/rejection_filter.py) end here
+     at once: their programs write nothing, and the walk reads nothing of theirs in the planes.
   2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
      two-level race (_pick_chunk: the chunks' keys from the split stats; then _chunk_winner over
@@ -245,6 +245,9 @@ def _row_stats_kernel(
     to every split's own P_XD slot, -inf where the split does not hold it (the finish takes the max)."""
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
+    if DRAWN:  # the walk takes a drawn row's results from the filters, and none of this pass's planes
+        if tl.load(dstat_i_ptr + row) != 0:
+            return
     split = tl.program_id(1)
     b = row // R
     j = row % R
@@ -276,8 +279,6 @@ def _row_stats_kernel(
     chunk_start = tile0 * BLOCK_V
     # Tiles of this chunk, and how many of them lie wholly inside the row (loaded without a mask).
     n_tiles = tl.minimum(TILES_PER_SPLIT, tl.cdiv(V, BLOCK_V) - tile0)
-    if DRAWN:  # no tile: the stores below are a dead row's, which the walk replaces
-        n_tiles = tl.where(tl.load(dstat_i_ptr + row) != 0, 0, n_tiles)
     n_full = tl.maximum(tl.minimum(n_tiles, V // BLOCK_V - tile0), 0)
     # The chunk holding the draft stores its logits for the walk (no dependent read there).
     dc = tl.minimum(tl.maximum(d, 0), v_all - 1) - voff
