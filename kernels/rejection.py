@@ -112,10 +112,10 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
       fallback several times slower. The threshold kernel's pass over the maxima and the
       candidates (at most filter_cap entries, usually a few hundred) takes 1024-entry tiles: with
       the whole-row tile it spent its time on masked lanes.
-    - The threshold kernel draws the filtered rows from their candidates (filter_draw) from 16 rows
-      (B = 4 at K = 3), where the row pass it spares costs more than the draw; below, one program's
-      serial race over a row's candidates takes longer than the row pass spread over many programs
-      (RESULTS.md, the filters' table).
+    - The threshold kernel draws the filtered rows from what their filters keep (filter_draw) from 8
+      rows (B = 2 at K = 3), where the row pass it spares costs more than the draw (H100, top_k 50 +
+      top_p 0.9: 27.9 against 30.6 us at B = 2); at B = 1 the row pass spread over many programs
+      is faster (25.3 against 27.4 us; RESULTS.md, the filters' table).
     - From 512 rows the threshold kernel runs 2 warps on 256-entry tiles (128 over what the filters
       keep): its programs then share SMs, and a small program per row beat a wide one (H100, B = 256,
       top_k 50 + top_p 0.9: 189.5 against 234.4 us for the filtered sampler); at 256 rows and below
@@ -128,7 +128,7 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
                         race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
                         pdl=1 if 8 < rows <= 128 else 2, filter_block_v=4096 if rows <= 8 else 2048,
                         filter_cand_block_v=256 if many else 1024, filter_cand_warps=2 if many else None,
-                        filter_kept_block_v=128 if many else 256, filter_draw=rows >= 16)
+                        filter_kept_block_v=128 if many else 256, filter_draw=rows >= 8)
 
 
 def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:

@@ -16,13 +16,16 @@ Up to four launches, the first two spread over many programs per row:
      most 1 - top_p; min_p alone: over its bar), found supergroup first, have their entries
      copied to a per-row candidate buffer (_group_candidates); then the exact threshold over them
      (_row_tau), bit for bit the reference's: a radix select over the order-preserving integer
-     keys (_select). A row whose candidates overflow the buffer, or weigh less than top_p of the
-     row, is flagged for kernel 4 instead. It also resets the workspace rows it used, which every
-     call and graph replay shares (_workspace).
+     keys (_select), top_k's from the supergroup bar up. What top_k keeps (a few dozen of the
+     candidates) is copied to a buffer of its own (_compact), and top_p and min_p read only that.
+     A row whose candidates overflow the buffer, or weigh less than top_p of the row, is flagged
+     for kernel 4 instead. It also resets the workspace rows it used, which every call and graph
+     replay shares (_workspace).
      With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
-     also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so the
-     kept row's lse, its argmax, the draft's x and the two-level race (same keys, bit for bit,
-     as the whole-row race's: counter-based bits by vocab id) need nothing else of the row.
+     also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so once
+     those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
+     two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
+     id) need nothing else of the row.
   4. _whole_row_kernel, grid rows: _row_tau over the whole row of each flagged row; the other
      programs exit at once. Apart, so that its tiles over the row (registers, spills) do not set
      those of kernel 3, which every filtered row runs.
