@@ -2,7 +2,7 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Up to four launches, the first two spread over many programs per row:
+Up to five launches, all but the third spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
      each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
      One read of the row and no compaction: on the H200 a gather inside this streaming pass, in
@@ -19,16 +19,22 @@ Up to four launches, the first two spread over many programs per row:
      keys (_select), top_k's from the supergroup bar up. What top_k keeps (a few dozen of the
      candidates) is copied to a buffer of its own (_compact), and top_p and min_p read only that.
      A row whose candidates overflow the buffer, or weigh less than top_p of the row, is flagged
-     for kernel 4 instead. It also resets the workspace rows it used, which every call and graph
-     replay shares (_workspace).
+     for kernels 4 and 5 instead. It also resets the workspace rows it used, which every call and
+     graph replay shares (_workspace); kernel 5 resets a flagged row's.
      With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
      also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so once
      those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
      two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
      id) need nothing else of the row.
-  4. _whole_row_kernel, grid rows: _row_tau over the whole row of each flagged row; the other
-     programs exit at once. Apart, so that its tiles over the row (registers, spills) do not set
-     those of kernel 3, which every filtered row runs.
+  4. _bins_kernel, grid (rows, splits), flagged rows without top_k (bf16 and fp16 logits): the
+     row's entries counted and weighed by key bin (4096 bins); its last program picks the window of
+     256 keys that holds the threshold (top_p's crossing bin, or min_p's if higher).
+  5. _window_kernel, grid (rows, splits), flagged rows: the window's entries counted key by key;
+     the row's last program finds the exact threshold from them (the weight over the window plus
+     count times weight per key). Rows it cannot take (top_k, fp32 keys, a min_p cut past the
+     window) get _row_tau over the whole row in that program instead. The other rows' programs
+     exit at once. Kernels 4 and 5 stand apart from kernel 3, which every filtered row runs, so
+     that their tiles over the row do not set its registers.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
 stats_f) instead of the planes'.
@@ -61,6 +67,8 @@ _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
 GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
 SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and the groups to take from their maxima
+NBINS = 4096  # the spread whole-row search's key bins (kernel 4)
+WINDOW = tl.constexpr(256)  # the keys its second level (kernel 5) counts one by one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,6 +510,14 @@ def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, 
 
 
 @triton.jit
+def _reset_row(kmax_ptr, mass_ptr, hist_ptr, row):
+    """Kernels 1 and 2's state of a row as the next call expects it."""
+    tl.store(kmax_ptr + row, -_INT32_MAX)
+    tl.store(mass_ptr + row, 0)
+    tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
+
+
+@triton.jit
 def _threshold_kernel(
     logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
     temp_ptr,  # [B] fp32
@@ -509,7 +525,7 @@ def _threshold_kernel(
     topp_ptr,  # [B] fp32 (HAS_P only)
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered (not yet where flagged)
-    need_ptr,  # [B*(K+1)] int32 out: 1 where the row's threshold needs the whole-row search (_whole_row_kernel), else 0
+    need_ptr,  # [B*(K+1)] int32 out: 1 where the row's threshold needs the whole-row search (kernels 4, 5), else 0
     kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
     ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
@@ -585,11 +601,10 @@ def _threshold_kernel(
                         tl.store(dstat_f_ptr + 2 * rows + row, x_d)
                         tl.store(dstat_f_ptr + 3 * rows + row, x_win)
                         drawn = done
-            tl.store(kmax_ptr + row, -_INT32_MAX)
-            tl.store(mass_ptr + row, 0)
-            tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
+            if done:  # a flagged row's max and weight serve the whole-row search, which resets them
+                _reset_row(kmax_ptr, mass_ptr, hist_ptr, row)
     tl.store(tau_ptr + row, tau)
-    # every row, every call (graph replays share the buffer): the whole-row search is a kernel of its
+    # every row, every call (graph replays share the buffer): the whole-row search is kernels of their
     # own, whose tiles over the whole row would otherwise set this kernel's registers, and so how
     # many of its programs share an SM, on every row for the sake of the few that overflow
     tl.store(need_ptr + row, (~done).to(tl.int32))
@@ -598,30 +613,145 @@ def _threshold_kernel(
 
 
 @triton.jit
-def _whole_row_kernel(
+def _bins_kernel(
+    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
+    need_ptr,  # [B*(K+1)] int32: _threshold_kernel's flags
+    kmax_ptr,  # [rows] int32: the row's largest key (kernel 1's, kept for flagged rows)
+    mass_ptr,  # [rows] int64: the row's weight (kernel 2's; top_p rows)
+    cnt_ptr,  # [rows, NBINS] int32 zeros on entry: the row's entries by key bin
+    wsum_ptr,  # [rows, NBINS] int64 zeros on entry: their weight
+    ctr_ptr,  # [rows, 2] int32 zeros on entry: this kernel's and _window_kernel's programs done
+    win_ptr,  # [rows] int32 out: the first bin of the row's window (its last program)
+    above_ptr,  # [rows] int64 out: the weight of the keys over the window
+    stride_lb, stride_lj, R, V, tiles_per_split,
+    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NBINS: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    """The first level of the spread whole-row search, for each flagged row without top_k (top_p
+    and min_p only: a flat row whose kept entries overflow the candidates), over (rows, splits)
+    programs: the row's entries by key bin (NBINS bins of 2**BIN_SHIFT keys), counted and weighed
+    (int64 atomics: exact in any order). The row's last program to finish picks the window of
+    WINDOW keys that holds its threshold: from the bin where the weight from the top crosses top_p
+    of the row, or the bin where the weights reach min_p's bar if higher (the threshold is the larger
+    of the two cuts)."""
+    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
+                                                             HAS_P, HAS_M, PDL)
+    if (tl.load(need_ptr + row) != 0) & ~use_k:
+        KEY_BITS: tl.constexpr = 32 - SHIFT
+        BIN_SHIFT: tl.constexpr = KEY_BITS - 12
+        x_max = _scaled(_key_value(tl.load(kmax_ptr + row).to(tl.int64), SHIFT), inv_t)
+        row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
+        offs0 = tl.arange(0, BLOCK_V)
+        cnt = tl.zeros([NBINS], tl.int32)
+        t0 = tl.program_id(1) * tiles_per_split
+        for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
+            offs = t * BLOCK_V + offs0
+            raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            bins = ((_keys(raw, SHIFT) + (1 << (KEY_BITS - 1))) >> BIN_SHIFT).to(tl.int32)
+            w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
+            tl.atomic_add(wsum_ptr + row * NBINS + bins, w, mask=w > 0, sem="relaxed")
+            cnt += tl.histogram(bins, NBINS, mask=offs < V)
+        d = tl.arange(0, NBINS)
+        tl.atomic_add(cnt_ptr + row * NBINS + d, cnt, mask=cnt > 0, sem="relaxed")
+        tl.debug_barrier()
+        if tl.atomic_add(ctr_ptr + row * 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+            tl.atomic_xchg(ctr_ptr + row * 2, 0, sem="relaxed", scope="gpu")
+            wsum = tl.load(wsum_ptr + row * NBINS + d, cache_modifier=".cg")  # other SMs' atomics
+            first = tl.zeros_like(row).to(tl.int32)
+            if top_p < 1.0:  # the highest bin from whose start up the row weighs top_p of its weight
+                target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
+                s_from = tl.sum(wsum, axis=0) - tl.cumsum(wsum, axis=0) + wsum
+                first = tl.max(tl.where(s_from.to(tl.float64) >= target, d, 0), axis=0)
+            if min_p > 0.0:  # the lowest bin whose top key reaches min_p's bar
+                top_key = ((d + 1).to(tl.int64) << BIN_SHIFT) - 1 - (1 << (KEY_BITS - 1))
+                w_top = _tl_weights(_scaled(_key_value(top_key, SHIFT), inv_t), x_max)
+                bar = min_p.to(tl.float64) * 4294967296.0
+                first = tl.maximum(first, tl.min(tl.where(w_top.to(tl.float64) >= bar, d, NBINS - 1), axis=0))
+            tl.store(win_ptr + row, first)
+            tl.store(above_ptr + row, tl.sum(tl.where(d >= first + (WINDOW >> BIN_SHIFT), wsum, 0), axis=0))
+
+
+@triton.jit
+def _window_kernel(
     logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
     tau_ptr,  # [B*(K+1)] fp32: the threshold of each row flagged in need_ptr, out
-    need_ptr,  # [B*(K+1)] int32: _threshold_kernel's flags
-    stride_lb, stride_lj, R, V,
+    need_ptr, kmax_ptr, mass_ptr, hist_ptr,  # as _bins_kernel; kernels 1 and 2's state, reset here (CAND)
+    cnt_ptr, wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's, reset here
+    wcnt_ptr,  # [rows, WINDOW] int32 zeros on entry: the window's entries key by key
+    stride_lb, stride_lj, R, V, tiles_per_split,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,  # the tile over the row
+    NBINS: tl.constexpr,
+    SPREAD: tl.constexpr,  # _bins_kernel ran (CAND and keys of at most 20 bits: bf16, fp16)
+    CAND: tl.constexpr,
     NP: tl.constexpr = 8,
     PDL: tl.constexpr = 0,
 ):
-    """The threshold of each row whose candidates overflowed the buffer or weighed less than top_p
-    of the row (or of every active row without candidates): _row_tau over the whole row. Launched
-    on every row, right after _threshold_kernel; the others exit at once. Such a row was not drawn
-    from its candidates: the sampler's row pass reads it whole."""
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    """The threshold of each flagged row (its candidates overflowed the buffer or weighed less
+    than top_p of the row; with CAND False every filtering row), over (rows, splits) programs. A
+    row _bins_kernel took has its window's entries counted key by key, and its last program finds
+    the exact threshold from them: the weight over the window plus each key's count times its
+    weight. Rows with top_k, rows whose min_p cut lies past the window, and every row without
+    SPREAD take the one-program search over the whole row (_row_tau) in their last program
+    instead. That program also leaves the row's workspace as the next call expects it."""
+    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
+                                                             HAS_P, HAS_M, PDL)
     if tl.load(need_ptr + row) != 0:
-        row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
-                                                                 HAS_K, HAS_P, HAS_M, 0)
+        KEY_BITS: tl.constexpr = 32 - SHIFT
+        BIN_SHIFT: tl.constexpr = KEY_BITS - 12
         row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
-        kmin, kmax = _key_range(row_ptr, V, SHIFT, BLOCK_V)
-        tau, _ = _row_tau(row_ptr, V, kmin, kmax, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1, tau_ptr,
-                          tau_ptr, need_ptr, False, SHIFT, BLOCK_V, BLOCK_V, NP, 1)
-        tl.store(tau_ptr + row, tau)
+        d = tl.arange(0, WINDOW)
+        spread = ~use_k
+        if not SPREAD:
+            spread = row < 0
+        key_lo = tl.zeros_like(row)
+        if spread:
+            key_lo = (tl.load(win_ptr + row, cache_modifier=".cg").to(tl.int64) << BIN_SHIFT) - (1 << (KEY_BITS - 1))
+            offs0 = tl.arange(0, BLOCK_V)
+            cnt = tl.zeros([WINDOW], tl.int32)
+            t0 = tl.program_id(1) * tiles_per_split
+            for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
+                offs = t * BLOCK_V + offs0
+                key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
+                cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
+                                    mask=(offs < V) & (key >= key_lo) & (key < key_lo + WINDOW))
+            tl.atomic_add(wcnt_ptr + row * WINDOW + d, cnt, mask=cnt > 0, sem="relaxed")
+        tl.debug_barrier()
+        if tl.atomic_add(ctr_ptr + row * 2 + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+            tl.atomic_xchg(ctr_ptr + row * 2 + 1, 0, sem="relaxed", scope="gpu")
+            tau = tl.zeros_like(inv_t) + _NEG_INF
+            found = row < 0
+            if spread:
+                kmax = tl.load(kmax_ptr + row).to(tl.int64)
+                x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
+                wcnt = tl.load(wcnt_ptr + row * WINDOW + d, cache_modifier=".cg").to(tl.int64)
+                w_key = _tl_weights(_scaled(_key_value(key_lo + d, SHIFT), inv_t), x_max)
+                found = row >= 0
+                tau_key = key_lo - 1
+                if top_p < 1.0:  # the largest key v with the weight from v up >= top_p of the row's
+                    val = wcnt * w_key
+                    s_from = tl.load(above_ptr + row) + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val
+                    ok = s_from.to(tl.float64) >= top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
+                    tau_key = key_lo + tl.max(tl.where(ok, d, -1), axis=0)
+                if min_p > 0.0:  # the lowest key present that weighs min_p's bar
+                    reach = (wcnt > 0) & (w_key.to(tl.float64) >= min_p.to(tl.float64) * 4294967296.0)
+                    low = tl.min(tl.where(reach, d, WINDOW), axis=0)
+                    found = low < WINDOW
+                    tau_key = tl.maximum(tau_key, key_lo + low)
+                tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
+                nb: tl.constexpr = NBINS
+                tl.store(cnt_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int32))
+                tl.store(wsum_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int64))
+                tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
+            if ~found:
+                kmin, kmax_w = _key_range(row_ptr, V, SHIFT, BLOCK_V)
+                tau, _ = _row_tau(row_ptr, V, kmin, kmax_w, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1,
+                                  tau_ptr, tau_ptr, need_ptr, False, SHIFT, BLOCK_V, BLOCK_V, NP, 1)
+            tl.store(tau_ptr + row, tau)
+            if CAND:
+                _reset_row(kmax_ptr, mass_ptr, hist_ptr, row)
 
 
 _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -655,6 +785,31 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
     return ws
 
 
+_spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...]:
+    """The spread whole-row search's zeroed state (kernels 4 and 5), rows' >= rows, one per
+    device, shared by every call and graph replay: each flagged row's last program zeroes what it
+    used. (key-bin counts [rows', NBINS] int32, their weights [rows', NBINS] int64, programs done
+    [rows', 2] int32, window [rows'] int32, weight over it [rows'] int64, the window's counts
+    [rows', WINDOW] int32). Unlike _workspace it also grows inside a capture, where it then comes
+    from that graph's pool (the graph's replays zero it again first, which is the state it must
+    start from): the whole-row search needs it on every path."""
+    ws = _spread_workspaces.get(dev)
+    if ws is None or ws[3].numel() < rows:
+        if ws is not None:
+            _retired.append(ws)  # graphs captured before may still point at it
+        n = max(rows, 2 * ws[3].numel() if ws is not None else 1024)
+        ws = (torch.zeros((n, NBINS), dtype=torch.int32, device=dev), torch.zeros((n, NBINS), dtype=torch.int64,
+                                                                                  device=dev),
+              torch.zeros((n, 2), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
+              torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, WINDOW.value), dtype=torch.int32,
+                                                                        device=dev))
+        _spread_workspaces[dev] = ws
+    return ws
+
+
 class Draws(NamedTuple):
     """What the threshold kernel needs to draw a row from its candidates (the one-hot sampler's
     inputs) and where it writes what it found (the sampler's walk reads it; the row pass skips the
@@ -677,9 +832,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernel 2
-    and of the whole-row search (kernel 4), stats_block_v kernel 1's (one per program); programs:
-    kernel 2's launches aim at about that many; cap: candidates per row (below GROUP: every row
-    reads its whole row in kernel 4); cand_block_v: kernel 3's tile over the maxima and the
+    and of the whole-row search (kernels 4 and 5), stats_block_v kernel 1's (one per program);
+    programs: kernels 2, 4 and 5 aim at about that many; cap: candidates per row (below GROUP: every row
+    reads its whole row in kernels 4 and 5); cand_block_v: kernel 3's tile over the maxima and the
     candidates (block_v by default), cand_warps its warps (num_warps by default), kept_block_v its tile
     over what the filters keep of them (top_k's few entries). draws: also draw, for the one-hot
     sampler, each sampled row whose threshold came from its candidates (draws.stats_i[0] says which:
@@ -728,6 +883,15 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
         CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
         **draw, **dict(launch, num_warps=cand_warps or num_warps))
-    _whole_row_kernel[(rows,)](target_logits, temperature, *filters, tau, need, *strides, BLOCK_V=block_v, **flags,
-                               **launch)
+    cnt, wsum, ctr, win, above, wcnt = _spread_workspace(dev, rows)
+    spread = ws is not None and flags["SHIFT"] >= 12  # keys of at most 20 bits: a window holds whole bins
+    tiles = triton.cdiv(v, block_v)
+    per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows)))
+    grid = (rows, triton.cdiv(tiles, per_split))
+    if spread:
+        _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, cnt, wsum, ctr, win, above,
+                           *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, **flags, **launch)
+    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, cnt, wsum, ctr, win, above,
+                         wcnt, *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, SPREAD=spread, CAND=ws is not None,
+                         **flags, **launch)
     return tau

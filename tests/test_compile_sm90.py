@@ -29,6 +29,8 @@ _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_pt
                mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", kept_ptr="*fp32", kvid_ptr="*i32",
                need_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
+_SPREAD = dict(_FILTER, cnt_ptr="*i32", wsum_ptr="*i64", ctr_ptr="*i32", win_ptr="*i32", above_ptr="*i64",
+               wcnt_ptr="*i32")
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
               smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", emit_ptr="*i64",
@@ -138,13 +140,20 @@ CASES = {
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16,
         CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
-    # the rows the threshold kernel flags: B <= 2 (4096-entry tiles) and beyond (2048)
-    "rej-whole-row-small": ("rejection_filter", "_whole_row_kernel", _FILTER, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, PDL=2), dict(num_warps=8,
-                                                                                enable_fp_fusion=False)),
-    "rej-whole-row": ("rejection_filter", "_whole_row_kernel", _FILTER, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, PDL=1), dict(num_warps=8,
-                                                                                  enable_fp_fusion=False)),
+    # the rows the threshold kernel flags, searched whole over many programs: B <= 2 (4096-entry
+    # tiles) and beyond (2048); fp32 logits take the one-program search in the window kernel only
+    "rej-bins": ("rejection_filter", "_bins_kernel", _SPREAD, dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, PDL=2),
+        dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-window-small": ("rejection_filter", "_window_kernel", _SPREAD, dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, SPREAD=True, CAND=True, PDL=2),
+        dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-window": ("rejection_filter", "_window_kernel", _SPREAD, dict(
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096, SPREAD=True, CAND=True, PDL=1),
+        dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-window-fp32": ("rejection_filter", "_window_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, SPREAD=False, CAND=True, PDL=1),
+        dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
         XSUM=True, FILTER=True), _NO_FUSION),
