@@ -491,3 +491,33 @@ def test_drawn_rows_match_whole_row_pass_gpu(cuda, b):
         way = rejection_sample_triton(**args, config=dataclasses.replace(launch_config(b, k, False), filter_draw=draw))
         assert_same_result(way, ref, f"seed {seed} filter_draw {draw}", tol=1e-4)
     assert_same_result(got, ref, f"seed {seed}", tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("b", [1, 64])
+def test_flat_rows_searched_whole_gpu(cuda, b, dtype):
+    """Flat rows (randn at temperature 1 and 1.5) whose kept entries overflow the candidates: top_p
+    alone, min_p alone (a tiny bar) and both, on requests side by side with top_k ones. Their
+    thresholds come from the whole-row search spread over many programs (bf16, fp16) or the
+    one-program one (fp32), bit for bit the reference's; the sampler's tokens are the reference's."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    k, v = 3, 128256
+    args = make_inputs(b, k, 8, gen=gen, temps=[1.0, 1.5, 1.0, 0.7])
+    target = torch.randn(b, k + 1, v, device=cuda, generator=torch.Generator(cuda).manual_seed(seed)).to(dtype)
+    drafts = target[:, :k].float().argmax(-1)
+    drafts[::2] = torch.randint(0, v, drafts[::2].shape, device=cuda)
+    i = torch.arange(b) % 4
+    f = {"top_k": torch.tensor([0, 0, 0, 300])[i], "top_p": torch.tensor([0.9, 1.0, 0.95, 0.8])[i],
+         "min_p": torch.tensor([0.0, 1e-3, 0.02, 0.0])[i]}
+    args = {key: (val.to(cuda) if isinstance(val, torch.Tensor) else val) for key, val in {**args, **f}.items()}
+    args.update(target_logits=target, draft_token_ids=drafts)
+    tau_ref = thresholds_reference(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"])
+    whole = torch.zeros(b * (k + 1), dtype=torch.int32, device=cuda)
+    for _ in range(2):  # the second call finds the workspace the first one left
+        tau = thresholds_triton(target, args["temperature"], args["top_k"], args["top_p"], args["min_p"],
+                                block_v=2048, num_warps=8, pdl=0, whole=whole)
+        assert torch.equal(tau.view(torch.int32), tau_ref.flatten().view(torch.int32)), f"seed {seed}"
+    assert int(whole.sum()) >= b * (k + 1) // 2, f"seed {seed}: flat rows should overflow the candidates"
+    assert_same_result(rejection_sample(**args), rejection_sample_reference(**args), f"seed {seed}", tol=1e-4)
