@@ -2,7 +2,9 @@
 unfiltered one-hot sampler, then top_k 50 + top_p 0.9 and top_k 50 under the default launch and
 under each knob set given.
 
-    python scripts/filter_launch_sweep.py 1,2,4,16,64,256 [KNOBS,KNOBS,...]
+    python scripts/filter_launch_sweep.py 1,2,4,16,64,256 [KNOBS,KNOBS,...] [--flat]
+
+(--flat: top_p 0.9 alone too, whose randn rows take the whole-row search.)
 
 KNOBS is '-' (the default launch) or slash-separated LaunchConfig fields, empty to leave one as it
 is: filter_cand_warps / filter_cand_block_v / filter_kept_block_v / filter_stats_block_v /
@@ -31,11 +33,12 @@ def knob_config(cfg: LaunchConfig, knobs: str) -> LaunchConfig:
 def main() -> None:
     batches = [int(x) for x in sys.argv[1].split(",")]
     knob_sets = sys.argv[2].split(",") if len(sys.argv) > 2 else ["-"]
+    flat = "--flat" in sys.argv[3:]
     for b in batches:
         sets = rejection_sets(b, 3, 128256, "onehot")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
         cfg = launch_config(b, 3, False)
-        for name, fk, fp in list(filter_cases(b))[:2]:
+        for name, fk, fp in list(filter_cases(b))[:None if flat else 2]:
             cells = []
             for knobs in knob_sets:
                 c = knob_config(cfg, knobs)
