@@ -70,6 +70,7 @@ SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and th
 NBINS = 4096  # the spread whole-row search's key bins (kernel 4)
 WINDOW = tl.constexpr(256)  # the keys its second level (kernel 5) counts one by one
 SPREAD_ROWS = 16  # up to this many rows a call spreads the whole-row search; past it, one program a row
+SPREAD_PROGRAMS = 256  # the spread search's programs per call, about
 
 
 # ---------------------------------------------------------------------------------------------
@@ -889,7 +890,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     # atomics and a second launch cost more than the one-program search saves (H100, B = 64)
     spread = ws is not None and flags["SHIFT"] >= 12 and rows <= SPREAD_ROWS
     tiles = triton.cdiv(v, block_v)
-    per_split = triton.cdiv(tiles, max(1, min(tiles, programs // rows))) if spread else tiles
+    # about 256 programs: every filtered call launches them, and most exit at once (1024 cost
+    # B = 2 and 4 3.5 us more than the one-program search's launch, H100)
+    per_split = triton.cdiv(tiles, max(1, min(tiles, SPREAD_PROGRAMS // rows))) if spread else tiles
     grid = (rows, triton.cdiv(tiles, per_split))
     if spread:
         _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, cnt, wsum, ctr, win, above,
