@@ -157,18 +157,19 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: in
     return out
 
 
-@pytest.mark.parametrize("programs, stats_block_v", [(1024, 8192), (2, 64)])
-def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
+@pytest.mark.parametrize("programs, stats_block_v, dtype", [(1024, 8192, torch.bfloat16), (2, 64, torch.float16)])
+def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v, dtype):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
-    buffer) give the reference's bits in one batch; kernels 1 and 2 over one program per row or
-    several; the shared workspace is left as found. The rows flagged for the whole-row kernel are
-    the overflowing ones, every flag rewritten on every call (stale ones here: all set)."""
-    from graphrt.kernels.rejection_filter import GROUP, SUPER, _workspaces
+    buffer: bf16 and fp16 keys take the search spread over programs, key bins then a window) give
+    the reference's bits in one batch; kernels 1 and 2 over one program per row or several; the
+    shared workspaces are left as found. The rows flagged for the whole-row search are the
+    overflowing ones, every flag rewritten on every call (stale ones here: all set)."""
+    from graphrt.kernels.rejection_filter import GROUP, SUPER, _spread_workspaces, _workspaces
 
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     b, r, v = 8, 2, 75
-    x = hazard_logits(b, r, v, gen, torch.bfloat16)
+    x = hazard_logits(b, r, v, gen, dtype)
     temps = torch.tensor([1.0, 0.5, 1.3, 0.0, 0.8, 100.0, 1.0, 0.7])
     seen = set()
     cap = 2 * GROUP
@@ -193,6 +194,8 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v):
     used = [ws for key, ws in _workspaces.items() if key[1:3] == (cap, triton.cdiv(v, GROUP))]
     assert used and all(bool((kmax == -(2**31 - 1)).all()) and not mass.any() and not hist.any()
                         for kmax, mass, hist, *_ in used)
+    cnt, wsum, ctr, _, _, wcnt = _spread_workspaces[x.device]
+    assert not cnt.any() and not wsum.any() and not ctr.any() and not wcnt.any(), f"seed {seed}"
 
 
 CASES = {  # name: (temps, full_q, ragged, launch fields)
