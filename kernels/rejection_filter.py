@@ -69,7 +69,7 @@ GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes
 SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and the groups to take from their maxima
 NBINS = 4096  # the spread whole-row search's key bins (kernel 4)
 WINDOW = tl.constexpr(256)  # the keys its second level (kernel 5) counts one by one
-SPREAD_ROWS = 16  # up to this many rows a call spreads the whole-row search; past it, one program a row
+SPREAD_ROWS = 32  # up to this many rows a call spreads the whole-row search; past it, one program a row
 SPREAD_PROGRAMS = 256  # the spread search's programs per call, about
 
 
@@ -886,8 +886,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
         **draw, **dict(launch, num_warps=cand_warps or num_warps))
     cnt, wsum, ctr, win, above, wcnt = _spread_workspace(dev, rows)
-    # keys of at most 20 bits (a window holds whole bins), and few rows: past SPREAD_ROWS the bins'
-    # atomics and a second launch cost more than the one-program search saves (H100, B = 64)
+    # keys of at most 20 bits (a window holds whole bins), and few rows: the bins' atomics contend
+    # as rows grow (H100, flat top_p rows: 13x faster than one program a row at B = 1, 2.6x at B = 8,
+    # 1.6x at B = 16, slower at B = 64), and the extra launch costs every filtered call 0-3 us
     spread = ws is not None and flags["SHIFT"] >= 12 and rows <= SPREAD_ROWS
     tiles = triton.cdiv(v, block_v)
     # about 256 programs: every filtered call launches them, and most exit at once (1024 cost
