@@ -26,15 +26,9 @@ Up to five launches, all but the third spread over many programs per row:
      those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
      two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
      id) need nothing else of the row.
-  4. _bins_kernel, grid (rows, splits), flagged rows without top_k (bf16 and fp16 logits): the
-     row's entries counted and weighed by key bin (4096 bins); its last program picks the window of
-     256 keys that holds the threshold (top_p's crossing bin, or min_p's if higher).
-  5. _window_kernel, grid (rows, splits), flagged rows: the window's entries counted key by key;
-     the row's last program finds the exact threshold from them (the weight over the window plus
-     count times weight per key). Rows it cannot take (top_k, fp32 keys, a min_p cut past the
-     window) get _row_tau over the whole row in that program instead. The other rows' programs
-     exit at once. Kernels 4 and 5 stand apart from kernel 3, which every filtered row runs, so
-     that their tiles over the row do not set its registers.
+  4. and 5. The whole-row search of the flagged rows, over (rows, splits) programs: key bins, then
+     the window of keys holding the threshold, or one program's _row_tau over the row
+     (kernels/rejection_filter_whole.py). The exact search itself is kernels/rejection_filter_select.py.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
 stats_f) instead of the planes'.
@@ -48,245 +42,38 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.counters import capturing
+from graphrt.kernels.rejection_filter_select import (
+    _TL_LOG2E_F32,
+    _compact,
+    _filters,
+    _key_range,
+    _key_value,
+    _keys,
+    _keys32,
+    _reset_row,
+    _row_tau,
+    _select,
+    _tl_weights,
+)
+from graphrt.kernels.rejection_filter_whole import whole_row_search
 from graphrt.kernels.rejection_kernels import (
     _INT32_MAX,
     _NEG_INF,
     _chunk_race,
-    _inv_temperature,
-    _pdl_wait,
     _race_result,
     _scaled,
 )
-from graphrt.kernels.rejection_reference import LOG2E_F32, POLY, W_BITS
 from graphrt.kernels.rng import tl_race_gumbel, tl_race_key
 
-_TL_W = tl.constexpr(W_BITS)
-_TL_LOG2E_F32 = tl.constexpr(LOG2E_F32)
-_C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in POLY)
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
 GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
 SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and the groups to take from their maxima
-NBINS = 4096  # the spread whole-row search's key bins (kernel 4)
-WINDOW = tl.constexpr(256)  # the keys its second level (kernel 5) counts one by one
-SPREAD_ROWS = 32  # up to this many rows a call spreads the whole-row search; past it, one program a row
-SPREAD_PROGRAMS = 256  # the spread search's programs per call, about
 
 
 # ---------------------------------------------------------------------------------------------
 # Triton
 # ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _tl_weights(x, x_max):
-    """weights() in Triton: the same fp32 ops in the same order (launch without FMA contraction)."""
-    z = (x - x_max) * _TL_LOG2E_F32
-    live = z >= -_TL_W
-    n = tl.floor(tl.where(live, z, 0.0))
-    f = tl.where(live, z, 0.0) - n
-    p = 1.0 + f * (_C1 + f * (_C2 + f * (_C3 + f * (_C4 + f * _C5))))
-    p = tl.minimum(p, 2.0)
-    scale = ((n.to(tl.int32) + _TL_W + 127) << 23).to(tl.float32, bitcast=True)  # 2**(W + n), exact
-    return tl.where(live, tl.floor(p * scale).to(tl.int64), 0)
-
-
-@triton.jit
-def _keys32(raw):
-    """Order-preserving int32 keys of fp32 values (NaN as -inf, -0.0 as +0.0): equal keys <=> equal
-    values."""
-    raw = tl.where(raw != raw, _NEG_INF, raw) + 0.0
-    bits = raw.to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-
-
-@triton.jit
-def _keys(raw, SHIFT: tl.constexpr):
-    """_keys32 as int64 without the low SHIFT bits, which the logits' dtype always leaves zero."""
-    return (_keys32(raw) >> SHIFT).to(tl.int64)
-
-
-@triton.jit
-def _key_value(key, SHIFT: tl.constexpr):
-    k = (key << SHIFT).to(tl.int32)
-    return tl.where(k < 0, (-k) | -2147483648, k).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT: tl.constexpr,
-            BLOCK_V: tl.constexpr, NP: tl.constexpr):
-    """The largest key v in [lo, hi] with S(v) >= target, given S(lo) >= target; S(v) = the count
-    (MASS: the weight) of the row's entries with key >= v, hi = the row's largest key.
-
-    A radix select, one pass over the row a level: the keys in [lo, hi] fall in 256 bins of
-    2**sh keys (tl.histogram counts them), the bin where S crosses the target becomes [lo, hi].
-    Counts need nothing else; a bin's weight is its count times its key's weight only once bins are
-    single keys, so MASS first narrows a wider range by pivots (S summed at NP keys per pass, the
-    gap between two of them kept) until it spans at most 256 keys. above = S(hi + 1), carried."""
-    d = tl.arange(0, 256)
-    i = tl.arange(0, NP).to(tl.int64)
-    offs0 = tl.arange(0, BLOCK_V)
-    above = tl.zeros_like(lo)
-    while lo < hi:
-        wide = hi < lo  # False; MASS: whether the range spans more than 256 keys
-        if MASS:
-            wide = hi - lo >= 256
-        if wide:
-            piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
-            acc = tl.zeros([NP], tl.int64)
-            for t in range(0, tl.cdiv(V, BLOCK_V)):
-                offs = t * BLOCK_V + offs0
-                raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                ge = (_keys(raw, SHIFT)[:, None] >= piv[None, :]) & (offs < V)[:, None]
-                acc += tl.sum(tl.where(ge, _tl_weights(_scaled(raw, inv_t), x_max)[:, None], 0), axis=0)
-            ok = acc.to(tl.float64) >= target
-            above = tl.max(tl.where(ok, above, acc), axis=0)  # S at the lowest failing pivot
-            lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
-        else:
-            sh = tl.zeros_like(lo)
-            while ((hi - lo) >> sh) >= 256:
-                sh += 1
-            hist = tl.zeros([256], tl.int32)
-            for t in range(0, tl.cdiv(V, BLOCK_V)):
-                offs = t * BLOCK_V + offs0
-                key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
-                inr = (offs < V) & (key >= lo) & (key <= hi)
-                hist += tl.histogram(((key - lo) >> sh).to(tl.int32), 256, mask=inr)
-            val = hist.to(tl.int64)
-            if MASS:  # single-key bins here
-                val *= _tl_weights(_scaled(_key_value(lo + d, SHIFT), inv_t), x_max)
-            s = above + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val  # S at each bin's start
-            sel = tl.max(tl.where(s.to(tl.float64) >= target, d, 0), axis=0)
-            above += tl.sum(tl.where(d > sel, val, 0), axis=0)
-            hi = tl.minimum(hi, lo + ((sel + 1).to(tl.int64) << sh) - 1)
-            lo = lo + (sel.to(tl.int64) << sh)
-    return lo
-
-
-@triton.jit
-def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-             HAS_M: tl.constexpr, PDL: tl.constexpr):
-    """Every filter kernel's start: the PDL wait, then this program's row, its request b and b's
-    (active, inv_t, k, use_k, top_p, min_p); active: a sampled row that filters."""
-    _pdl_wait(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    b = row // R
-    greedy, inv_t = _inv_temperature(temp_ptr, b)
-    k = tl.zeros_like(b)
-    if HAS_K:
-        k = tl.load(topk_ptr + b).to(tl.int64)
-    top_p = tl.zeros_like(inv_t) + 1.0
-    if HAS_P:
-        top_p = tl.load(topp_ptr + b)
-    min_p = tl.zeros_like(inv_t)
-    if HAS_M:
-        min_p = tl.load(minp_ptr + b)
-    use_k = (k > 0) & (k < V)
-    return row, b, ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
-
-
-@triton.jit
-def _key_range(ptr, N, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(lowest, highest) key of the N values at ptr."""
-    offs0 = tl.arange(0, BLOCK_V)
-    hi = tl.max(tl.full([BLOCK_V], -_INT32_MAX, tl.int64), axis=0)
-    lo = -hi
-    for t in range(0, tl.cdiv(N, BLOCK_V)):
-        offs = t * BLOCK_V + offs0
-        key = _keys(tl.load(ptr + offs, mask=offs < N, other=float("-inf")).to(tl.float32), SHIFT)
-        lo = tl.minimum(lo, tl.min(tl.where(offs < N, key, _INT32_MAX), axis=0))
-        hi = tl.maximum(hi, tl.max(tl.where(offs < N, key, -_INT32_MAX), axis=0))
-    return lo, hi
-
-
-@triton.jit
-def _compact(cand_ptr, gid_ptr, n, lo, tau, dst_ptr, dvid_ptr, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr,
-             GROUP: tl.constexpr):
-    """Copy the n candidates at cand_ptr (whole groups; gid_ptr: their groups) with key >= lo and
-    value >= tau (NaN never) to dst_ptr, in vocab order, and their vocab ids to dvid_ptr -> how many.
-    Whatever reads them after needs only these, in a tile sized for the few entries a filter keeps."""
-    offs0 = tl.arange(0, BLOCK_V)
-    m = tl.zeros_like(n)
-    for t in range(0, tl.cdiv(n, BLOCK_V)):
-        slot = t * BLOCK_V + offs0
-        raw = tl.load(cand_ptr + slot, mask=slot < n, other=float("nan"))
-        take = (raw >= tau) & (_keys(raw, SHIFT) >= lo)
-        pos = m + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        vid = tl.load(gid_ptr + slot // GROUP, mask=take, other=0) * GROUP + slot % GROUP
-        tl.store(dst_ptr + pos, raw, mask=take)
-        tl.store(dvid_ptr + pos, vid, mask=take)
-        m += tl.sum(take.to(tl.int32), axis=0)
-    return m
-
-
-@triton.jit
-def _mass_tau(src_ptr, n, lo, tau_key, kmax, total, top_p, min_p, inv_t, x_max, SHIFT: tl.constexpr,
-              BLOCK_V: tl.constexpr, NP: tl.constexpr):
-    """top_p's and min_p's part of _row_tau over the n entries at src_ptr, every entry with key >=
-    lo among them: (tau_key raised to their cut, ok). total: the row's weight, or -1 for these
-    entries' own (the mass top-k kept); ok is False when they weigh less than top_p of total."""
-    offs0 = tl.arange(0, BLOCK_V)
-    # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
-    thr = min_p.to(tl.float64) * 4294967296.0
-    mass = tl.zeros([BLOCK_V], tl.int64)
-    wmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
-    mmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
-    for t in range(0, tl.cdiv(n, BLOCK_V)):
-        offs = t * BLOCK_V + offs0
-        raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
-        key = _keys(raw, SHIFT)
-        w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
-        mass += w
-        wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_MAX))
-        mmin = tl.minimum(mmin, tl.where((offs < n) & (w.to(tl.float64) >= thr), key, _INT32_MAX))
-    ok = n >= 0
-    if top_p < 1.0:
-        kept = tl.sum(mass, axis=0)
-        total = tl.where(total < 0, kept, total)
-        target = top_p.to(tl.float64) * total.to(tl.float64)
-        ok = kept.to(tl.float64) >= target
-        if ok:
-            tau_key = _select(src_ptr, n, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max, inv_t, True,
-                              SHIFT, BLOCK_V, NP)
-    if min_p > 0.0:
-        tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
-    return tau_key, ok
-
-
-@triton.jit
-def _row_tau(src_ptr, n, kmin, kmax, k, use_k, top_p, min_p, inv_t, mass_total, gid_ptr, kept_ptr, kvid_ptr,
-             CAND: tl.constexpr, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, KEPT_BLOCK_V: tl.constexpr,
-             NP: tl.constexpr, GROUP: tl.constexpr):
-    """(tau, ok) of one row from its n entries at src_ptr, whose keys lie in [kmin, kmax] (those
-    at or over the row's top-k cut do), kmax the row's largest: the whole row, or (CAND) its
-    candidates (fp32, n >= 0, whole groups, gid_ptr: their groups), a superset of what the filters
-    keep; use_k: 0 < k < the row's V. With CAND and top_p without top_k the kept mass is
-    mass_total, the row's; ok is False when the candidates weigh less than top_p of it (the caller
-    then passes the whole row). n = 0: a dead row. CAND with top_k and top_p or min_p: what top-k
-    keeps is copied to kept_ptr / kvid_ptr first (_compact), and top_p and min_p read only that."""
-    x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
-    tau = tl.zeros_like(inv_t) + _NEG_INF
-    ok = n >= 0
-    if (n > 0) & (x_max > _NEG_INF):  # a dead row keeps -inf
-        lo = kmin
-        if use_k:
-            lo = _select(src_ptr, n, kmin, kmax, k.to(tl.float64), x_max, inv_t, False, SHIFT, BLOCK_V, NP)
-        tau_key = lo
-        if (top_p < 1.0) | (min_p > 0.0):
-            if CAND:
-                if use_k:
-                    m = _compact(src_ptr, gid_ptr, n, lo, _NEG_INF, kept_ptr, kvid_ptr, SHIFT, BLOCK_V, GROUP)
-                    tau_key, ok = _mass_tau(kept_ptr, m, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p,
-                                            min_p, inv_t, x_max, SHIFT, KEPT_BLOCK_V, NP)
-                else:
-                    tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, mass_total, top_p, min_p, inv_t, x_max,
-                                            SHIFT, BLOCK_V, NP)
-            else:
-                tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p, min_p,
-                                        inv_t, x_max, SHIFT, BLOCK_V, NP)
-        tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
-    return tau, ok
 
 
 @triton.jit
@@ -512,14 +299,6 @@ def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, 
 
 
 @triton.jit
-def _reset_row(kmax_ptr, mass_ptr, hist_ptr, row):
-    """Kernels 1 and 2's state of a row as the next call expects it."""
-    tl.store(kmax_ptr + row, -_INT32_MAX)
-    tl.store(mass_ptr + row, 0)
-    tl.store(hist_ptr + row * 64 + tl.arange(0, 64), tl.zeros([64], tl.int32))
-
-
-@triton.jit
 def _threshold_kernel(
     logits_ptr,  # [B, K+1, V] bf16/fp16/fp32, vocab dim contiguous
     temp_ptr,  # [B] fp32
@@ -614,148 +393,6 @@ def _threshold_kernel(
         tl.store(dstat_i_ptr + row, drawn.to(tl.int32))
 
 
-@triton.jit
-def _bins_kernel(
-    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
-    need_ptr,  # [B*(K+1)] int32: _threshold_kernel's flags
-    kmax_ptr,  # [rows] int32: the row's largest key (kernel 1's, kept for flagged rows)
-    mass_ptr,  # [rows] int64: the row's weight (kernel 2's; top_p rows)
-    cnt_ptr,  # [rows, NBINS] int32 zeros on entry: the row's entries by key bin
-    wsum_ptr,  # [rows, NBINS] int64 zeros on entry: their weight
-    ctr_ptr,  # [rows, 2] int32 zeros on entry: this kernel's and _window_kernel's programs done
-    win_ptr,  # [rows] int32 out: the first bin of the row's window (its last program)
-    above_ptr,  # [rows] int64 out: the weight of the keys over the window
-    stride_lb, stride_lj, R, V, tiles_per_split,
-    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    NBINS: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):
-    """The first level of the spread whole-row search, for each flagged row without top_k (top_p
-    and min_p only: a flat row whose kept entries overflow the candidates), over (rows, splits)
-    programs: the row's entries by key bin (NBINS bins of 2**BIN_SHIFT keys), counted and weighed
-    (int64 atomics: exact in any order). The row's last program to finish picks the window of
-    WINDOW keys that holds its threshold: from the bin where the weight from the top crosses top_p
-    of the row, or the bin where the weights reach min_p's bar if higher (the threshold is the larger
-    of the two cuts)."""
-    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
-                                                             HAS_P, HAS_M, PDL)
-    if (tl.load(need_ptr + row) != 0) & ~use_k:
-        KEY_BITS: tl.constexpr = 32 - SHIFT
-        BIN_SHIFT: tl.constexpr = KEY_BITS - 12
-        x_max = _scaled(_key_value(tl.load(kmax_ptr + row).to(tl.int64), SHIFT), inv_t)
-        row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
-        offs0 = tl.arange(0, BLOCK_V)
-        cnt = tl.zeros([NBINS], tl.int32)
-        t0 = tl.program_id(1) * tiles_per_split
-        for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
-            offs = t * BLOCK_V + offs0
-            raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            bins = ((_keys(raw, SHIFT) + (1 << (KEY_BITS - 1))) >> BIN_SHIFT).to(tl.int32)
-            w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
-            tl.atomic_add(wsum_ptr + row * NBINS + bins, w, mask=w > 0, sem="relaxed")
-            cnt += tl.histogram(bins, NBINS, mask=offs < V)
-        d = tl.arange(0, NBINS)
-        tl.atomic_add(cnt_ptr + row * NBINS + d, cnt, mask=cnt > 0, sem="relaxed")
-        tl.debug_barrier()
-        if tl.atomic_add(ctr_ptr + row * 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-            tl.atomic_xchg(ctr_ptr + row * 2, 0, sem="relaxed", scope="gpu")
-            wsum = tl.load(wsum_ptr + row * NBINS + d, cache_modifier=".cg")  # other SMs' atomics
-            first = tl.zeros_like(row).to(tl.int32)
-            if top_p < 1.0:  # the highest bin from whose start up the row weighs top_p of its weight
-                target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
-                s_from = tl.sum(wsum, axis=0) - tl.cumsum(wsum, axis=0) + wsum
-                first = tl.max(tl.where(s_from.to(tl.float64) >= target, d, 0), axis=0)
-            if min_p > 0.0:  # the lowest bin whose top key reaches min_p's bar
-                top_key = ((d + 1).to(tl.int64) << BIN_SHIFT) - 1 - (1 << (KEY_BITS - 1))
-                w_top = _tl_weights(_scaled(_key_value(top_key, SHIFT), inv_t), x_max)
-                bar = min_p.to(tl.float64) * 4294967296.0
-                first = tl.maximum(first, tl.min(tl.where(w_top.to(tl.float64) >= bar, d, NBINS - 1), axis=0))
-            tl.store(win_ptr + row, first)
-            tl.store(above_ptr + row, tl.sum(tl.where(d >= first + (WINDOW >> BIN_SHIFT), wsum, 0), axis=0))
-
-
-@triton.jit
-def _window_kernel(
-    logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
-    tau_ptr,  # [B*(K+1)] fp32: the threshold of each row flagged in need_ptr, out
-    need_ptr, kmax_ptr, mass_ptr, hist_ptr,  # as _bins_kernel; kernels 1 and 2's state, reset here (CAND)
-    cnt_ptr, wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's, reset here
-    wcnt_ptr,  # [rows, WINDOW] int32 zeros on entry: the window's entries key by key
-    stride_lb, stride_lj, R, V, tiles_per_split,
-    HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
-    BLOCK_V: tl.constexpr,  # the tile over the row
-    NBINS: tl.constexpr,
-    SPREAD: tl.constexpr,  # _bins_kernel ran (CAND and keys of at most 20 bits: bf16, fp16)
-    CAND: tl.constexpr,
-    NP: tl.constexpr = 8,
-    PDL: tl.constexpr = 0,
-):
-    """The threshold of each flagged row (its candidates overflowed the buffer or weighed less
-    than top_p of the row; with CAND False every filtering row), over (rows, splits) programs. A
-    row _bins_kernel took has its window's entries counted key by key, and its last program finds
-    the exact threshold from them: the weight over the window plus each key's count times its
-    weight. Rows with top_k, rows whose min_p cut lies past the window, and every row without
-    SPREAD take the one-program search over the whole row (_row_tau) in their last program
-    instead. That program also leaves the row's workspace as the next call expects it."""
-    row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
-                                                             HAS_P, HAS_M, PDL)
-    if tl.load(need_ptr + row) != 0:
-        KEY_BITS: tl.constexpr = 32 - SHIFT
-        BIN_SHIFT: tl.constexpr = KEY_BITS - 12
-        row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
-        d = tl.arange(0, WINDOW)
-        spread = ~use_k
-        if not SPREAD:
-            spread = row < 0
-        key_lo = tl.zeros_like(row)
-        if spread:
-            key_lo = (tl.load(win_ptr + row, cache_modifier=".cg").to(tl.int64) << BIN_SHIFT) - (1 << (KEY_BITS - 1))
-            offs0 = tl.arange(0, BLOCK_V)
-            cnt = tl.zeros([WINDOW], tl.int32)
-            t0 = tl.program_id(1) * tiles_per_split
-            for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
-                offs = t * BLOCK_V + offs0
-                key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
-                cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
-                                    mask=(offs < V) & (key >= key_lo) & (key < key_lo + WINDOW))
-            tl.atomic_add(wcnt_ptr + row * WINDOW + d, cnt, mask=cnt > 0, sem="relaxed")
-        tl.debug_barrier()
-        if tl.atomic_add(ctr_ptr + row * 2 + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-            tl.atomic_xchg(ctr_ptr + row * 2 + 1, 0, sem="relaxed", scope="gpu")
-            tau = tl.zeros_like(inv_t) + _NEG_INF
-            found = row < 0
-            if spread:
-                kmax = tl.load(kmax_ptr + row).to(tl.int64)
-                x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
-                wcnt = tl.load(wcnt_ptr + row * WINDOW + d, cache_modifier=".cg").to(tl.int64)
-                w_key = _tl_weights(_scaled(_key_value(key_lo + d, SHIFT), inv_t), x_max)
-                found = row >= 0
-                tau_key = key_lo - 1
-                if top_p < 1.0:  # the largest key v with the weight from v up >= top_p of the row's
-                    val = wcnt * w_key
-                    s_from = tl.load(above_ptr + row) + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val
-                    ok = s_from.to(tl.float64) >= top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
-                    tau_key = key_lo + tl.max(tl.where(ok, d, -1), axis=0)
-                if min_p > 0.0:  # the lowest key present that weighs min_p's bar
-                    reach = (wcnt > 0) & (w_key.to(tl.float64) >= min_p.to(tl.float64) * 4294967296.0)
-                    low = tl.min(tl.where(reach, d, WINDOW), axis=0)
-                    found = low < WINDOW
-                    tau_key = tl.maximum(tau_key, key_lo + low)
-                tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
-                nb: tl.constexpr = NBINS
-                tl.store(cnt_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int32))
-                tl.store(wsum_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int64))
-                tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
-            if ~found:
-                kmin, kmax_w = _key_range(row_ptr, V, SHIFT, BLOCK_V)
-                tau, _ = _row_tau(row_ptr, V, kmin, kmax_w, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1,
-                                  tau_ptr, tau_ptr, need_ptr, False, SHIFT, BLOCK_V, BLOCK_V, NP, 1)
-            tl.store(tau_ptr + row, tau)
-            if CAND:
-                _reset_row(kmax_ptr, mass_ptr, hist_ptr, row)
-
-
 _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _retired: list[tuple[torch.Tensor, ...]] = []
 
@@ -784,31 +421,6 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
               torch.empty((n, cap), dtype=torch.float32, device=dev),
               torch.empty((n, cap), dtype=torch.int32, device=dev))
         _workspaces[(dev, cap, ng, ns, dtype)] = ws
-    return ws
-
-
-_spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
-
-
-def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...]:
-    """The spread whole-row search's zeroed state (kernels 4 and 5), rows' >= rows, one per
-    device, shared by every call and graph replay: each flagged row's last program zeroes what it
-    used. (key-bin counts [rows', NBINS] int32, their weights [rows', NBINS] int64, programs done
-    [rows', 2] int32, window [rows'] int32, weight over it [rows'] int64, the window's counts
-    [rows', WINDOW] int32). Unlike _workspace it also grows inside a capture, where it then comes
-    from that graph's pool (the graph's replays zero it again first, which is the state it must
-    start from): the whole-row search needs it on every path."""
-    ws = _spread_workspaces.get(dev)
-    if ws is None or ws[3].numel() < rows:
-        if ws is not None:
-            _retired.append(ws)  # graphs captured before may still point at it
-        n = max(rows, 2 * ws[3].numel() if ws is not None else 1024)
-        ws = (torch.zeros((n, NBINS), dtype=torch.int32, device=dev), torch.zeros((n, NBINS), dtype=torch.int64,
-                                                                                  device=dev),
-              torch.zeros((n, 2), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, WINDOW.value), dtype=torch.int32,
-                                                                        device=dev))
-        _spread_workspaces[dev] = ws
     return ws
 
 
@@ -885,20 +497,6 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
         CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
         **draw, **dict(launch, num_warps=cand_warps or num_warps))
-    cnt, wsum, ctr, win, above, wcnt = _spread_workspace(dev, rows)
-    # keys of at most 20 bits (a window holds whole bins), and few rows: the bins' atomics contend
-    # as rows grow (H100, flat top_p rows: 13x faster than one program a row at B = 1, 2.6x at B = 8,
-    # 1.6x at B = 16, slower at B = 64), and the extra launch costs every filtered call 0-3 us
-    spread = ws is not None and flags["SHIFT"] >= 12 and rows <= SPREAD_ROWS
-    tiles = triton.cdiv(v, block_v)
-    # about 256 programs: every filtered call launches them, and most exit at once (1024 cost
-    # B = 2 and 4 3.5 us more than the one-program search's launch, H100)
-    per_split = triton.cdiv(tiles, max(1, min(tiles, SPREAD_PROGRAMS // rows))) if spread else tiles
-    grid = (rows, triton.cdiv(tiles, per_split))
-    if spread:
-        _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, cnt, wsum, ctr, win, above,
-                           *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, **flags, **launch)
-    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, cnt, wsum, ctr, win, above,
-                         wcnt, *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, SPREAD=spread, CAND=ws is not None,
-                         **flags, **launch)
+    whole_row_search(target_logits, temperature, filters, tau, need, (kmax, mass, hist) if ws is not None else None,
+                     block_v=block_v, flags=flags, launch=launch)
     return tau

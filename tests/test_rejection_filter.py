@@ -164,7 +164,8 @@ def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v, dtyp
     the reference's bits in one batch; kernels 1 and 2 over one program per row or several; the
     shared workspaces are left as found. The rows flagged for the whole-row search are the
     overflowing ones, every flag rewritten on every call (stale ones here: all set)."""
-    from graphrt.kernels.rejection_filter import GROUP, SUPER, _spread_workspaces, _workspaces
+    from graphrt.kernels.rejection_filter import GROUP, SUPER, _workspaces
+    from graphrt.kernels.rejection_filter_whole import _spread_workspaces
 
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
