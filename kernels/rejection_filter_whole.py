@@ -2,7 +2,7 @@
 rows the threshold kernel flags: their candidates overflowed the buffer or weighed less than top_p
 of the row. Both kernels run on (rows, splits) programs and return at once on other rows.
   4. _bins_kernel, rows without top_k (top_p and min_p only) with bf16 or fp16 logits: the row's
-     entries counted and weighed by key bin (NBINS bins); its last program picks the window of
+     entries weighed by key bin (NBINS bins); its last program picks the window of
      WINDOW keys that holds the threshold (top_p's crossing bin, or min_p's if higher).
   5. _window_kernel: the window's entries counted key by key; the row's last program finds the exact
      threshold from them (the weight over the window plus count times weight per key). Rows it
@@ -39,8 +39,7 @@ def _bins_kernel(
     need_ptr,  # [B*(K+1)] int32: _threshold_kernel's flags
     kmax_ptr,  # [rows] int32: the row's largest key (kernel 1's, kept for flagged rows)
     mass_ptr,  # [rows] int64: the row's weight (kernel 2's; top_p rows)
-    cnt_ptr,  # [rows, NBINS] int32 zeros on entry: the row's entries by key bin
-    wsum_ptr,  # [rows, NBINS] int64 zeros on entry: their weight
+    wsum_ptr,  # [rows, NBINS] int64 zeros on entry: the weight of the row's entries by key bin
     ctr_ptr,  # [rows, 2] int32 zeros on entry: this kernel's and _window_kernel's programs done
     win_ptr,  # [rows] int32 out: the first bin of the row's window (its last program)
     above_ptr,  # [rows] int64 out: the weight of the keys over the window
@@ -52,8 +51,8 @@ def _bins_kernel(
 ):
     """The first level of the spread whole-row search, for each flagged row without top_k (top_p
     and min_p only: a flat row whose kept entries overflow the candidates), over (rows, splits)
-    programs: the row's entries by key bin (NBINS bins of 2**BIN_SHIFT keys), counted and weighed
-    (int64 atomics: exact in any order). The row's last program to finish picks the window of
+    programs: the row's entries weighed by key bin (NBINS bins of 2**BIN_SHIFT keys; int64 atomics,
+    exact in any order). The row's last program to finish picks the window of
     WINDOW keys that holds its threshold: from the bin where the weight from the top crosses top_p
     of the row, or the bin where the weights reach min_p's bar if higher (the threshold is the larger
     of the two cuts)."""
@@ -65,7 +64,6 @@ def _bins_kernel(
         x_max = _scaled(_key_value(tl.load(kmax_ptr + row).to(tl.int64), SHIFT), inv_t)
         row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
         offs0 = tl.arange(0, BLOCK_V)
-        cnt = tl.zeros([NBINS], tl.int32)
         t0 = tl.program_id(1) * tiles_per_split
         for t in range(t0, tl.minimum(t0 + tiles_per_split, tl.cdiv(V, BLOCK_V))):
             offs = t * BLOCK_V + offs0
@@ -73,9 +71,7 @@ def _bins_kernel(
             bins = ((_keys(raw, SHIFT) + (1 << (KEY_BITS - 1))) >> BIN_SHIFT).to(tl.int32)
             w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
             tl.atomic_add(wsum_ptr + row * NBINS + bins, w, mask=w > 0, sem="relaxed")
-            cnt += tl.histogram(bins, NBINS, mask=offs < V)
         d = tl.arange(0, NBINS)
-        tl.atomic_add(cnt_ptr + row * NBINS + d, cnt, mask=cnt > 0, sem="relaxed")
         tl.debug_barrier()
         if tl.atomic_add(ctr_ptr + row * 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
             tl.atomic_xchg(ctr_ptr + row * 2, 0, sem="relaxed", scope="gpu")
@@ -99,7 +95,7 @@ def _window_kernel(
     logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
     tau_ptr,  # [B*(K+1)] fp32: the threshold of each row flagged in need_ptr, out
     need_ptr, kmax_ptr, mass_ptr, hist_ptr,  # as _bins_kernel; kernels 1 and 2's state, reset here (CAND)
-    cnt_ptr, wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's, reset here
+    wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's, reset here
     wcnt_ptr,  # [rows, WINDOW] int32 zeros on entry: the window's entries key by key
     stride_lb, stride_lj, R, V, tiles_per_split,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
@@ -163,7 +159,6 @@ def _window_kernel(
                     tau_key = tl.maximum(tau_key, key_lo + low)
                 tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
                 nb: tl.constexpr = NBINS
-                tl.store(cnt_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int32))
                 tl.store(wsum_ptr + row * nb + tl.arange(0, nb), tl.zeros([nb], tl.int64))
                 tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
             if ~found:
@@ -182,21 +177,20 @@ _spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...]:
     """The spread whole-row search's zeroed state (kernels 4 and 5), rows' >= rows, one per
     device, shared by every call and graph replay: each flagged row's last program zeroes what it
-    used. (key-bin counts [rows', NBINS] int32, their weights [rows', NBINS] int64, programs done
+    used. (the weights by key bin [rows', NBINS] int64, programs done
     [rows', 2] int32, window [rows'] int32, weight over it [rows'] int64, the window's counts
     [rows', WINDOW] int32). Unlike _workspace it also grows inside a capture, where it then comes
     from that graph's pool (the graph's replays zero it again first, which is the state it must
     start from): the whole-row search needs it on every path."""
     ws = _spread_workspaces.get(dev)
-    if ws is None or ws[3].numel() < rows:
+    if ws is None or ws[2].numel() < rows:
         if ws is not None:
             _retired.append(ws)  # graphs captured before may still point at it
-        n = max(rows, 2 * ws[3].numel() if ws is not None else 1024)
-        ws = (torch.zeros((n, NBINS), dtype=torch.int32, device=dev), torch.zeros((n, NBINS), dtype=torch.int64,
-                                                                                  device=dev),
+        n = max(rows, 2 * ws[2].numel() if ws is not None else 1024)
+        ws = (torch.zeros((n, NBINS), dtype=torch.int64, device=dev),
               torch.zeros((n, 2), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, WINDOW.value), dtype=torch.int32,
-                                                                        device=dev))
+              torch.zeros(n, dtype=torch.int64, device=dev),
+              torch.zeros((n, WINDOW.value), dtype=torch.int32, device=dev))
         _spread_workspaces[dev] = ws
     return ws
 
@@ -208,7 +202,7 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     1 and 2's (kmax, mass, hist) or None (every filtering row flagged, no candidates)."""
     b, r, v = target_logits.shape
     rows = b * r
-    cnt, wsum, ctr, win, above, wcnt = _spread_workspace(target_logits.device, rows)
+    wsum, ctr, win, above, wcnt = _spread_workspace(target_logits.device, rows)
     # keys of at most 20 bits (a window holds whole bins), and few rows: the bins' atomics contend
     # as rows grow (H100, flat top_p rows: 13x faster than one program a row at B = 1, 2.6x at B = 8,
     # 1.6x at B = 16, slower at B = 64), and the extra launch costs every filtered call 0-3 us
@@ -221,8 +215,8 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     per_split = triton.cdiv(tiles, max(1, min(tiles, SPREAD_PROGRAMS // rows))) if spread else tiles
     grid = (rows, triton.cdiv(tiles, per_split))
     if spread:
-        _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, cnt, wsum, ctr, win, above,
+        _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, wsum, ctr, win, above,
                            *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, **flags, **launch)
-    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, cnt, wsum, ctr, win, above,
+    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, wsum, ctr, win, above,
                          wcnt, *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, SPREAD=spread,
                          CAND=state is not None, **flags, **launch)

@@ -29,7 +29,7 @@ _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_pt
                mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", kept_ptr="*fp32", kvid_ptr="*i32",
                need_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
-_SPREAD = dict(_FILTER, cnt_ptr="*i32", wsum_ptr="*i64", ctr_ptr="*i32", win_ptr="*i32", above_ptr="*i64",
+_SPREAD = dict(_FILTER, wsum_ptr="*i64", ctr_ptr="*i32", win_ptr="*i32", above_ptr="*i64",
                wcnt_ptr="*i32")
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
