@@ -1,28 +1,30 @@
 """Where the filtered sampler's threshold kernels spend their time: each kernel of
 kernels/rejection_filter.py timed alone by the torch profiler (device time per call), for top_k 50
 + top_p 0.9, top_k 50 and top_p 0.9 on randn bf16 rows (K = 3, V = 128256), at B = 1, 64, 256, with
-the launch the sampler uses and with each (kernel 1 tile, warps, tile) given on the command line.
+the launch the sampler uses (draws included from 8 rows, as filter_stage makes them) and with each
+(kernel 1 tile, warps, tile) given on the command line.
 
     python scripts/filter_kernel_times.py [--config SBV,WARPS,BV ...]
 """
 
 import argparse
+import dataclasses
 from collections import defaultdict
+from functools import partial
 
 import torch
 from graphrt.kernels.bench import filter_cases
-from graphrt.kernels.rejection import filter_launch, launch_config
-from graphrt.kernels.rejection_filter import thresholds_triton
+from graphrt.kernels.rejection import RACE_CHUNK, filter_stage, launch_config
 from torch.profiler import ProfilerActivity, profile
 
 
-def kernel_times(args, kw, reps=10) -> dict[str, float]:
+def kernel_times(fn, reps=10) -> dict[str, float]:
     for _ in range(3):
-        thresholds_triton(*args, **kw)
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            thresholds_triton(*args, **kw)
+            fn()
         torch.cuda.synchronize()
     out = defaultdict(float)
     for e in prof.events():
@@ -40,12 +42,15 @@ def main() -> None:
         gen = torch.Generator(device="cuda").manual_seed(b)
         logits = torch.randn(b, k + 1, v, device="cuda", generator=gen).to(torch.bfloat16)
         temp = torch.ones(b, device="cuda")
+        ids, seed = logits[:, :k].float().argmax(-1), torch.arange(b, device="cuda")
         cfg = launch_config(b, k, False)
-        configs = [(8192, cfg.filter_warps, cfg.filter_block_v)] + [tuple(map(int, c.split(","))) for c in args.config]
+        configs = [(cfg.filter_stats_block_v, cfg.filter_warps, cfg.filter_block_v)] + [
+            tuple(map(int, c.split(","))) for c in args.config]
         for name, fk, fp in filter_cases(b):
             for sbv, warps, bv in configs:
-                kw = dict(filter_launch(cfg, logits.device), block_v=bv, num_warps=warps, pdl=0, stats_block_v=sbv)
-                t = kernel_times((logits, temp, fk, fp, None), kw)
+                c = dataclasses.replace(cfg, filter_stats_block_v=sbv, filter_warps=warps, filter_block_v=bv, pdl=0)
+                t = kernel_times(partial(filter_stage, logits, ids, temp, seed, seed, None, fk, fp, None, c, False,
+                                         RACE_CHUNK))
                 cols = " ".join(f"{n.strip('_').removesuffix('_kernel')}={us:.1f}" for n, us in sorted(t.items()))
                 print(f"B={b:<4d}{name:16s}kernel 1 tile {sbv}, {warps} warps, tile {bv}: {cols} (us)", flush=True)
 
