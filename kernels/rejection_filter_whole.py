@@ -170,7 +170,6 @@ def _window_kernel(
                 _reset_row(kmax_ptr, mass_ptr, hist_ptr, row)
 
 
-
 _spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
