@@ -129,10 +129,13 @@ class Cycle:
         kw.setdefault("base_add", -1)
         return cycle_inputs(slots, block_tables=s.block_tables, T=T, block_size=self.block_size, **kw)
 
-    def _meta(self, inputs: CycleInputs) -> AttentionMetadata:
-        return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=inputs.seq_lens,
-                                 slot_mapping=inputs.slot_mapping, query_len=inputs.positions.shape[1],
-                                 max_seq_len=self.max_blocks * self.block_size)
+    def _meta(self, inputs: CycleInputs, step: int | None = None) -> AttentionMetadata:
+        """inputs' attention metadata; step: that one-token step of step-major inputs (a row view)."""
+        seq_lens, slot_mapping, query_len = inputs.seq_lens, inputs.slot_mapping, inputs.positions.shape[1]
+        if step is not None:
+            seq_lens, slot_mapping, query_len = seq_lens[step], slot_mapping[step], 1
+        return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
+                                 query_len=query_len, max_seq_len=self.max_blocks * self.block_size)
 
     def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
         """The metadata of one request's positions 0 .. T-1 (slots: [1]). Eager and once per request:
@@ -146,11 +149,7 @@ class Cycle:
         [K-1, B] and attention metadata, made in one launch and handed out as row views, so the
         unrolled steps launch no metadata kernels of their own."""
         x = self._inputs(slots, self.K - 1, base_add=self.offset, step_major=True)
-        return x.positions, [
-            AttentionMetadata(block_tables=x.block_tables, seq_lens=x.seq_lens[i], slot_mapping=x.slot_mapping[i],
-                              query_len=1, max_seq_len=self.max_blocks * self.block_size)
-            for i in range(self.K - 1)
-        ]
+        return x.positions, [self._meta(x, i) for i in range(self.K - 1)]
 
     def _advance(self, slots, n, B):
         s = self.s

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.counters import counters
+from graphrt.kernels.counters import counters, last_to_finish
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -127,11 +127,7 @@ def _argmax_split_kernel(
     tl.store(part_val_ptr + out, m)
     tl.store(part_idx_ptr + out, i)
     if FUSED:
-        # Release/acquire counter per row; the last program resets it for the next call/replay.
-        tl.debug_barrier()
-        done = tl.atomic_add(ctr_ptr + row, 1, sem="acq_rel", scope="gpu")
-        if done == SPLITS - 1:
-            tl.atomic_xchg(ctr_ptr + row, 0, sem="relaxed", scope="gpu")
+        if last_to_finish(ctr_ptr + row, SPLITS):
             _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2)
 
 

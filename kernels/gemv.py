@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
-from graphrt.kernels.counters import COUNTER_SLOTS, counters
+from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -374,13 +374,8 @@ def _gemv_kernel(
             _store_row(_fma_final(a3, REDUCE_EACH), 3, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
 
-    if FUSED:
-        # Release our partials / acquire everyone else's; the last arrival resets the counter for
-        # the next launch or graph replay, then reduces the tile.
-        tl.debug_barrier()
-        done = tl.atomic_add(ctr_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT_K - 1:
-            tl.atomic_xchg(ctr_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+    if FUSED:  # the last split of the tile to finish reduces it
+        if last_to_finish(ctr_ptr + pid_n, SPLIT_K):
             _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS,
                          RED_M, BLOCK_N)
 

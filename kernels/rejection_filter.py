@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.counters import capturing
+from graphrt.kernels.counters import shared_workspace
 from graphrt.kernels.rejection_filter_select import (
     _TL_LOG2E_F32,
     _compact,
@@ -394,7 +394,6 @@ def _threshold_kernel(
 
 
 _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
-_retired: list[tuple[torch.Tensor, ...]] = []
 
 
 def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
@@ -403,25 +402,18 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
     [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
     ids [rows', 2 * (cap // GROUP)] int32, what the filters keep of the candidates [rows', cap] fp32
     and its vocab ids [rows', cap] int32) with rows' >= rows, one per device, cap, ng, ns and
-    dtype, shared by every call and graph replay: the threshold kernel leaves each row it used as
-    it found it. None inside a capture when it would have to grow (allocating there would tie it
-    to that graph's pool)."""
-    ws = _workspaces.get((dev, cap, ng, ns, dtype))
-    if ws is None or ws[0].numel() < rows:
-        if capturing():
-            return None
-        if ws is not None:
-            _retired.append(ws)  # graphs captured before may still point at it
-        n = max(rows, 2 * ws[0].numel() if ws is not None else 1024)  # B = 256 at K = 3 from the start
-        ws = (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
-              torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, ns), dtype=dtype, device=dev),
-              torch.empty((n, cap), dtype=torch.float32, device=dev),
-              torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev),
-              torch.empty((n, cap), dtype=torch.float32, device=dev),
-              torch.empty((n, cap), dtype=torch.int32, device=dev))
-        _workspaces[(dev, cap, ng, ns, dtype)] = ws
-    return ws
+    dtype (counters.shared_workspace: None inside a capture that would have to grow it): the
+    threshold kernel leaves each row it used as it found it."""
+    def make(n):  # 1024 rows from the start: B = 256 at K = 3
+        return (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
+                torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
+                torch.empty((n, ng), dtype=dtype, device=dev), torch.empty((n, ns), dtype=dtype, device=dev),
+                torch.empty((n, cap), dtype=torch.float32, device=dev),
+                torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev),
+                torch.empty((n, cap), dtype=torch.float32, device=dev),
+                torch.empty((n, cap), dtype=torch.int32, device=dev))
+
+    return shared_workspace(_workspaces, (dev, cap, ng, ns, dtype), rows, make)
 
 
 class Draws(NamedTuple):
@@ -447,7 +439,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);
     the rule of kernels/rejection_reference.thresholds_reference. block_v: the tile of kernel 2
     and of the whole-row search (kernels 4 and 5), stats_block_v kernel 1's (one per program);
-    programs: kernels 2, 4 and 5 aim at about that many; cap: candidates per row (below GROUP: every row
+    programs: kernel 2's launches aim at about that many; cap: candidates per row (below GROUP: every row
     reads its whole row in kernels 4 and 5); cand_block_v: kernel 3's tile over the maxima and the
     candidates (block_v by default), cand_warps its warps (num_warps by default), kept_block_v its tile
     over what the filters keep of them (top_k's few entries). draws: also draw, for the one-hot

@@ -15,6 +15,7 @@ do not set its registers.
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.counters import counters, last_to_finish, shared_workspace
 from graphrt.kernels.rejection_filter_select import (
     _filters,
     _key_range,
@@ -30,7 +31,16 @@ NBINS = 4096  # kernel 4's key bins
 WINDOW = tl.constexpr(256)  # the keys kernel 5 counts one by one
 SPREAD_ROWS = 32  # up to this many rows a call spreads the search; past it, one program a row
 SPREAD_PROGRAMS = 256  # the spread search's programs per call, about
-_retired: list[tuple[torch.Tensor, ...]] = []
+
+
+@triton.jit
+def _last_of_row(ctr_ptr, MERGE: tl.constexpr):
+    """Whether this program is the last of its row's to finish (counters.last_to_finish); a row's
+    only program is."""
+    last = tl.program_id(1) >= 0
+    if MERGE:
+        last = last_to_finish(ctr_ptr, tl.num_programs(1))
+    return last
 
 
 @triton.jit
@@ -40,13 +50,14 @@ def _bins_kernel(
     kmax_ptr,  # [rows] int32: the row's largest key (kernel 1's, kept for flagged rows)
     mass_ptr,  # [rows] int64: the row's weight (kernel 2's; top_p rows)
     wsum_ptr,  # [rows, NBINS] int64 zeros on entry: the weight of the row's entries by key bin
-    ctr_ptr,  # [rows, 2] int32 zeros on entry: this kernel's and _window_kernel's programs done
+    ctr_ptr,  # counters() (MERGE): a slot per row
     win_ptr,  # [rows] int32 out: the first bin of the row's window (its last program)
     above_ptr,  # [rows] int64 out: the weight of the keys over the window
     stride_lb, stride_lj, R, V, tiles_per_split,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NBINS: tl.constexpr,
+    MERGE: tl.constexpr,  # several programs a row
     PDL: tl.constexpr = 0,
 ):
     """The first level of the spread whole-row search, for each flagged row without top_k (top_p
@@ -72,9 +83,7 @@ def _bins_kernel(
             w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
             tl.atomic_add(wsum_ptr + row * NBINS + bins, w, mask=w > 0, sem="relaxed")
         d = tl.arange(0, NBINS)
-        tl.debug_barrier()
-        if tl.atomic_add(ctr_ptr + row * 2, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-            tl.atomic_xchg(ctr_ptr + row * 2, 0, sem="relaxed", scope="gpu")
+        if _last_of_row(ctr_ptr + row, MERGE):
             wsum = tl.load(wsum_ptr + row * NBINS + d, cache_modifier=".cg")  # other SMs' atomics
             first = tl.zeros_like(row).to(tl.int32)
             if top_p < 1.0:  # the highest bin from whose start up the row weighs top_p of its weight
@@ -95,7 +104,7 @@ def _window_kernel(
     logits_ptr, temp_ptr, topk_ptr, topp_ptr, minp_ptr,  # as _threshold_kernel
     tau_ptr,  # [B*(K+1)] fp32: the threshold of each row flagged in need_ptr, out
     need_ptr, kmax_ptr, mass_ptr, hist_ptr,  # as _bins_kernel; kernels 1 and 2's state, reset here (CAND)
-    wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's, reset here
+    wsum_ptr, ctr_ptr, win_ptr, above_ptr,  # _bins_kernel's (wsum reset here)
     wcnt_ptr,  # [rows, WINDOW] int32 zeros on entry: the window's entries key by key
     stride_lb, stride_lj, R, V, tiles_per_split,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
@@ -103,6 +112,7 @@ def _window_kernel(
     NBINS: tl.constexpr,
     SPREAD: tl.constexpr,  # _bins_kernel ran (CAND and keys of at most 20 bits: bf16, fp16)
     CAND: tl.constexpr,
+    MERGE: tl.constexpr,  # several programs a row (SPREAD only)
     NP: tl.constexpr = 8,
     PDL: tl.constexpr = 0,
 ):
@@ -135,9 +145,7 @@ def _window_kernel(
                 cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
                                     mask=(offs < V) & (key >= key_lo) & (key < key_lo + WINDOW))
             tl.atomic_add(wcnt_ptr + row * WINDOW + d, cnt, mask=cnt > 0, sem="relaxed")
-        tl.debug_barrier()
-        if tl.atomic_add(ctr_ptr + row * 2 + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-            tl.atomic_xchg(ctr_ptr + row * 2 + 1, 0, sem="relaxed", scope="gpu")
+        if _last_of_row(ctr_ptr + row, MERGE):
             tau = tl.zeros_like(inv_t) + _NEG_INF
             found = row < 0
             if spread:
@@ -173,25 +181,14 @@ def _window_kernel(
 _spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
-def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...]:
-    """The spread whole-row search's zeroed state (kernels 4 and 5), rows' >= rows, one per
-    device, shared by every call and graph replay: each flagged row's last program zeroes what it
-    used. (the weights by key bin [rows', NBINS] int64, programs done
-    [rows', 2] int32, window [rows'] int32, weight over it [rows'] int64, the window's counts
-    [rows', WINDOW] int32). Unlike _workspace it also grows inside a capture, where it then comes
-    from that graph's pool (the graph's replays zero it again first, which is the state it must
-    start from): the whole-row search needs it on every path."""
-    ws = _spread_workspaces.get(dev)
-    if ws is None or ws[2].numel() < rows:
-        if ws is not None:
-            _retired.append(ws)  # graphs captured before may still point at it
-        n = max(rows, 2 * ws[2].numel() if ws is not None else 1024)
-        ws = (torch.zeros((n, NBINS), dtype=torch.int64, device=dev),
-              torch.zeros((n, 2), dtype=torch.int32, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
-              torch.zeros(n, dtype=torch.int64, device=dev),
-              torch.zeros((n, WINDOW.value), dtype=torch.int32, device=dev))
-        _spread_workspaces[dev] = ws
-    return ws
+def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...] | None:
+    """The spread search's zeroed state (kernels 4 and 5): the weights by key bin [rows', NBINS]
+    int64, the window [rows'] int32, the weight over it [rows'] int64, the window's counts
+    [rows', WINDOW] int32; one per device, rows' >= rows (counters.shared_workspace: None inside a
+    capture that would have to grow it). Each flagged row's last program zeroes what it used."""
+    return shared_workspace(_spread_workspaces, dev, rows, lambda n: (
+        torch.zeros((n, NBINS), dtype=torch.int64, device=dev), torch.zeros(n, dtype=torch.int32, device=dev),
+        torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, WINDOW.value), dtype=torch.int32, device=dev)))
 
 
 def whole_row_search(target_logits, temperature, filters, tau, need, state, *, block_v: int, flags: dict,
@@ -201,21 +198,25 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     1 and 2's (kmax, mass, hist) or None (every filtering row flagged, no candidates)."""
     b, r, v = target_logits.shape
     rows = b * r
-    wsum, ctr, win, above, wcnt = _spread_workspace(target_logits.device, rows)
     # keys of at most 20 bits (a window holds whole bins), and few rows: the bins' atomics contend
     # as rows grow (H100, flat top_p rows: 13x faster than one program a row at B = 1, 2.6x at B = 8,
     # 1.6x at B = 16, slower at B = 64), and the extra launch costs every filtered call 0-3 us
     spread = state is not None and flags["SHIFT"] >= 12 and rows <= SPREAD_ROWS
-    kmax, mass, hist = state if state is not None else (tau, tau, tau)  # valid pointers, unused
+    ws = _spread_workspace(target_logits.device, rows) if spread else None
+    ctr = counters(target_logits.device, rows) if spread else None
+    spread = ws is not None and ctr is not None  # else one program a row (inside a capture that would allocate)
+    wsum, win, above, wcnt = ws if spread else (tau,) * 4  # valid pointers, unused
+    kmax, mass, hist = state if state is not None else (tau, tau, tau)
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
     tiles = triton.cdiv(v, block_v)
     # about 256 programs: every filtered call launches them, and most exit at once (1024 cost
     # B = 2 and 4 3.5 us more than the one-program search's launch, H100)
     per_split = triton.cdiv(tiles, max(1, min(tiles, SPREAD_PROGRAMS // rows))) if spread else tiles
     grid = (rows, triton.cdiv(tiles, per_split))
+    merge = grid[1] > 1
     if spread:
         _bins_kernel[grid](target_logits, temperature, *filters, need, kmax, mass, wsum, ctr, win, above,
-                           *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, **flags, **launch)
-    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, wsum, ctr, win, above,
-                         wcnt, *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, SPREAD=spread,
-                         CAND=state is not None, **flags, **launch)
+                           *strides, per_split, BLOCK_V=block_v, NBINS=NBINS, MERGE=merge, **flags, **launch)
+    _window_kernel[grid](target_logits, temperature, *filters, tau, need, kmax, mass, hist, wsum,
+                         ctr if spread else tau, win, above, wcnt, *strides, per_split, BLOCK_V=block_v, NBINS=NBINS,
+                         SPREAD=spread, CAND=state is not None, MERGE=merge, **flags, **launch)

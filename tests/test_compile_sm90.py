@@ -143,16 +143,19 @@ CASES = {
     # the rows the threshold kernel flags, searched whole over many programs: B <= 2 (4096-entry
     # tiles) and beyond (2048); fp32 logits take the one-program search in the window kernel only
     "rej-bins": ("rejection_filter_whole", "_bins_kernel", _SPREAD, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, PDL=2),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, MERGE=True, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-small": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, SPREAD=True, CAND=True, PDL=2),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096,
+        SPREAD=True, CAND=True, MERGE=True, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096, SPREAD=True, CAND=True, PDL=1),
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096,
+        SPREAD=True, CAND=True, MERGE=True, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-fp32": ("rejection_filter_whole", "_window_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, SPREAD=False, CAND=True, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096,
+        SPREAD=False, CAND=True, MERGE=False, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
