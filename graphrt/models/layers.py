@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.gemv import linear, linear_silu_mul
+from graphrt.kernels.gemv import linear, linear_pushed, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm
+from graphrt.kernels.push_reduce import settled
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 
 
@@ -109,12 +110,17 @@ class AttentionBlock:
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
         )
-        return _reduce(linear(out.reshape(n, self.num_heads * self.head_dim), self.o_weight), self.tp)
+        return row_parallel(out.reshape(n, self.num_heads * self.head_dim), self.o_weight, self.tp)
 
 
-def _reduce(x, tp):
-    """A row-parallel projection's output: partial sums on each rank, summed over the ranks."""
-    return x if tp is None else tp.all_reduce(x)
+def row_parallel(x, w, tp):
+    """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: at one token
+    a step, pushed from the GEMV's epilogue (a PushedSum: kernels/push_reduce.py), which the next
+    norm's consumer adds up; otherwise the product, then an all-reduce."""
+    if tp is None:
+        return linear(x, w)
+    pushed = linear_pushed(x, w, tp.push)
+    return pushed if pushed is not None else tp.all_reduce(linear(x, w))
 
 
 class GatedMLP:
@@ -124,8 +130,9 @@ class GatedMLP:
         self.tp = tp
 
     def __call__(self, x):
-        """x: [N, H], or the PendingNorm that produces it."""
-        return _reduce(linear(linear_silu_mul(x, self.gate_up), self.down), self.tp)
+        """x: [N, H], or the PendingNorm that produces it. Under tensor parallelism the result may be
+        a PushedSum (row_parallel)."""
+        return row_parallel(linear_silu_mul(x, self.gate_up), self.down, self.tp)
 
 
 class DecoderLayer:
@@ -142,20 +149,21 @@ class DecoderLayer:
     def __call__(self, x, positions, meta, k_cache, v_cache):
         """x: [N, H] residual stream in; returns the residual stream out."""
         out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
-        return residual + out
+        return residual + settled(out)
 
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
         when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it, and
         the stream entering it (the sum the input norm formed anyway: what an EAGLE-3 head's aux
-        states are, without an add launch of their own).
+        states are, without an add launch of their own). Under tensor parallelism x and mlp_out may
+        be PushedSums (row_parallel), which the next norm adds up.
         Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
         each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
         prologue (kernels/norm.PendingNorm), which saves the norm's launch too."""
         if self.input_norm is not None:
             h = PendingNorm(x, residual, self.input_norm, self.eps)
         else:
-            h = x if residual is None else residual + x
+            h = settled(x) if residual is None else residual + settled(x)
         attn_out = self.attn(h, positions, meta, k_cache, v_cache)
         entering = h.stream if isinstance(h, PendingNorm) else h
         h = PendingNorm(attn_out, entering, self.post_norm, self.eps)

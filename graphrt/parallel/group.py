@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from graphrt.errors import ConfigMismatchError, ParallelError
+from graphrt.kernels.push_reduce import PushTarget
 
 
 class _OneShotAllReduce:
@@ -48,12 +49,30 @@ class _OneShotAllReduce:
         return out.view(x.shape)
 
 
+def _push_target(group, rank: int, world: int, device, dtype, numel: int) -> PushTarget:
+    """Collective: the push buffers of kernels/push_reduce.py in symmetric memory, flags zeroed on
+    every rank before any rank may push."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    numel = -(-numel // 64) * 64  # every slot 128-byte aligned
+    data = symm_mem.empty(2 * world * numel, dtype=dtype, device=device)
+    flags = symm_mem.empty(2 * world, dtype=torch.int32, device=device)
+    ptrs = [symm_mem.rendezvous(t, group.group_name).buffer_ptrs for t in (data, flags)]
+    flags.zero_()
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group)
+    table = torch.tensor(list(ptrs[0]) + list(ptrs[1]), dtype=torch.int64, device=device)
+    return PushTarget(data.view(2, world, numel), flags.view(2, world), table,
+                      torch.zeros(1, dtype=torch.int32, device=device), rank, world)
+
+
 @dataclass
 class TensorParallel:
     group: dist.ProcessGroup
     rank: int
     world_size: int
     one_shot: _OneShotAllReduce | None = None
+    push: PushTarget | None = None  # one-token row-parallel products (kernels/push_reduce.py)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks (a row-parallel projection's partial products): the returned
@@ -63,17 +82,21 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def use_one_shot(self, device, dtype, numel: int) -> str:
+    def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
-        (_OneShotAllReduce) where the GPUs and torch allow, unless GRAPHRT_ALLREDUCE=nccl. Returns
-        the path taken, "one-shot" or "nccl" (with the reason)."""
+        (_OneShotAllReduce), and one-token row-parallel products of up to `hidden` outputs through
+        the GEMV's push (kernels/push_reduce.py), where the GPUs and torch allow, unless
+        GRAPHRT_ALLREDUCE=nccl. Returns the path taken, "push + one-shot" or "nccl" (with the
+        reason)."""
         if device.type != "cuda" or os.environ.get("GRAPHRT_ALLREDUCE", "auto") == "nccl":
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
+            self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
+            self.one_shot = self.push = None
             return f"nccl ({type(exc).__name__}: {exc})"
-        return "one-shot"
+        return "push + one-shot"
 
     def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
         """(first q head, q heads, first kv head, kv heads) of this rank. With fewer KV heads than

@@ -1,0 +1,147 @@
+"""The one-token all-reduce folded into the GEMVs (kernels/push_reduce.py), on 2 GPUs.
+
+At 2 ranks the sum of two bf16 partials rounded once is the same bits whichever way it is taken,
+so the pushed sum must equal NCCL's all-reduce exactly, and a runtime that pushes must decode the
+same tokens as one that all-reduces through NCCL. A chain of push / consume pairs replayed in a CUDA
+graph many times catches a slot reused too early or a flag read too soon: either gives wrong values
+(or a hang, which the timeout turns into a failure)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from graphrt.parallel.launch import run_ranks
+from tests.seeds import fresh_seed
+
+pytestmark = pytest.mark.gpu
+
+
+def _layer_chain(v, a, b, res, g, push, steps):
+    """steps x (row-parallel a: pushed; then b with the RMSNorm of sum + res in its prologue)."""
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.norm import PendingNorm
+
+    streams = []
+    for _ in range(steps):
+        pushed = gemv_triton(v, a, push=push)
+        norm = PendingNorm(pushed, res, g, 1e-5)
+        v = gemv_triton(norm.x, b, norm=norm)
+        streams.append(norm.stream)
+    return v, streams
+
+
+def _chain_reference(v, a, b, res, g, steps):
+    import torch.distributed as dist
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.norm import PendingNorm
+
+    streams = []
+    for _ in range(steps):
+        part = gemv_triton(v, a)
+        dist.all_reduce(part)
+        norm = PendingNorm(part, res, g, 1e-5)
+        v = gemv_triton(norm.x, b, norm=norm)
+        streams.append(norm.stream)
+    return v, streams
+
+
+def _kernel_worker(out_dir, seed):
+    import torch.distributed as dist
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.push_reduce import PushedSum
+
+    from graphrt.parallel.group import init_tensor_parallel
+
+    tp = init_tensor_parallel()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    fails = []
+    try:
+        hidden, inner = 1024, 768
+        assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
+        gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
+        bf = torch.bfloat16
+        v = torch.randn(1, inner, device=dev, generator=gen).to(bf)
+        a = (torch.randn(hidden, inner, device=dev, generator=gen) / inner**0.5).to(bf)
+        b = (torch.randn(inner, hidden, device=dev, generator=gen) / hidden**0.5).to(bf)
+        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residual and norm on every rank
+        res = torch.randn(1, hidden, device=dev, generator=gen_shared).to(bf)
+        g = (1 + 0.1 * torch.randn(hidden, device=dev, generator=gen_shared)).to(bf)
+
+        # one push, summed by the fallback kernel: NCCL's sum exactly
+        part = gemv_triton(v, a)
+        dist.all_reduce(part)
+        pushed = gemv_triton(v, a, push=tp.push)
+        if not isinstance(pushed, PushedSum) or not torch.equal(pushed.materialize(), part):
+            fails.append("pushed sum differs from NCCL's all-reduce")
+
+        # a chain of pushes and fused consumers, eager, then in a graph replayed many times
+        steps = 24
+        want, want_streams = _chain_reference(v, a, b, res, g, steps)
+        got, got_streams = _layer_chain(v, a, b, res, g, tp.push, steps)
+        if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
+            fails.append("eager chain differs from the all-reduced one")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            _layer_chain(v, a, b, res, g, tp.push, 2)  # warm
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, out_streams = _layer_chain(v, a, b, res, g, tp.push, steps)
+        for i in range(50):
+            graph.replay()
+            if i % 10 == 9:
+                torch.cuda.synchronize()
+                if not torch.equal(out, want) or not torch.equal(out_streams[-1], want_streams[-1]):
+                    fails.append(f"graph replay {i} differs")
+                    break
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        fails.append(f"{type(exc).__name__}: {exc}")
+    (__import__("pathlib").Path(out_dir) / f"fails{tp.rank}.txt").write_text("\n".join(fails))
+    return 0
+
+
+def _runtime_worker(out_dir):
+    from graphrt import Runtime, SamplingParams
+    from tests.helpers import tiny_dir
+
+    results = {}
+    for path in ("nccl", "auto"):
+        os.environ["GRAPHRT_ALLREDUCE"] = path
+        rt = Runtime.from_pretrained(tiny_dir(), None, tensor_parallel_size=2, device="cuda", dtype=torch.bfloat16,
+                                     max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
+        params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+        prompts = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250]]
+        # one request at a time (batch 1: the pushed path), then both (batch 2: the one-shot kernel)
+        tokens = [rt.generate([p], params)[0].token_ids for p in prompts]
+        tokens += [g.token_ids for g in rt.generate(prompts, params)]
+        results[path] = (tokens, rt.all_reduce_path)
+    torch.save(results, f"{out_dir}/rank{int(os.environ['RANK'])}.pt")
+    return 0
+
+
+def _two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+
+
+def test_pushed_sum_and_fused_consumer_match_nccl(tmp_path):
+    _two_gpus()
+    seed = fresh_seed()
+    assert run_ranks(2, _kernel_worker, str(tmp_path), seed, quiet=False, timeout_s=240) == 0
+    for r in range(2):
+        fails = (tmp_path / f"fails{r}.txt").read_text()
+        assert not fails, f"seed {seed} rank {r}: {fails}"
+
+
+def test_runtime_that_pushes_decodes_as_nccl(tmp_path):
+    _two_gpus()
+    assert run_ranks(2, _runtime_worker, str(tmp_path), quiet=False, timeout_s=300) == 0
+    for r in range(2):
+        res = torch.load(tmp_path / f"rank{r}.pt")
+        assert res["auto"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
+        assert res["auto"][0] == res["nccl"][0]
