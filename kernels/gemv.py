@@ -58,8 +58,8 @@ from graphrt.kernels.push_reduce import (
     push_store,
 )
 
-__all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config", "row_fma_config",
-           "ROWS_MAX_M"]
+__all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config",
+           "row_fma_config", "ROWS_MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -582,7 +582,8 @@ def gemv_triton(
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
-        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=split_k > 1 and ctr is not None, RED_M=triton.next_power_of_2(block_m),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=split_k > 1 and ctr is not None,
+        RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
         PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, PULL_W=pull_w, num_warps=num_warps,

@@ -82,7 +82,8 @@ CASES = {
         GATED=True, NORM=True, NORM_RES=True, BLOCK_H=4096, PULL_W=2), dict(num_warps=4, num_stages=1)),
     "qkv-rotary-m1-norm-pull-pdl": ("qkv_rotary", "_qkv_rotary_kernel", _ROTARY | _PUSH, dict(
         NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
-        HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=4096, PULL_W=4), dict(num_warps=4, num_stages=1)),
+        HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=4096, PULL_W=4),
+        dict(num_warps=4, num_stages=1)),
     "pushed-sum-pdl": ("push_reduce", "_pushed_sum_kernel", _PUSH, dict(W=2, BLOCK=1024, USE_PDL=True),
                        dict(num_warps=4)),
     "gemv-fma-m2-split": _gemv_fma(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
