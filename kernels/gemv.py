@@ -37,6 +37,7 @@ kernels/gemv_config.py, says where it beats cuBLAS).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -323,6 +324,7 @@ def _gemv_kernel(
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
     PUSH_W: tl.constexpr = 0,  # FMA, M = 1, unsplit, not GATED: y goes to the W ranks' push buffers
     PULL_W: tl.constexpr = 0,  # NORM: x is the sum the W ranks pushed (kernels/push_reduce.py)
+    PUSH_DIRECT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -381,8 +383,9 @@ def _gemv_kernel(
                                               _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
         elif PUSH_W > 0:
             push_store(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), offs_n, offs_n < N, tab_ptr, seq_ptr,
-                       tp_rank, tp_numel, PUSH_W)
-            push_done(ctr_ptr, tl.num_programs(0), tab_ptr, seq_ptr, tp_rank, PUSH_W)
+                       tp_rank, tp_numel, PUSH_W, PUSH_DIRECT)
+            push_done(ctr_ptr, tl.num_programs(0), tab_ptr, seq_ptr, tp_rank, tp_numel, N, PUSH_W, PUSH_DIRECT,
+                      y_ptr.dtype.element_ty)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -586,7 +589,8 @@ def gemv_triton(
         RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
-        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, PULL_W=pull_w, num_warps=num_warps,
+        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, PULL_W=pull_w,
+        PUSH_DIRECT=os.environ.get("GRAPHRT_PUSH_DIRECT") == "1", num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl),
     )
     if push is not None:

@@ -105,28 +105,54 @@ def settled(x):
 
 
 @triton.jit
-def push_store(vals, offs, mask, tab_ptr, seq_ptr, rank, numel, W: tl.constexpr):
+def push_store(vals, offs, mask, tab_ptr, seq_ptr, rank, numel, W: tl.constexpr, DIRECT: tl.constexpr):
     """Producer: store vals (the model dtype) at offs of this rank's part of the next push's slot,
-    on every rank. Call after the wait for the producer's own producer (seq is settled then)."""
+    in this rank's buffer (DIRECT: on every rank). Call after the wait for the producer's own
+    producer (seq is settled then)."""
     s = tl.load(seq_ptr) + 1
     dst = ((s % 2) * W + rank) * numel + offs
-    for r in tl.static_range(W):
-        base = tl.load(tab_ptr + r).to(tl.pointer_type(vals.dtype))
+    if DIRECT:
+        for r in tl.static_range(W):
+            base = tl.load(tab_ptr + r).to(tl.pointer_type(vals.dtype))
+            tl.store(base + dst, vals, mask=mask)
+    else:
+        base = tl.load(tab_ptr + rank).to(tl.pointer_type(vals.dtype))
         tl.store(base + dst, vals, mask=mask)
 
 
 @triton.jit
-def push_done(ctr_ptr, programs, tab_ptr, seq_ptr, rank, W: tl.constexpr):
+def _fence_sys():
+    # fence.acq_rel.sys: this thread's stores to the peers are performed before what follows
+    tl.inline_asm_elementwise("fence.acq_rel.sys; mov.u32 $0, 0;", "=r,r", [tl.program_id(0)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def push_done(ctr_ptr, programs, tab_ptr, seq_ptr, rank, numel, n, W: tl.constexpr, DIRECT: tl.constexpr,
+              dtype: tl.constexpr):
     """Producer: every program calls it once after its push_store; the last of `programs` to get
-    here raises this rank's flag of the push on every rank, then seq. ctr_ptr: 1 + cdiv(programs,
-    GROUP) counter slots (kernels/counters.py). The counters' acquire / release at GPU scope
-    carries every program's stores to the last one, whose system-scope release carries them on."""
+    here copies this rank's n pushed elements to the peers (unless DIRECT), raises this rank's
+    flag of the push on every rank, then seq. ctr_ptr: 1 + cdiv(programs, GROUP) counter slots
+    (kernels/counters.py). The counters' acquire / release at GPU scope carries every program's
+    stores to the last one, whose system-scope fence and release carry them on."""
     pid = tl.program_id(0)
     group = pid // GROUP
     in_group = tl.minimum(programs - group * GROUP, GROUP)
     if last_to_finish(ctr_ptr + 1 + group, in_group):
         if last_to_finish(ctr_ptr, tl.cdiv(programs, GROUP)):
             s = tl.load(seq_ptr) + 1
+            slot_off = ((s % 2) * W + rank) * numel
+            if not DIRECT:
+                src = tl.load(tab_ptr + rank).to(tl.pointer_type(dtype)) + slot_off
+                for start in range(0, n, 1024):
+                    offs = start + tl.arange(0, 1024)
+                    v = tl.load(src + offs, mask=offs < n, cache_modifier=".cg")
+                    for r in tl.static_range(W):
+                        if r != rank:
+                            dst = tl.load(tab_ptr + r).to(tl.pointer_type(dtype)) + slot_off
+                            tl.store(dst + offs, v, mask=offs < n)
+            _fence_sys()
+            tl.debug_barrier()
             for r in tl.static_range(W):
                 flags = tl.load(tab_ptr + W + r).to(tl.pointer_type(tl.int32))
                 tl.atomic_xchg(flags + (s % 2) * W + rank, s, sem="release", scope="sys")
