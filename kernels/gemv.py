@@ -37,7 +37,6 @@ kernels/gemv_config.py, says where it beats cuBLAS).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +48,7 @@ from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.push_reduce import (
-    PushedSum,
-    PushTarget,
-    no_push_args,
-    pull_wait,
-    push_counters,
-    push_done,
-    push_store,
-)
+from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_counters, push_reduce_row
 
 __all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config",
            "row_fma_config", "ROWS_MAX_M"]
@@ -130,12 +121,12 @@ def _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K: tl.
 
 @triton.jit
 def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH: tl.constexpr,
-                GATED: tl.constexpr, NORM_RES: tl.constexpr, g, PULL_W: tl.constexpr, numel):
+                GATED: tl.constexpr, NORM_RES: tl.constexpr, g=None):
     # One weight tile (and a second one, u, when GATED) against the normalised x tile at column k;
     # g: the norm weights of the tile when already loaded (before the PDL wait).
     if g is None:
         g = tl.load(g_ptr + k + offs_k, mask=kmask, other=0.0)
-    xv = normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES, PULL_W, numel)
+    xv = normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES)
     a0 = _fma_acc(a0, w, xv, REDUCE_EACH)
     if GATED:
         c0 = _fma_acc(c0, u, xv, REDUCE_EACH)
@@ -145,14 +136,14 @@ def _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, RED
 @triton.jit
 def _fma_tile(a0, a1, a2, a3, c0, w, u, x_ptr, res_ptr, g_ptr, k, K, stride_xm, offs_k, kmask, rstd, g,
               MASK_K: tl.constexpr, REDUCE_EACH: tl.constexpr, BLOCK_M: tl.constexpr, GATED: tl.constexpr,
-              NORM: tl.constexpr, NORM_RES: tl.constexpr, PULL_W: tl.constexpr, numel):
+              NORM: tl.constexpr, NORM_RES: tl.constexpr):
     # One weight tile w at column k (and its up tile u when GATED) against every row of x, or,
     # with NORM, against the normalised row (g: the tile's norm weights when already loaded).
     if NORM:
         if not MASK_K:
             kmask = (k + offs_k) < K
         a0, c0 = _fma_normed(a0, c0, w, u, x_ptr, res_ptr, g_ptr, k, offs_k, kmask, rstd, REDUCE_EACH, GATED,
-                             NORM_RES, g, PULL_W, numel)
+                             NORM_RES, g)
     else:
         a0, a1, a2, a3 = _fma_rows(a0, a1, a2, a3, w, x_ptr, k, stride_xm, offs_k, kmask, MASK_K, REDUCE_EACH,
                                    BLOCK_M)
@@ -163,10 +154,9 @@ def _fma_tile(a0, a1, a2, a3, c0, w, u, x_ptr, res_ptr, g_ptr, k, K, stride_xm, 
 
 @triton.jit
 def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full, k_end, K, stride_xm, offs_k, tile,
-                flags_ptr, seq_ptr, rank, numel,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, REDUCE_EACH: tl.constexpr,
                 GATED: tl.constexpr, NORM: tl.constexpr, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr,
-                USE_PDL: tl.constexpr, PULL_W: tl.constexpr):
+                USE_PDL: tl.constexpr):
     """The FMA path's K loop (first tile peeled ahead of the PDL wait, whole tiles, masked tail),
     shared by every kernel that must sum as the M = 1 GEMV does.
 
@@ -175,9 +165,7 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
     whose RMSNorm res_ptr, g_ptr, sum_ptr and eps describe (kernels/norm.norm_stats; the programs
     of weight tile 0 store sum_ptr). Sums columns [k0, k_end) of K; k_full: where the whole tiles
     end. Returns the fp32 accumulators (a0, a1, a2, a3, c0), one per row of x and c0 for u, each
-    to pass through _fma_final. Executes the PDL wait when USE_PDL. PULL_W > 0 (with NORM): x is
-    the sum of the ranks' pushes, x_ptr the push buffer, flags_ptr, seq_ptr, rank and numel its
-    (kernels/push_reduce.py); the loop waits for the peers after the PDL wait."""
+    to pass through _fma_final. Executes the PDL wait when USE_PDL."""
     a0 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
     a1 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
     a2 = _fma_zeros(BLOCK_N, BLOCK_K, REDUCE_EACH)
@@ -195,15 +183,13 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
         if NORM:  # norm weights too
             g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
         wait_for_producer()
-    if PULL_W > 0:
-        x_ptr += pull_wait(flags_ptr, seq_ptr, rank, PULL_W) * PULL_W * numel
     rstd = 1.0
     if NORM:
-        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H, PULL_W, numel)
+        rstd = norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, tile == 0, NORM_RES, BLOCK_H)
     if USE_PDL:
         a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k0, K,
                                        stride_xm, offs_k, kmask, rstd, g if NORM else None, True,
-                                       REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES, PULL_W, numel)
+                                       REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
         k_start = k0 + BLOCK_K
     for k in range(k_start, k_full, BLOCK_K):
         w = tl.load(w_ptrs + k).to(tl.float32)
@@ -211,7 +197,7 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
             u = tl.load(u_ptrs + k).to(tl.float32)
         a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
                                        stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
-                                       NORM, NORM_RES, PULL_W, numel)
+                                       NORM, NORM_RES)
     if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
         kmask = (k_full + offs_k) < k_end
         w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
@@ -219,7 +205,7 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
             u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
         a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
                                        K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
-                                       GATED, NORM, NORM_RES, PULL_W, numel)
+                                       GATED, NORM, NORM_RES)
     return a0, a1, a2, a3, c0
 
 
@@ -301,7 +287,7 @@ def _gemv_kernel(
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
     sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
-    tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel,  # the push buffers (PUSH_W or PULL_W only)
+    tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel,  # the push buffers (PUSH_W only)
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -322,9 +308,7 @@ def _gemv_kernel(
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
-    PUSH_W: tl.constexpr = 0,  # FMA, M = 1, unsplit, not GATED: y goes to the W ranks' push buffers
-    PULL_W: tl.constexpr = 0,  # NORM: x is the sum the W ranks pushed (kernels/push_reduce.py)
-    PUSH_DIRECT: tl.constexpr = False,
+    PUSH_W: tl.constexpr = 0,  # FMA, M = 1, unsplit, not GATED: y summed over W ranks (kernels/push_reduce.py)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -373,19 +357,16 @@ def _gemv_kernel(
         # dead code. GATED: the up rows (N below the gate rows) in the same shape of tile, so each
         # output's two dot products sum in exactly the order of the unfused GEMV; c0 is up's.
         a0, a1, a2, a3, c0 = _fma_k_loop(w_ptrs, w_ptrs + N * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
-                                         k_end, K, stride_xm, offs_k, pid_n, flags_ptr, seq_ptr, tp_rank, tp_numel,
-                                         BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH, GATED, NORM, NORM_RES, BLOCK_H,
-                                         USE_PDL, PULL_W)
+                                         k_end, K, stride_xm, offs_k, pid_n, BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH,
+                                         GATED, NORM, NORM_RES, BLOCK_H, USE_PDL)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty
             tl.store(y_ptr + offs_n, silu_mul(_fma_final(a0, REDUCE_EACH).to(dt),
                                               _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
         elif PUSH_W > 0:
-            push_store(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), offs_n, offs_n < N, tab_ptr, seq_ptr,
-                       tp_rank, tp_numel, PUSH_W, PUSH_DIRECT)
-            push_done(ctr_ptr, tl.num_programs(0), tab_ptr, seq_ptr, tp_rank, tp_numel, N, PUSH_W, PUSH_DIRECT,
-                      y_ptr.dtype.element_ty)
+            push_reduce_row(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), pid_n, BLOCK_N, N, y_ptr,
+                            ctr_ptr, tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel, PUSH_W)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -480,7 +461,7 @@ def gemv_triton(
     block_k: int | None = None, split_k: int | None = None, num_warps: int | None = None,
     num_stages: int | None = None, fused: bool | None = None, pdl: bool | None = None, gated: bool = False,
     norm: PendingNorm | None = None, per_row: bool | None = None, push: PushTarget | None = None,
-) -> torch.Tensor | PushedSum:  # fmt: skip
+) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
     bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
@@ -503,10 +484,9 @@ def gemv_triton(
     norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
     (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
-    When norm's x is a PushedSum the launch adds up the ranks' partials in its prologue.
-    push: a tensor-parallel group's PushTarget (kernels/push_reduce.py): the result is y summed over
-    the ranks, returned as a PushedSum, y itself never stored (M = 1, unsplit FMA path, no bias, not
-    gated, no out).
+    push: a tensor-parallel group's PushTarget (kernels/push_reduce.py): y is then summed over the
+    ranks in the same launch, the same bits on every rank (M = 1, unsplit FMA path, no bias, not
+    gated). A collective: every rank makes the same call.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -559,10 +539,10 @@ def gemv_triton(
         tiles = triton.cdiv(n, block_n)
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
-    if push is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None or out is not None
-                             or not push.fits(m, n, x.dtype)):
-        raise ValueError(f"push= takes one row on the unsplit FMA path, no bias, gate or out, and a product the push "
-                         f"buffer holds; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if push is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None
+                             or not push.fits(n, x.dtype)):
+        raise ValueError(f"push= takes one row on the unsplit FMA path, no bias or gate, and a product the push "
+                         f"buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -578,7 +558,7 @@ def gemv_triton(
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
-    tp_args, pull_w = norm.pull_args() if norm is not None else (no_push_args(x), 0)
+    tp_args = no_push_args(x)
     if push is not None:
         tp_args, ctr = push.kernel_args(), push_counters(x.device, tiles)
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
@@ -589,12 +569,9 @@ def gemv_triton(
         RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
-        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, PULL_W=pull_w,
-        PUSH_DIRECT=os.environ.get("GRAPHRT_PUSH_DIRECT") == "1", num_warps=num_warps,
-        num_stages=num_stages, **pdl_launch(pdl),
+        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(pdl),
     )
-    if push is not None:
-        return PushedSum(push, m, n)
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)
         rb_n = max(16, min(256, 4096 // rb_m))
@@ -646,13 +623,13 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(linear(materialized(x), w_gate_up))
 
 
-def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> PushedSum | None:
-    """x [1, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) as a
-    PushedSum, where the dispatcher runs the product on the one-row FMA path with the push in its
-    epilogue (kernels/push_reduce.py); None where it does not (the caller all-reduces)."""
+def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor | None:
+    """x [1, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
+    launch, where the dispatcher runs the product on the one-row FMA path (the all-reduce then runs in
+    its epilogue: kernels/push_reduce.py); None where it does not (the caller all-reduces)."""
     if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1:
         return None
-    if not (_triton_ok(x, w, None) and push.fits(1, w.shape[0], x.dtype)
+    if not (_triton_ok(x, w, None) and push.fits(w.shape[0], x.dtype)
             and gemv_config.one_row_per_program(select_config(1, *w.shape), 1)):
         return None
     return gemv_triton(x, w, push=push)

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.push_reduce import PushedSum, no_push_args, pulled
 
 __all__ = ["PendingNorm", "rms_norm", "rms_norm_reference", "rms_norm_triton", "add_rms_norm",
            "add_rms_norm_reference", "add_rms_norm_triton"]
@@ -60,14 +59,10 @@ def add_rms_norm_reference(
 
 
 @triton.jit
-def norm_input(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr, PULL_W: tl.constexpr = 0, numel=0):
+def norm_input(x_ptr, res_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr):
     """A tile of the row a norm reads: x, or x + residual added in fp32 and rounded once to x's
-    dtype (what torch does for two bf16/fp16 tensors). PULL_W > 0: x is the sum of the PULL_W
-    partials pushed at x_ptr, numel apart (kernels/push_reduce.pulled)."""
-    if PULL_W > 0:
-        x = pulled(x_ptr, offs, mask, PULL_W, numel)
-    else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    dtype (what torch does for two bf16/fp16 tensors)."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + res.to(tl.float32)).to(x_ptr.dtype.element_ty)
@@ -91,16 +86,14 @@ def apply_norm(x, rstd, w, out_dtype: tl.constexpr):
 
 
 @triton.jit
-def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr,
-               PULL_W: tl.constexpr = 0, numel=0):
+def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexpr, BLOCK_H: tl.constexpr):
     """The norm prologue of a one-row GEMV whose x is the input of an RMSNorm (kernels/gemv.py,
     kernels/qkv_rotary.py): the row's 1/rms from one [BLOCK_H] load of it, the norm kernel's load
     and sum. With a residual, the rounded x + residual (the stream the next layer reads) goes to
-    sum_ptr from the program with write_sum. Call after the wait for x's producer (and, with
-    PULL_W, for the peers' pushes: x_ptr is then the slot's start)."""
+    sum_ptr from the program with write_sum. Call after the wait for x's producer."""
     offs = tl.arange(0, BLOCK_H)
     mask = offs < K
-    row = norm_input(x_ptr, res_ptr, offs, mask, NORM_RES, PULL_W, numel)
+    row = norm_input(x_ptr, res_ptr, offs, mask, NORM_RES)
     if NORM_RES:
         if write_sum:
             tl.store(sum_ptr + offs, row, mask=mask)
@@ -108,11 +101,10 @@ def norm_stats(x_ptr, res_ptr, sum_ptr, K, eps, write_sum, NORM_RES: tl.constexp
 
 
 @triton.jit
-def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr, PULL_W: tl.constexpr = 0,
-                numel=0):
+def normed_tile(x_ptr, res_ptr, g, k, offs_k, kmask, rstd, NORM_RES: tl.constexpr):
     """Columns k + offs_k of the normalised row with norm weights g: what the norm kernel would
     have stored there, bit for bit, given the same rstd."""
-    xt = norm_input(x_ptr + k, res_ptr + k, offs_k, kmask, NORM_RES, PULL_W, numel)
+    xt = norm_input(x_ptr + k, res_ptr + k, offs_k, kmask, NORM_RES)
     return apply_norm(xt, rstd, g, x_ptr.dtype.element_ty)
 
 
@@ -237,20 +229,12 @@ class PendingNorm:
     `stream` is afterwards x + residual (x itself without a residual): what the next norm adds to.
     """
 
-    def __init__(self, x, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-        """x: a tensor, or the PushedSum of a row-parallel projection (kernels/push_reduce.py), which
-        a fused consumer adds up in its prologue; `x` is then its `like`, and `pushed` the sum."""
-        self.pushed = x if isinstance(x, PushedSum) else None
-        if self.pushed is not None and residual is None:  # the stream is the sum itself
-            x, self.pushed = x.materialize(), None
-        x = x.like if self.pushed is not None else x
+    def __init__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
         self.x, self.residual, self.weight, self.eps = x, residual, weight, eps
         self.stream = x if residual is None else None
 
     def materialize(self) -> torch.Tensor:
         """The norm's output as its own launch (the reference on CPU)."""
-        if self.pushed is not None:
-            self.x, self.pushed = self.pushed.materialize(), None
         if self.residual is None:
             return rms_norm(self.x, self.weight, self.eps)
         h, self.stream = add_rms_norm(self.x, self.residual, self.weight, self.eps)
@@ -273,10 +257,3 @@ class PendingNorm:
             return self.x, self.weight, self.x, float(self.eps), False
         self.stream = torch.empty_like(self.x)
         return self.residual, self.weight, self.stream, float(self.eps), True
-
-    def pull_args(self) -> tuple[tuple, int]:
-        """(the five push arguments, PULL_W) for a kernel with the norm prologue: the peers' count
-        and buffers when x is pushed (kernels/push_reduce.py), else placeholders and 0."""
-        if self.pushed is None:
-            return no_push_args(self.x), 0
-        return self.pushed.target.kernel_args(), self.pushed.target.world

@@ -38,7 +38,6 @@ from graphrt.kernels.gemv import (
 from graphrt.kernels.gemv_config import dot_rotary_config
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.push_reduce import no_push_args
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
 __all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
@@ -78,7 +77,6 @@ def _qkv_rotary_kernel(
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
     sum_ptr,  # [M, K] out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
-    tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel,  # the push buffers (PULL_W only; tab_ptr unused)
     M,  # tokens: program (tile, token) = divmod(pid, M)
     K,
     max_positions,
@@ -96,7 +94,6 @@ def _qkv_rotary_kernel(
     NORM: tl.constexpr = False,  # x is the input of an RMSNorm (g_ptr, eps), applied in the prologue
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
-    PULL_W: tl.constexpr = 0,  # NORM, M = 1: x is the sum the W ranks pushed (kernels/push_reduce.py)
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
@@ -128,9 +125,8 @@ def _qkv_rotary_kernel(
     w1_ptrs = w_ptr + r1.to(tl.int64)[:, None] * K + offs_k[None, :]
     # Both halves of a pair as the gated GEMV's gate and up tiles: each sums as the M = 1 GEMV does.
     a1, _, _, _, a2 = _fma_k_loop(w1_ptrs, w1_ptrs + HALF * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, 0,
-                                  (K // BLOCK_K) * BLOCK_K, K, K, 0, offs_k, tile, flags_ptr, seq_ptr, tp_rank,
-                                  tp_numel, BLOCK_N, BLOCK_K, 1, REDUCE_EACH, True, NORM, NORM_RES, BLOCK_H, USE_PDL,
-                                  PULL_W)
+                                  (K // BLOCK_K) * BLOCK_K, K, K, 0, offs_k, tile, BLOCK_N, BLOCK_K, 1, REDUCE_EACH,
+                                  True, NORM, NORM_RES, BLOCK_H, USE_PDL)
     y1 = _fma_final(a1, REDUCE_EACH)
     y2 = _fma_final(a2, REDUCE_EACH)
     if HAS_BIAS:
@@ -307,17 +303,16 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
         return q_out
     block_n = cfg["block_n"]
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
-    tp_args, pull_w = norm.pull_args() if norm is not None else (no_push_args(x), 0)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
         x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
-        res, g, stream, eps, *tp_args, m, x.shape[1], cos.shape[0], num_blocks * page,
+        res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
         BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
         HAS_BIAS=bias is not None, USE_PDL=pdl, NORM=norm is not None, NORM_RES=has_res,
-        BLOCK_H=triton.next_power_of_2(x.shape[1]), PULL_W=pull_w, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(pdl),
+        BLOCK_H=triton.next_power_of_2(x.shape[1]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **pdl_launch(pdl),
     )  # fmt: skip
     return q_out
 

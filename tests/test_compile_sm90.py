@@ -74,18 +74,10 @@ CASES = {
                                 BLOCK_M=16, HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=4)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
     "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
-    # tensor parallelism at one token: the row-parallel GEMV pushes its result to the ranks, the
-    # next one adds the pushes up in its norm prologue (kernels/push_reduce.py)
+    # tensor parallelism at one token: the row-parallel GEMV sums its result over the ranks in its
+    # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),
                              dict(num_warps=4, num_stages=1)),
-    "gemv-fma-m1-gated-norm-pull-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(
-        GATED=True, NORM=True, NORM_RES=True, BLOCK_H=4096, PULL_W=2), dict(num_warps=4, num_stages=1)),
-    "qkv-rotary-m1-norm-pull-pdl": ("qkv_rotary", "_qkv_rotary_kernel", _ROTARY | _PUSH, dict(
-        NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=2, BLOCK_K=2048, REDUCE_EACH=True,
-        HAS_BIAS=False, USE_PDL=True, NORM=True, NORM_RES=True, BLOCK_H=4096, PULL_W=4),
-        dict(num_warps=4, num_stages=1)),
-    "pushed-sum-pdl": ("push_reduce", "_pushed_sum_kernel", _PUSH, dict(W=2, BLOCK=1024, USE_PDL=True),
-                       dict(num_warps=4)),
     "gemv-fma-m2-split": _gemv_fma(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
                                    FUSED=True, RED_M=2, USE_PDL=False),
     "gemv-dot-m16-pdl": _gemv_dot(BLOCK_K=256, SPLIT=True, FUSED=True),

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm
-from graphrt.kernels.push_reduce import settled
 from graphrt.kernels.vocab_parallel import vocab_shard
 from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary
 
@@ -63,7 +62,6 @@ class DecoderLM:
             x, residual, entering = layer.forward_residual(x, residual, positions, meta, kv.k[i], kv.v[i])
             if i in self.aux_layer_ids:
                 streams[i] = entering
-        x = settled(x)
         if residual is None:
             streams[len(self.layers)] = x
             hidden = rms_norm(x, self.norm, self.cfg.rms_norm_eps)

@@ -26,7 +26,6 @@ import torch
 from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_pushed, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm
-from graphrt.kernels.push_reduce import settled
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 
 
@@ -115,12 +114,12 @@ class AttentionBlock:
 
 def row_parallel(x, w, tp):
     """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: at one token
-    a step, pushed from the GEMV's epilogue (a PushedSum: kernels/push_reduce.py), which the next
-    norm's consumer adds up; otherwise the product, then an all-reduce."""
+    a step in the GEMV's own launch (kernels/push_reduce.py), otherwise the product, then an
+    all-reduce."""
     if tp is None:
         return linear(x, w)
-    pushed = linear_pushed(x, w, tp.push)
-    return pushed if pushed is not None else tp.all_reduce(linear(x, w))
+    y = linear_pushed(x, w, tp.push)
+    return y if y is not None else tp.all_reduce(linear(x, w))
 
 
 class GatedMLP:
@@ -130,8 +129,7 @@ class GatedMLP:
         self.tp = tp
 
     def __call__(self, x):
-        """x: [N, H], or the PendingNorm that produces it. Under tensor parallelism the result may be
-        a PushedSum (row_parallel)."""
+        """x: [N, H], or the PendingNorm that produces it."""
         return row_parallel(linear_silu_mul(x, self.gate_up), self.down, self.tp)
 
 
@@ -149,21 +147,20 @@ class DecoderLayer:
     def __call__(self, x, positions, meta, k_cache, v_cache):
         """x: [N, H] residual stream in; returns the residual stream out."""
         out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
-        return residual + settled(out)
+        return residual + out
 
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
         when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it, and
         the stream entering it (the sum the input norm formed anyway: what an EAGLE-3 head's aux
-        states are, without an add launch of their own). Under tensor parallelism x and mlp_out may
-        be PushedSums (row_parallel), which the next norm adds up.
+        states are, without an add launch of their own).
         Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
         each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
         prologue (kernels/norm.PendingNorm), which saves the norm's launch too."""
         if self.input_norm is not None:
             h = PendingNorm(x, residual, self.input_norm, self.eps)
         else:
-            h = settled(x) if residual is None else residual + settled(x)
+            h = x if residual is None else residual + x
         attn_out = self.attn(h, positions, meta, k_cache, v_cache)
         entering = h.stream if isinstance(h, PendingNorm) else h
         h = PendingNorm(attn_out, entering, self.post_norm, self.eps)

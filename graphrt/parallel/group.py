@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from graphrt.errors import ConfigMismatchError, ParallelError
-from graphrt.kernels.push_reduce import PushTarget
+from graphrt.kernels.push_reduce import GROUP, PushTarget
 
 
 class _OneShotAllReduce:
@@ -55,14 +55,15 @@ def _push_target(group, rank: int, world: int, device, dtype, numel: int) -> Pus
     import torch.distributed._symmetric_memory as symm_mem
 
     numel = -(-numel // 64) * 64  # every slot 128-byte aligned
+    groups = -(-numel // GROUP.value)
     data = symm_mem.empty(2 * world * numel, dtype=dtype, device=device)
-    flags = symm_mem.empty(2 * world, dtype=torch.int32, device=device)
+    flags = symm_mem.empty(2 * world * groups, dtype=torch.int32, device=device)
     ptrs = [symm_mem.rendezvous(t, group.group_name).buffer_ptrs for t in (data, flags)]
     flags.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(group=group)
     table = torch.tensor(list(ptrs[0]) + list(ptrs[1]), dtype=torch.int64, device=device)
-    return PushTarget(data.view(2, world, numel), flags.view(2, world), table,
+    return PushTarget(data.view(2, world, numel), flags.view(2, world, groups), table,
                       torch.zeros(1, dtype=torch.int32, device=device), rank, world)
 
 
@@ -85,7 +86,7 @@ class TensorParallel:
     def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
         (_OneShotAllReduce), and one-token row-parallel products of up to `hidden` outputs through
-        the GEMV's push (kernels/push_reduce.py), where the GPUs and torch allow, unless
+        the GEMV's own launch (kernels/push_reduce.py), where the GPUs and torch allow, unless
         GRAPHRT_ALLREDUCE=nccl. Returns the path taken, "push + one-shot" or "nccl" (with the
         reason)."""
         if device.type != "cuda" or os.environ.get("GRAPHRT_ALLREDUCE", "auto") == "nccl":
