@@ -48,7 +48,7 @@ from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_counters, push_reduce_row
+from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_reduce_row
 
 __all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config",
            "row_fma_config", "ROWS_MAX_M"]
@@ -287,7 +287,7 @@ def _gemv_kernel(
     g_ptr,  # [K] norm weight, x's dtype (NORM only)
     sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
-    tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel,  # the push buffers (PUSH_W only)
+    tab_ptr, seq_ptr, tp_rank, tp_words,  # the push buffers (PUSH_W only)
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -366,7 +366,7 @@ def _gemv_kernel(
                                               _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
         elif PUSH_W > 0:
             push_reduce_row(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), pid_n, BLOCK_N, N, y_ptr,
-                            ctr_ptr, tab_ptr, flags_ptr, seq_ptr, tp_rank, tp_numel, PUSH_W)
+                            tab_ptr, seq_ptr, tp_rank, tp_words, PUSH_W)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -540,7 +540,7 @@ def gemv_triton(
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
     if push is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None
-                             or not push.fits(n, x.dtype)):
+                             or not push.fits(n, block_n, x.dtype)):
         raise ValueError(f"push= takes one row on the unsplit FMA path, no bias or gate, and a product the push "
                          f"buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
 
@@ -560,7 +560,7 @@ def gemv_triton(
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     tp_args = no_push_args(x)
     if push is not None:
-        tp_args, ctr = push.kernel_args(), push_counters(x.device, tiles)
+        tp_args = push.kernel_args()
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
@@ -629,8 +629,8 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
     its epilogue: kernels/push_reduce.py); None where it does not (the caller all-reduces)."""
     if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1:
         return None
-    if not (_triton_ok(x, w, None) and push.fits(w.shape[0], x.dtype)
-            and gemv_config.one_row_per_program(select_config(1, *w.shape), 1)):
+    cfg = select_config(1, *w.shape) if _triton_ok(x, w, None) else None
+    if not (gemv_config.one_row_per_program(cfg, 1) and push.fits(w.shape[0], cfg["block_n"], x.dtype)):
         return None
     return gemv_triton(x, w, push=push)
 

@@ -35,7 +35,7 @@ _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i6
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
               smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", emit_ptr="*i64",
               nemit_ptr="*i32", last_out_ptr="*i64", base_add="i64")
-_PUSH = dict(tab_ptr="*i64", flags_ptr="*i32", seq_ptr="*i32")
+_PUSH = dict(tab_ptr="*i64", seq_ptr="*i32")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
               DOT_PRECISION="tf32", UPCAST_DOT=False)

@@ -13,11 +13,38 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from graphrt.kernels.push_reduce import _pack, _unpack
 
 from graphrt.parallel.launch import run_ranks
 from tests.seeds import fresh_seed
 
-pytestmark = pytest.mark.gpu
+
+@triton.jit
+def _round_trip_kernel(x_ptr, s_ptr, word_ptr, y_ptr, BLOCK: tl.constexpr):
+    vals = tl.load(x_ptr + tl.arange(0, BLOCK))
+    words = _pack(vals, tl.load(s_ptr + tl.arange(0, BLOCK // 2)))
+    tl.store(word_ptr + tl.arange(0, BLOCK // 2), words)
+    tl.store(y_ptr + tl.arange(0, BLOCK), _unpack(words, vals.dtype).to(vals.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_words_carry_two_outputs_and_the_number(dtype):
+    """The LL words: every 16-bit pattern (negative values, infinities, NaN) comes back bit for bit,
+    and the number sits whole in the high half whatever the outputs' sign bits."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    bits = torch.randint(-(2**15), 2**15, (64,), generator=gen, dtype=torch.int16)
+    bits[:4] = torch.tensor([-1, -(2**15), 2**15 - 1, 0], dtype=torch.int16)
+    x = bits.view(dtype)
+    s = torch.randint(1, 2**31 - 1, (32,), generator=gen, dtype=torch.int32)
+    words = torch.empty(32, dtype=torch.int64)
+    y = torch.empty_like(x)
+    _round_trip_kernel[(1,)](x, s, words, y, BLOCK=64)
+    assert torch.equal(y.view(torch.int16), bits)
+    assert torch.equal((words >> 32).to(torch.int32), s)
+    low = (bits.to(torch.int64) & 0xFFFF).view(32, 2)
+    assert torch.equal(words & 0xFFFFFFFF, low[:, 0] | (low[:, 1] << 16))
 
 
 def _layer_chain(v, a, b, res, g, push, steps):
@@ -129,7 +156,8 @@ def _two_gpus():
         pytest.skip("needs 2 GPUs")
 
 
-def test_pushed_sum_and_fused_consumer_match_nccl(tmp_path):
+@pytest.mark.gpu
+def test_pushed_sum_matches_nccl_in_chains_and_graph_replays(tmp_path):
     _two_gpus()
     seed = fresh_seed()
     assert run_ranks(2, _kernel_worker, str(tmp_path), seed, quiet=False, timeout_s=240) == 0
@@ -138,6 +166,7 @@ def test_pushed_sum_and_fused_consumer_match_nccl(tmp_path):
         assert not fails, f"seed {seed} rank {r}: {fails}"
 
 
+@pytest.mark.gpu
 def test_runtime_that_pushes_decodes_as_nccl(tmp_path):
     _two_gpus()
     assert run_ranks(2, _runtime_worker, str(tmp_path), quiet=False, timeout_s=300) == 0

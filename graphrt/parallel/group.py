@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from graphrt.errors import ConfigMismatchError, ParallelError
-from graphrt.kernels.push_reduce import GROUP, PushTarget
+from graphrt.kernels.push_reduce import PushTarget
 
 
 class _OneShotAllReduce:
@@ -50,21 +50,18 @@ class _OneShotAllReduce:
 
 
 def _push_target(group, rank: int, world: int, device, dtype, numel: int) -> PushTarget:
-    """Collective: the push buffers of kernels/push_reduce.py in symmetric memory, flags zeroed on
-    every rank before any rank may push."""
+    """Collective: the push buffers of kernels/push_reduce.py (data in symmetric memory, zeroed on
+    every rank before any rank may push) for one-row products of up to numel outputs."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    numel = -(-numel // 64) * 64  # every slot 128-byte aligned
-    groups = -(-numel // GROUP.value)
-    data = symm_mem.empty(2 * world * numel, dtype=dtype, device=device)
-    flags = symm_mem.empty(2 * world * groups, dtype=torch.int32, device=device)
-    ptrs = [symm_mem.rendezvous(t, group.group_name).buffer_ptrs for t in (data, flags)]
-    flags.zero_()
+    words = -(-numel // 32) * 16  # two outputs a word; every slot 128-byte aligned
+    data = symm_mem.empty(2 * world * words, dtype=torch.int64, device=device)
+    table = torch.tensor(symm_mem.rendezvous(data, group.group_name).buffer_ptrs, dtype=torch.int64, device=device)
+    data.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(group=group)
-    table = torch.tensor(list(ptrs[0]) + list(ptrs[1]), dtype=torch.int64, device=device)
-    return PushTarget(data.view(2, world, numel), flags.view(2, world, groups), table,
-                      torch.zeros(1, dtype=torch.int32, device=device), rank, world)
+    return PushTarget(data.view(2, world, words), table, torch.zeros(words, dtype=torch.int32, device=device),
+                      rank, world, dtype)
 
 
 @dataclass

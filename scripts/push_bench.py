@@ -1,0 +1,86 @@
+"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py) against the GEMV
+followed by torch's symmetric-memory one-shot all-reduce, and against no all-reduce at all, in a
+chain shaped like decode at batch 1: 32 x (row-parallel [H, I] GEMV, all-reduce, column-parallel
+[I, H] GEMV), captured in one CUDA graph, replayed. Run: torchrun --nproc-per-node N
+scripts/push_bench.py [--hidden H] [--inner I] [--out FILE]."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from graphrt.kernels.gemv import gemv_triton
+
+from graphrt.parallel.group import init_tensor_parallel
+
+
+def timed(fn, iters=20):
+    """us per replay of a graph of fn()."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--inner", type=int, default=7168)  # llama-8b-shape's MLP at TP = 2
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    tp = init_tensor_parallel()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    h, i = args.hidden, args.inner
+    tp.use_one_shot(dev, torch.bfloat16, 64 * h, h)
+    gen = torch.Generator(device=dev).manual_seed(tp.rank)
+    mk = lambda n, k: (torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(torch.bfloat16)  # noqa: E731
+    # one matrix pair per layer, so the chain reads the weights from DRAM as decode does
+    down = [mk(h, i) for _ in range(args.layers)]
+    up = [mk(i, h) for _ in range(args.layers)]
+    v0 = torch.randn(1, i, device=dev, generator=gen).to(torch.bfloat16)
+
+    def chain(reduce):
+        v = v0
+        for a, b in zip(down, up):
+            v = gemv_triton(reduce(v, a), b)
+        return v
+
+    rows = {
+        "no all-reduce": lambda v, a: gemv_triton(v, a),
+        "GEMV + one-shot all-reduce": lambda v, a: tp.one_shot(gemv_triton(v, a)),
+        "GEMV with the all-reduce inside": lambda v, a: gemv_triton(v, a, push=tp.push),
+    }
+    res = {}
+    for name, fn in rows.items():
+        res[name] = timed(lambda fn=fn: chain(fn)) / args.layers
+    if tp.rank == 0:
+        print(f"us per layer ({args.layers} layers of [{h}, {i}] + [{i}, {h}] GEMVs, {tp.world_size} ranks):")
+        for name, us in res.items():
+            print(f"  {name:34s} {us:8.2f}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
