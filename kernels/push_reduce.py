@@ -6,21 +6,23 @@ each (8 KB on llama-8b-shape). As a kernel of its own, an all-reduce costs its l
 across the GPUs and, being torch's, a break in the programmatic-dependent-launch chain
 (kernels/pdl.py) on both sides: about 9 us a layer on two H100s (scripts/push_bench.py).
 
-Here each program of the GEMV, once it has its outputs, sends them to every peer as 8-byte words
-that carry two bf16/fp16 outputs and a sequence number (NCCL's LL protocol: one store is atomic, so
-the number arriving means the data has arrived, and no fence or flag is needed). It then reads the
-peers' words for the same outputs from its own buffer until their numbers match, adds the W
-partials in rank order in fp32 (rounded once: the same bits on every rank) and stores the sum to y.
-Every program waits only for the program with the same id on each peer; the GPUs start programs
-in id order, so the lowest unfinished id is running on every rank and nothing can wait forever.
+Here each program of the GEMV, once it has its outputs, stores them to every rank (its own
+included) as 8-byte words that carry two bf16/fp16 outputs and a sequence number (NCCL's LL
+protocol: one store is atomic, so the number arriving means the data has arrived, and no fence,
+flag or counter is needed), and leaves. The last program of each group of GROUP reads the group's
+words from its own buffer until every rank's numbers match, adds the W partials in rank order in
+fp32 (rounded once: the same bits on every rank) and stores the sum to y. Only those programs wait,
+and only for programs that never wait; the others free their slots at once, where the next launch
+(PDL) starts streaming its weights.
 
 Buffers (graphrt/parallel/group.py makes them; data in symmetric memory): on each rank,
 data [2, W, words] int64 (slot, source rank, word; a word is outputs 2w and 2w + 1) and seq [words]
 int32, how many pushes have covered each word, the same count on every rank (they run the same
-launches). The k-th push over word w uses slot k % 2 and number k. A rank writes a slot's word
-again only at push k + 2, inside a launch that began after its push k + 1 had read every peer's
-word k + 1, which each peer wrote after its push k, the last reader of that slot, had finished
-(a launch's programs write only after the wait for the launch before, under PDL too).
+launches); a group's last program advances it after its reads. The k-th push over word w uses
+slot k % 2 and number k. A rank writes a slot's word again only at push k + 2, inside a launch that
+began after its push k + 1 had read every rank's word k + 1, which each peer wrote after its push k,
+the last reader of that slot, had finished (a launch's programs write only after the wait for the
+launch before, under PDL too).
 
 CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 """
@@ -34,6 +36,8 @@ import triton
 import triton.language as tl
 
 __all__ = ["PushTarget", "push_reduce_row", "no_push_args"]
+
+GROUP = tl.constexpr(64)  # programs whose outputs one program adds up
 
 
 @dataclass
@@ -82,33 +86,42 @@ def _unpack(words, dtype: tl.constexpr):
 
 
 @triton.jit
+def _gather(mine, slot, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
+    """Rank r's partial of words w, from this rank's buffer, once they carry their numbers s, as fp32."""
+    src = mine + (slot * W + r) * words + w
+    got = tl.load(src, mask=wmask, other=0, volatile=True)
+    while tl.max((((got >> 32).to(tl.int32) != s) & wmask).to(tl.int32), axis=0) > 0:
+        got = tl.load(src, mask=wmask, other=0, volatile=True)
+    return _unpack(got, dtype)
+
+
+@triton.jit
 def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr, rank, words,
                     W: tl.constexpr):
     """The epilogue of program pid of a one-row product: vals [BLOCK_N] (y's dtype, BLOCK_N even)
     are outputs pid * BLOCK_N + arange(BLOCK_N) of this rank's partial (n even); y_ptr [n] gets
-    their sum over the W ranks. Call after the wait for the launch before (seq is settled then)."""
+    their sum over the W ranks. Call after the wait for the launch before (seq is settled then).
+
+    Every program stores its words to every rank, its own included, and leaves; the last program
+    of each GROUP waits for the group's words from every rank, adds them in rank order and stores
+    the sum. The others' slots are free at once for the next launch's weight prefetch (PDL), and
+    the only programs that wait, wait for programs that never do."""
     HALF: tl.constexpr = BLOCK_N // 2
     w = pid * HALF + tl.arange(0, HALF)
-    wmask = w * 2 < n
-    s = tl.load(seq_ptr + w, mask=wmask, other=0) + 1
-    slot = s % 2
+    s = tl.load(seq_ptr + w, mask=w * 2 < n, other=0) + 1
     word = _pack(vals, s)
     for r in tl.static_range(W):
-        if r != rank:
-            peer = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
-            tl.store(peer + (slot * W + rank) * words + w, word, mask=wmask)
-    mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for r in tl.static_range(W):  # rank order, fp32: every rank the same bits
-        if r == rank:
-            part = vals.to(tl.float32)
-        else:
-            src = mine + (slot * W + r) * words + w
-            got = tl.load(src, mask=wmask, other=0, volatile=True)
-            while tl.max((((got >> 32).to(tl.int32) != s) & wmask).to(tl.int32), axis=0) > 0:
-                got = tl.load(src, mask=wmask, other=0, volatile=True)
-            part = _unpack(got, vals.dtype)
-        acc += part
-    offs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
-    tl.store(seq_ptr + w, s, mask=wmask)
+        base = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
+        tl.store(base + ((s % 2) * W + rank) * words + w, word, mask=w * 2 < n)
+    group = pid // GROUP
+    if pid == tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1:
+        gw = group * (GROUP * HALF) + tl.arange(0, GROUP * HALF)
+        gmask = gw * 2 < n
+        gs = tl.load(seq_ptr + gw, mask=gmask, other=0) + 1
+        mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
+        acc = tl.zeros([GROUP * BLOCK_N], tl.float32)
+        for r in tl.static_range(W):  # rank order, fp32: every rank the same bits
+            acc += _gather(mine, gs % 2, r, W, words, gw, gmask, gs, vals.dtype)
+        offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
+        tl.store(seq_ptr + gw, gs, mask=gmask)
