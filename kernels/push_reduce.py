@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,7 @@ import triton.language as tl
 __all__ = ["PushTarget", "push_reduce_row", "no_push_args"]
 
 GROUP = tl.constexpr(64)  # programs whose outputs one program adds up
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @dataclass
@@ -86,6 +89,20 @@ def _unpack(words, dtype: tl.constexpr):
 
 
 @triton.jit
+def _store_word(ptrs, words, mask):
+    """st.relaxed.sys of int64 words where mask: a strong store, so that a reader's volatile load
+    sees each word whole (a weak store racing with it gives no such promise). Under the
+    interpreter, a plain store."""
+    if _INTERPRETED:
+        tl.store(ptrs, words, mask=mask)
+    else:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.relaxed.sys.global.b64 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,l,r", [ptrs.to(tl.int64, bitcast=True), words, mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+
+@triton.jit
 def _gather(mine, slot, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
     """Rank r's partial of words w, from this rank's buffer, once they carry their numbers s, as fp32."""
     src = mine + (slot * W + r) * words + w
@@ -112,7 +129,7 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
     word = _pack(vals, s)
     for r in tl.static_range(W):
         base = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
-        tl.store(base + ((s % 2) * W + rank) * words + w, word, mask=w * 2 < n)
+        _store_word(base + ((s % 2) * W + rank) * words + w, word, w * 2 < n)
     group = pid // GROUP
     if pid == tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1:
         gw = group * (GROUP * HALF) + tl.arange(0, GROUP * HALF)
