@@ -29,9 +29,8 @@ CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
