@@ -124,7 +124,7 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
     the only programs that wait, wait for programs that never do."""
     HALF: tl.constexpr = BLOCK_N // 2
     w = pid * HALF + tl.arange(0, HALF)
-    s = tl.load(seq_ptr + w, mask=w * 2 < n, other=0) + 1
+    s = tl.load(seq_ptr + w, mask=w * 2 < n, other=0, cache_modifier=".cg") + 1
     word = _pack(vals, s)
     for r in tl.static_range(W):
         base = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
@@ -133,7 +133,7 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
     if pid == tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1:
         gw = group * (GROUP * HALF) + tl.arange(0, GROUP * HALF)
         gmask = gw * 2 < n
-        gs = tl.load(seq_ptr + gw, mask=gmask, other=0) + 1
+        gs = tl.load(seq_ptr + gw, mask=gmask, other=0, cache_modifier=".cg") + 1
         mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
         acc = tl.zeros([GROUP * BLOCK_N], tl.float32)
         for r in tl.static_range(W):  # rank order, fp32: every rank the same bits

@@ -4,8 +4,9 @@
 #   bash scripts/tp_check.sh [step ...]
 # Steps: tests (NCCL + graphs against one GPU), bench (llama-8b-shape, TP = 1 then TP = N in the same
 # call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), ab (TP = N plain decode with the
-# one-shot symmetric-memory all-reduce against NCCL's), b70 (llama-70b-shape's first 10 layers: plain
-# and EAGLE-3 at simulated L = 3), profile (kernel time per phase by family, communication included,
+# one-shot symmetric-memory all-reduce and the all-reduce inside the GEMV against NCCL's), push
+# (scripts/push_bench.py's GEMV chain: the all-reduce inside the GEMV, after it, and none), b70
+# (llama-70b-shape's first 10 layers: plain and EAGLE-3 at simulated L = 3), profile (kernel time per phase by family, communication included,
 # at TP = N), sampler (vocab-parallel sampler and argmax against all-gather + the one-GPU kernels).
 # Default: all.
 # TP=N sets the ranks (default: every GPU, at most 4).
@@ -15,7 +16,7 @@ mkdir -p "$OUT"
 export GRAPHRT_CACHE=${GRAPHRT_CACHE:-/tmp/graphrt-cache}
 ngpu=$(nvidia-smi -L | wc -l)
 TP=${TP:-$(( ngpu < 4 ? ngpu : 4 ))}
-steps=${*:-tests bench ab b70 profile sampler}
+steps=${*:-tests push bench ab b70 profile sampler}
 {
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -29,7 +30,7 @@ for step in $steps; do
   case $step in
     # one file at a time, each with a deadline inside the call's 10 minutes: a cold Triton cache
     # makes each take minutes, and a hang must not take the other's output with it
-    tests)   for f in tests/test_tensor_parallel.py tests/test_vocab_parallel.py; do
+    tests)   for f in tests/test_push_reduce.py tests/test_tensor_parallel.py tests/test_vocab_parallel.py; do
                # -s: the ranks' progress and, past a deadline, their stacks reach the log as they happen
                timeout 330 python3 -m pytest -q -s -x -m gpu -p no:cacheprovider "$f" 2>&1 | log | tail -30
              done ;;
@@ -37,7 +38,7 @@ for step in $steps; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
              done ;;
-    ab)      for ar in nccl auto; do
+    ab)      for ar in nccl auto push; do
                GRAPHRT_ALLREDUCE=$ar python3 -m graphrt bench --preset llama-8b-shape --no-draft --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$TP" 2>&1 | grep '^plain-graphs ' | sed "s/^/allreduce=$ar /" | log
              done ;;
@@ -51,6 +52,7 @@ for step in $steps; do
                python3 -m graphrt profile --preset llama-8b-shape $d --batch-sizes 1,8,64 --tp "$TP" \
                  --json "$OUT/profile_tp${TP}_$(echo $d | tr -dc a-z0-9).json" 2>&1 | log | tail -60
              done ;;
+    push)    torchrun --nproc-per-node "$TP" scripts/push_bench.py --out "$OUT/push_tp$TP.json" 2>&1 | log | tail -6 ;;
     sampler) torchrun --nproc-per-node "$TP" scripts/bench_vocab_parallel.py --out "$OUT/sampler_tp$TP.json" 2>&1 \
                | log | tail -30 ;;
     *) echo "unknown step $step" | log ;;

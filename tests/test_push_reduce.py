@@ -1,11 +1,14 @@
-"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py), on 2 GPUs.
+"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py).
 
-At 2 ranks the sum of two bf16 partials rounded once is the same bits whichever way it is taken,
-so the GEMV's sum must equal NCCL's all-reduce of its partial exactly, and a runtime that pushes
-must decode the same tokens as one that all-reduces through NCCL. A chain of layer-like pairs
-(pushing GEMV, then a GEMV with the norm prologue) replayed in a CUDA graph many times catches a
-slot reused too early or a flag read too soon: either gives wrong values (or a hang, which the
-timeout turns into a failure)."""
+- CPU (interpreter): the LL words' packing; two ranks simulated in one process (rank 1's words
+  written into rank 0's buffer by the test).
+- one GPU: one rank in a CUDA graph replayed many times, against the GEMV without the push.
+- two GPUs: at 2 ranks the sum of two bf16 partials rounded once is the same bits whichever way it
+  is taken, so the GEMV's sum must equal NCCL's all-reduce of its partial exactly, and a runtime
+  that pushes must decode the same tokens as one that all-reduces through NCCL. A chain of
+  layer-like pairs (pushing GEMV, then a GEMV with the norm prologue) replayed in a CUDA graph many
+  times catches a slot reused too early or a word read too soon: either gives wrong values (or a
+  hang, which the timeout turns into a failure)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.push_reduce import _pack, _unpack
+from graphrt.kernels.gemv import gemv_triton
+from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack
 
 from graphrt.parallel.launch import run_ranks
 from tests.seeds import fresh_seed
@@ -31,26 +35,88 @@ def _round_trip_kernel(x_ptr, s_ptr, word_ptr, y_ptr, BLOCK: tl.constexpr):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_words_carry_two_outputs_and_the_number(dtype):
-    """The LL words: every 16-bit pattern (negative values, infinities, NaN) comes back bit for bit,
+    """The LL words: outputs of either sign, zeros and infinities come back bit for bit, NaN as NaN,
     and the number sits whole in the high half whatever the outputs' sign bits."""
     gen = torch.Generator().manual_seed(fresh_seed())
-    bits = torch.randint(-(2**15), 2**15, (64,), generator=gen, dtype=torch.int16)
-    bits[:4] = torch.tensor([-1, -(2**15), 2**15 - 1, 0], dtype=torch.int16)
-    x = bits.view(dtype)
+    x = (torch.randn(64, generator=gen) * torch.logspace(-4, 4, 64)).to(dtype)
+    x[:6] = torch.tensor([-0.0, 0.0, float("inf"), -float("inf"), float("nan"), -1.0])
+    bits = x.view(torch.int16)
     s = torch.randint(1, 2**31 - 1, (32,), generator=gen, dtype=torch.int32)
     words = torch.empty(32, dtype=torch.int64)
     y = torch.empty_like(x)
     _round_trip_kernel[(1,)](x, s, words, y, BLOCK=64)
-    assert torch.equal(y.view(torch.int16), bits)
+    nan = x.isnan()  # NaN payloads do not survive the fp32 the sum is taken in
+    assert torch.equal(y.view(torch.int16)[~nan], bits[~nan]) and y[nan].isnan().all()
     assert torch.equal((words >> 32).to(torch.int32), s)
     low = (bits.to(torch.int64) & 0xFFFF).view(32, 2)
     assert torch.equal(words & 0xFFFFFFFF, low[:, 0] | (low[:, 1] << 16))
 
 
+def _local_target(world, words, device, dtype=torch.bfloat16):
+    """A PushTarget whose W ranks' buffers all live in this process (rank 0 is this one): what the
+    others 'pushed' is whatever the test writes into buffer 0."""
+    data = [torch.zeros(2, world, words, dtype=torch.int64, device=device) for _ in range(world)]
+    table = torch.tensor([d.data_ptr() for d in data], dtype=torch.int64, device=device)
+    return PushTarget(data[0], table, torch.zeros(words, dtype=torch.int32, device=device), 0, world, dtype), data
+
+
+def test_push_in_one_process_sums_and_sends_words():
+    """Two ranks simulated in one process (interpreter on CPU): rank 1's words already sit in rank
+    0's buffer as +0.0, so rank 0's sum is its own product bit for bit; rank 0's words reach rank
+    1's buffer with number 1, and every word's count moves to 1."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, k = 256, 96
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).to(device)
+    target, data = _local_target(2, n // 2, device)
+    data[0][1, 1] = 1 << 32  # rank 1's push 1: number 1, outputs +0.0
+    y = gemv_triton(x, w, push=target)
+    plain = gemv_triton(x, w)
+    assert torch.equal(y, plain)
+    sent = data[1][1, 0]
+    assert torch.equal((sent >> 32).cpu(), torch.ones(n // 2, dtype=torch.int64))
+    low = plain.view(-1).view(torch.int16).to(torch.int64).cpu() & 0xFFFF
+    assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
+    assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_one_rank_push_in_graph_replays_matches_plain_gemv():
+    """One GPU, one rank (W = 1: the sum is the product itself, bit for bit): a chain of pushing
+    GEMVs and norm-prologue GEMVs replayed in a CUDA graph, under PDL, against the same chain
+    without the push. Every word's count is read and advanced by different programs and launches,
+    so a stale count gives another slot's data, and the comparison catches it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    hidden, inner, steps = 1024, 768, 24
+    target, _ = _local_target(1, hidden // 2, "cuda")
+    bf = torch.bfloat16
+    v = torch.randn(1, inner, device="cuda", generator=gen).to(bf)
+    a = (torch.randn(hidden, inner, device="cuda", generator=gen) / inner**0.5).to(bf)
+    b = (torch.randn(inner, hidden, device="cuda", generator=gen) / hidden**0.5).to(bf)
+    res = torch.randn(1, hidden, device="cuda", generator=gen).to(bf)
+    g = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(bf)
+    want, _ = _layer_chain(v, a, b, res, g, None, steps)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _layer_chain(v, a, b, res, g, target, 2)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = _layer_chain(v, a, b, res, g, target, steps)
+    for i in range(200):
+        graph.replay()
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), f"replay {i}"
+
+
 def _layer_chain(v, a, b, res, g, push, steps):
     """steps x (row-parallel a, summed in its launch; then b with the RMSNorm of sum + res in its
-    prologue)."""
-    from graphrt.kernels.gemv import gemv_triton
+    prologue). push None: the plain product (one rank's reference)."""
     from graphrt.kernels.norm import PendingNorm
 
     streams = []
@@ -88,6 +154,7 @@ def _kernel_worker(out_dir, seed):
     fails = []
     try:
         hidden, inner = 1024, 768
+        os.environ["GRAPHRT_ALLREDUCE"] = "push"
         assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
         bf = torch.bfloat16
@@ -137,7 +204,7 @@ def _runtime_worker(out_dir):
     from tests.helpers import tiny_dir
 
     results = {}
-    for path in ("nccl", "auto"):
+    for path in ("nccl", "push"):
         os.environ["GRAPHRT_ALLREDUCE"] = path
         rt = Runtime.from_pretrained(tiny_dir(), None, tensor_parallel_size=2, device="cuda", dtype=torch.bfloat16,
                                      max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
@@ -172,5 +239,5 @@ def test_runtime_that_pushes_decodes_as_nccl(tmp_path):
     assert run_ranks(2, _runtime_worker, str(tmp_path), quiet=False, timeout_s=300) == 0
     for r in range(2):
         res = torch.load(tmp_path / f"rank{r}.pt")
-        assert res["auto"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
-        assert res["auto"][0] == res["nccl"][0]
+        assert res["push"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
+        assert res["push"][0] == res["nccl"][0]

@@ -82,19 +82,24 @@ class TensorParallel:
 
     def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
-        (_OneShotAllReduce), and one-token row-parallel products of up to `hidden` outputs through
-        the GEMV's own launch (kernels/push_reduce.py), where the GPUs and torch allow, unless
-        GRAPHRT_ALLREDUCE=nccl. Returns the path taken, "push + one-shot" or "nccl" (with the
-        reason)."""
-        if device.type != "cuda" or os.environ.get("GRAPHRT_ALLREDUCE", "auto") == "nccl":
+        (_OneShotAllReduce) where the GPUs and torch allow. GRAPHRT_ALLREDUCE: auto (that), nccl
+        (every all-reduce on NCCL) or push (auto, and one-token row-parallel products of up to
+        `hidden` outputs summed inside the GEMV's own launch: kernels/push_reduce.py; opt-in until
+        its graph-replay test passes on GPUs, RESULTS.md's known limits). Returns the path taken,
+        "one-shot", "push + one-shot" or "nccl" (with the reason)."""
+        mode = os.environ.get("GRAPHRT_ALLREDUCE", "auto")
+        if mode not in ("auto", "nccl", "push"):
+            raise ValueError(f"GRAPHRT_ALLREDUCE must be auto, nccl or push, got {mode!r}")
+        if device.type != "cuda" or mode == "nccl":
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
-            self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
+            if mode == "push":
+                self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
             self.one_shot = self.push = None
             return f"nccl ({type(exc).__name__}: {exc})"
-        return "push + one-shot"
+        return "push + one-shot" if self.push is not None else "one-shot"
 
     def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
         """(first q head, q heads, first kv head, kv heads) of this rank. With fewer KV heads than
