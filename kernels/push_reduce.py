@@ -102,13 +102,28 @@ def _store_word(ptrs, words, mask):
 
 
 @triton.jit
+def _wait_word(ptrs, s, mask):
+    """ptrs' int64 words once their numbers (high halves) read s, where mask (0 elsewhere). Each
+    thread spins on its own words (volatile loads: L2, never a stale L1 line), so no
+    reduction across the program decides when the wait is over."""
+    if _INTERPRETED:
+        got = tl.load(ptrs, mask=mask, other=0)
+        while tl.max((((got >> 32).to(tl.int32) != s) & mask).to(tl.int32), axis=0) > 0:
+            got = tl.load(ptrs, mask=mask, other=0)
+    else:
+        got = tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 lo, hi; mov.b64 $0, 0; setp.eq.b32 p, $3, 0; @p bra DONE${:uid};\n"
+            "LOOP${:uid}: ld.volatile.global.b64 $0, [$1]; mov.b64 {lo, hi}, $0; setp.ne.b32 p, hi, $2;\n"
+            "@p bra LOOP${:uid};\nDONE${:uid}: }",
+            "=l,l,r,r", [ptrs.to(tl.int64, bitcast=True), s, mask.to(tl.int32)], dtype=tl.int64,
+            is_pure=False, pack=1)
+    return got
+
+
+@triton.jit
 def _gather(mine, slot, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
     """Rank r's partial of words w, from this rank's buffer, once they carry their numbers s, as fp32."""
-    src = mine + (slot * W + r) * words + w
-    got = tl.load(src, mask=wmask, other=0, volatile=True)
-    while tl.max((((got >> 32).to(tl.int32) != s) & wmask).to(tl.int32), axis=0) > 0:
-        got = tl.load(src, mask=wmask, other=0, volatile=True)
-    return _unpack(got, dtype)
+    return _unpack(_wait_word(mine + (slot * W + r) * words + w, s, wmask), dtype)
 
 
 @triton.jit
