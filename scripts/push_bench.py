@@ -11,33 +11,10 @@ import json
 import os
 
 import torch
-import torch.distributed as dist
+from allreduce_bench import timed  # scripts/ is sys.path[0] under torchrun
 from graphrt.kernels.gemv import gemv_triton
 
 from graphrt.parallel.group import init_tensor_parallel
-
-
-def timed(fn, iters=20):
-    """us per replay of a graph of fn()."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    dist.barrier()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / iters
 
 
 def main():
@@ -72,7 +49,7 @@ def main():
     }
     res = {}
     for name, fn in rows.items():
-        res[name] = timed(lambda fn=fn: chain(fn)) / args.layers
+        res[name] = timed(lambda fn=fn: chain(fn), reps=1) / args.layers
     if tp.rank == 0:
         print(f"us per layer ({args.layers} layers of [{h}, {i}] + [{i}, {h}] GEMVs, {tp.world_size} ranks):")
         for name, us in res.items():
