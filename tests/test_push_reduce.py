@@ -190,7 +190,10 @@ def _kernel_worker(out_dir, seed):
             if i % 10 == 9:
                 torch.cuda.synchronize()
                 if not torch.equal(out, want) or not torch.equal(out_streams[-1], want_streams[-1]):
-                    fails.append(f"graph replay {i} differs")
+                    # the first pair whose sum + residual differs says where a wrong sum entered
+                    first = next((k for k, (o, w) in enumerate(zip(out_streams, want_streams))
+                                  if not torch.equal(o, w)), None)
+                    fails.append(f"graph replay {i} differs (first at pair {first} of {steps})")
                     break
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
