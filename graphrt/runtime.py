@@ -378,7 +378,7 @@ class Runtime:
                 self.all_reduce_path = self.tp.use_one_shot(self.device, self.target.embed.dtype, numel,
                                                             self.target.cfg.hidden_size)
             else:
-                self.all_reduce_path = "push + one-shot" if self.tp.push is not None else "one-shot"
+                self.all_reduce_path = self.tp.symmetric_path
         graphs = CycleGraphs(self.cycle, self.buckets)
         self.cycle.graphs = None
         records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)

@@ -558,15 +558,12 @@ def gemv_triton(
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
-    tp_args = no_push_args(x)
-    if push is not None:
-        tp_args = push.kernel_args()
+    tp_args = push.kernel_args() if push is not None else no_push_args(x)
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
         x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
-        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=split_k > 1 and ctr is not None,
-        RED_M=triton.next_power_of_2(block_m),
+        HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
         PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, num_warps=num_warps, num_stages=num_stages,

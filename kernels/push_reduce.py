@@ -121,9 +121,10 @@ def _wait_word(ptrs, s, mask):
 
 
 @triton.jit
-def _gather(mine, slot, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
-    """Rank r's partial of words w, from this rank's buffer, once they carry their numbers s, as fp32."""
-    return _unpack(_wait_word(mine + (slot * W + r) * words + w, s, wmask), dtype)
+def _gather(mine, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
+    """Rank r's partial of words w (push s: slot s % 2), from this rank's buffer, once they carry
+    their numbers s, as fp32."""
+    return _unpack(_wait_word(mine + ((s % 2) * W + r) * words + w, s, wmask), dtype)
 
 
 @triton.jit
@@ -152,7 +153,7 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
         mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
         acc = tl.zeros([GROUP * BLOCK_N], tl.float32)
         for r in tl.static_range(W):  # rank order, fp32: every rank the same bits
-            acc += _gather(mine, gs % 2, r, W, words, gw, gmask, gs, vals.dtype)
+            acc += _gather(mine, r, W, words, gw, gmask, gs, vals.dtype)
         offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
         tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
         tl.store(seq_ptr + gw, gs, mask=gmask)

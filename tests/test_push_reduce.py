@@ -98,15 +98,15 @@ def test_one_rank_push_in_graph_replays_matches_plain_gemv():
     b = (torch.randn(inner, hidden, device="cuda", generator=gen) / hidden**0.5).to(bf)
     res = torch.randn(1, hidden, device="cuda", generator=gen).to(bf)
     g = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(bf)
-    want, _ = _layer_chain(v, a, b, res, g, None, steps)
+    want, _ = _layer_chain(v, a, b, res, g, gemv_triton, steps)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        _layer_chain(v, a, b, res, g, target, 2)
+        _layer_chain(v, a, b, res, g, _pushed(target), 2)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, _ = _layer_chain(v, a, b, res, g, target, steps)
+        out, _ = _layer_chain(v, a, b, res, g, _pushed(target), steps)
     for i in range(200):
         graph.replay()
         if i % 20 == 19:
@@ -114,38 +114,34 @@ def test_one_rank_push_in_graph_replays_matches_plain_gemv():
             assert torch.equal(out, want), f"replay {i}"
 
 
-def _layer_chain(v, a, b, res, g, push, steps):
-    """steps x (row-parallel a, summed in its launch; then b with the RMSNorm of sum + res in its
-    prologue). push None: the plain product (one rank's reference)."""
+def _layer_chain(v, a, b, res, g, summed_product, steps):
+    """steps x (summed_product(v, a): the row-parallel product summed over the ranks; then b with
+    the RMSNorm of that sum + res in its prologue)."""
     from graphrt.kernels.norm import PendingNorm
 
     streams = []
     for _ in range(steps):
-        summed = gemv_triton(v, a, push=push)
+        summed = summed_product(v, a)
         norm = PendingNorm(summed, res, g, 1e-5)
         v = gemv_triton(summed, b, norm=norm)
         streams.append(norm.stream)
     return v, streams
 
 
-def _chain_reference(v, a, b, res, g, steps):
-    import torch.distributed as dist
-    from graphrt.kernels.gemv import gemv_triton
-    from graphrt.kernels.norm import PendingNorm
+def _pushed(push):
+    return lambda v, a: gemv_triton(v, a, push=push)
 
-    streams = []
-    for _ in range(steps):
-        part = gemv_triton(v, a)
-        dist.all_reduce(part)
-        norm = PendingNorm(part, res, g, 1e-5)
-        v = gemv_triton(norm.x, b, norm=norm)
-        streams.append(norm.stream)
-    return v, streams
+
+def _nccl_summed(v, a):
+    import torch.distributed as dist
+
+    part = gemv_triton(v, a)
+    dist.all_reduce(part)
+    return part
 
 
 def _kernel_worker(out_dir, seed):
     import torch.distributed as dist
-    from graphrt.kernels.gemv import gemv_triton
 
     from graphrt.parallel.group import init_tensor_parallel
 
@@ -173,18 +169,18 @@ def _kernel_worker(out_dir, seed):
 
         # a chain of layer-like pairs, eager, then in a graph replayed many times
         steps = 24
-        want, want_streams = _chain_reference(v, a, b, res, g, steps)
-        got, got_streams = _layer_chain(v, a, b, res, g, tp.push, steps)
+        want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
+        got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
         if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
             fails.append("eager chain differs from the all-reduced one")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            _layer_chain(v, a, b, res, g, tp.push, 2)  # warm
+            _layer_chain(v, a, b, res, g, _pushed(tp.push), 2)  # warm
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out, out_streams = _layer_chain(v, a, b, res, g, tp.push, steps)
+            out, out_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
         for i in range(50):
             graph.replay()
             if i % 10 == 9:

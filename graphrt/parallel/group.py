@@ -99,6 +99,11 @@ class TensorParallel:
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
             self.one_shot = self.push = None
             return f"nccl ({type(exc).__name__}: {exc})"
+        return self.symmetric_path
+
+    @property
+    def symmetric_path(self) -> str:
+        """The decode all-reduce path once use_one_shot has set up symmetric memory."""
         return "push + one-shot" if self.push is not None else "one-shot"
 
     def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
