@@ -189,9 +189,17 @@ def _kernel_worker(out_dir, seed):
                     # the first pair whose sum + residual differs says where a wrong sum entered
                     first = next((k for k, (o, w) in enumerate(zip(out_streams, want_streams))
                                   if not torch.equal(o, w)), None)
-                    fails.append(f"graph replay {i} differs (first at pair {first} of {steps})")
+                    where = "only the last GEMV" if first is None else (
+                        f"first at pair {first} of {steps}: "
+                        f"{int((out_streams[first] != want_streams[first]).sum())} outputs")
+                    fails.append(f"graph replay {i} differs ({where})")
                     break
         torch.cuda.synchronize()
+        # every rank ran the same pushes, so every word's count must agree across the ranks
+        counts = [torch.empty_like(tp.push.seq) for _ in range(tp.world_size)]
+        dist.all_gather(counts, tp.push.seq)
+        if not all(torch.equal(c, counts[0]) for c in counts):
+            fails.append("the ranks' push counts differ")
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         fails.append(f"{type(exc).__name__}: {exc}")
     (__import__("pathlib").Path(out_dir) / f"fails{tp.rank}.txt").write_text("\n".join(fails))
