@@ -59,7 +59,8 @@ class PushTarget:
 
     def fits(self, n: int, block_n: int, dtype: torch.dtype) -> bool:
         """Whether a one-row product of n outputs in dtype, block_n a program, can be summed here."""
-        return n % 2 == 0 and block_n % 2 == 0 and n <= 2 * self.words and dtype == self.dtype
+        return (n % 2 == 0 and block_n % 2 == 0 and n <= 2 * self.words and dtype == self.dtype
+                and dtype.itemsize == 2)
 
     def kernel_args(self) -> tuple:
         """(table, seq, rank, words): the runtime arguments of a kernel that pushes."""

@@ -81,6 +81,21 @@ def test_push_in_one_process_sums_and_sends_words():
     assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
 
 
+def test_allreduce_switch_names_its_values(monkeypatch):
+    """GRAPHRT_ALLREDUCE takes auto, one-shot or nccl; anything else (the retired opt-in `push`
+    included) is an error naming the variable, and a CPU group stays on its own backend."""
+    from graphrt.parallel.group import TensorParallel
+
+    tp = TensorParallel(group=None, rank=0, world_size=1)
+    for mode in ("auto", "one-shot", "nccl"):
+        monkeypatch.setenv("GRAPHRT_ALLREDUCE", mode)
+        assert tp.use_one_shot(torch.device("cpu"), torch.bfloat16, 64, 64) == "nccl"
+    monkeypatch.setenv("GRAPHRT_ALLREDUCE", "push")
+    with pytest.raises(ValueError, match="GRAPHRT_ALLREDUCE must be auto, one-shot or nccl, got 'push'"):
+        tp.use_one_shot(torch.device("cpu"), torch.bfloat16, 64, 64)
+    assert tp.one_shot is None and tp.push is None
+
+
 @pytest.mark.gpu
 def test_one_rank_push_in_graph_replays_matches_plain_gemv():
     """One GPU, one rank (W = 1: the sum is the product itself, bit for bit): a chain of pushing
@@ -150,7 +165,6 @@ def _kernel_worker(out_dir, seed):
     fails = []
     try:
         hidden, inner = 1024, 768
-        os.environ["GRAPHRT_ALLREDUCE"] = "push"
         assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
         bf = torch.bfloat16
@@ -211,7 +225,7 @@ def _runtime_worker(out_dir):
     from tests.helpers import tiny_dir
 
     results = {}
-    for path in ("nccl", "push"):
+    for path in ("nccl", "auto"):
         os.environ["GRAPHRT_ALLREDUCE"] = path
         rt = Runtime.from_pretrained(tiny_dir(), None, tensor_parallel_size=2, device="cuda", dtype=torch.bfloat16,
                                      max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
@@ -246,5 +260,5 @@ def test_runtime_that_pushes_decodes_as_nccl(tmp_path):
     assert run_ranks(2, _runtime_worker, str(tmp_path), quiet=False, timeout_s=300) == 0
     for r in range(2):
         res = torch.load(tmp_path / f"rank{r}.pt")
-        assert res["push"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
-        assert res["push"][0] == res["nccl"][0]
+        assert res["auto"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
+        assert res["auto"][0] == res["nccl"][0]

@@ -82,19 +82,20 @@ class TensorParallel:
 
     def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
-        (_OneShotAllReduce) where the GPUs and torch allow. GRAPHRT_ALLREDUCE: auto (that), nccl
-        (every all-reduce on NCCL) or push (auto, and one-token row-parallel products of up to
-        `hidden` outputs summed inside the GEMV's own launch: kernels/push_reduce.py; opt-in until
-        its graph-replay test passes on GPUs, RESULTS.md's known limits). Returns the path taken,
-        "one-shot", "push + one-shot" or "nccl" (with the reason)."""
+        (_OneShotAllReduce) where the GPUs and torch allow, and in bf16/fp16 sum one-token
+        row-parallel products of up to `hidden` outputs inside the GEMV's own launch
+        (kernels/push_reduce.py).
+        GRAPHRT_ALLREDUCE: auto (both), one-shot (the one-shot kernel only) or nccl (every
+        all-reduce on NCCL). Returns the path taken, "push + one-shot", "one-shot" or "nccl" (with
+        the reason)."""
         mode = os.environ.get("GRAPHRT_ALLREDUCE", "auto")
-        if mode not in ("auto", "nccl", "push"):
-            raise ValueError(f"GRAPHRT_ALLREDUCE must be auto, nccl or push, got {mode!r}")
+        if mode not in ("auto", "one-shot", "nccl"):
+            raise ValueError(f"GRAPHRT_ALLREDUCE must be auto, one-shot or nccl, got {mode!r}")
         if device.type != "cuda" or mode == "nccl":
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
-            if mode == "push":
+            if mode == "auto" and dtype in (torch.bfloat16, torch.float16):  # two outputs to an LL word
                 self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
             self.one_shot = self.push = None
