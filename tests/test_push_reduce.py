@@ -60,24 +60,27 @@ def _local_target(world, words, device, dtype=torch.bfloat16):
     return PushTarget(data[0], table, torch.zeros(words, dtype=torch.int32, device=device), 0, world, dtype), data
 
 
-def test_push_in_one_process_sums_and_sends_words():
-    """Two ranks simulated in one process (interpreter on CPU): rank 1's words already sit in rank
-    0's buffer as +0.0, so rank 0's sum is its own product bit for bit; rank 0's words reach rank
-    1's buffer with number 1, and every word's count moves to 1."""
+@pytest.mark.parametrize("world", [2, 4])
+def test_push_in_one_process_sums_and_sends_words(world):
+    """W ranks simulated in one process (interpreter on CPU): the other ranks' words already sit in
+    rank 0's buffer as +0.0, so rank 0's sum is its own product bit for bit; rank 0's words reach
+    every other rank's buffer with number 1, and every word's count moves to 1."""
     gen = torch.Generator().manual_seed(fresh_seed())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n, k = 256, 96
     x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).to(device)
-    target, data = _local_target(2, n // 2, device)
-    data[0][1, 1] = 1 << 32  # rank 1's push 1: number 1, outputs +0.0
+    target, data = _local_target(world, n // 2, device)
+    data[0][1, 1:] = 1 << 32  # the other ranks' push 1: number 1, outputs +0.0
     y = gemv_triton(x, w, push=target)
     plain = gemv_triton(x, w)
     assert torch.equal(y, plain)
-    sent = data[1][1, 0]
-    assert torch.equal((sent >> 32).cpu(), torch.ones(n // 2, dtype=torch.int64))
     low = plain.view(-1).view(torch.int16).to(torch.int64).cpu() & 0xFFFF
-    assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
+    for r in range(1, world):
+        sent = data[r][1, 0]
+        assert torch.equal((sent >> 32).cpu(), torch.ones(n // 2, dtype=torch.int64))
+        assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
+        assert not data[r][0].any() and not data[r][1, 1:].any()  # nothing else written there
     assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
 
 

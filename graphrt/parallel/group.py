@@ -82,8 +82,8 @@ class TensorParallel:
 
     def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
-        (_OneShotAllReduce) where the GPUs and torch allow, and in bf16/fp16 sum one-token
-        row-parallel products of up to `hidden` outputs inside the GEMV's own launch
+        (_OneShotAllReduce) where the GPUs and torch allow, and at two ranks in bf16/fp16 sum
+        one-token row-parallel products of up to `hidden` outputs inside the GEMV's own launch
         (kernels/push_reduce.py).
         GRAPHRT_ALLREDUCE: auto (both), one-shot (the one-shot kernel only) or nccl (every
         all-reduce on NCCL). Returns the path taken, "push + one-shot", "one-shot" or "nccl" (with
@@ -95,7 +95,8 @@ class TensorParallel:
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
-            if mode == "auto" and dtype in (torch.bfloat16, torch.float16):  # two outputs to an LL word
+            # two outputs to an LL word; two ranks: the only count its GPU tests have run
+            if mode == "auto" and dtype in (torch.bfloat16, torch.float16) and self.world_size == 2:
                 self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
             self.one_shot = self.push = None
