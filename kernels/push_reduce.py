@@ -24,6 +24,9 @@ began after its push k + 1 had read every rank's word k + 1, which each peer wro
 the last reader of that slot, had finished (a launch's programs write only after the wait for the
 launch before, under PDL too).
 
+The vocab-parallel embedding lookup of one token (embedding_pushed) sums the same way: the rank
+holding the token's row pushes it, the others push zeros.
+
 CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 """
 
@@ -36,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PushTarget", "push_reduce_row", "no_push_args"]
+__all__ = ["PushTarget", "push_reduce_row", "no_push_args", "embedding_pushed", "embedding_pushed_reference"]
 
 GROUP = tl.constexpr(64)  # programs whose outputs one program adds up
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -158,3 +161,42 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
         offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
         tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
         tl.store(seq_ptr + gw, gs, mask=gmask)
+
+
+_EMBED_BLOCK = 8  # outputs per program of the embedding lookup: a group's sum is 512 outputs
+
+
+@triton.jit
+def _embedding_push_kernel(tok_ptr, table_ptr, y_ptr, vocab_start, rows, H, tab_ptr, seq_ptr, rank, words,
+                           BLOCK_N: tl.constexpr, W: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    local = tl.load(tok_ptr).to(tl.int64) - vocab_start + offs * 0  # a tensor: the interpreter takes no scalar mask
+    vals = tl.load(table_ptr + local * H + offs, mask=(offs < H) & (local >= 0) & (local < rows), other=0.0)
+    push_reduce_row(vals, pid, BLOCK_N, H, y_ptr, tab_ptr, seq_ptr, rank, words, W)
+
+
+def embedding_pushed_reference(tokens: torch.Tensor, table: torch.Tensor, vocab_start: int) -> torch.Tensor:
+    """This rank's part of a vocab-parallel lookup: its rows where it holds the token, zeros
+    elsewhere; summed over the ranks (an all-reduce) that is the lookup in the whole table."""
+    local = tokens - vocab_start
+    mine = (local >= 0) & (local < table.shape[0])
+    return torch.nn.functional.embedding(local.clamp(0, table.shape[0] - 1), table).masked_fill(~mine[:, None], 0)
+
+
+def embedding_pushed(tokens: torch.Tensor, table: torch.Tensor, vocab_start: int,
+                     push: PushTarget | None) -> torch.Tensor | None:
+    """tokens [1] int64, table [rows, H] (this rank's vocab shard, rows vocab_start onward; bf16/fp16,
+    contiguous) -> [1, H]: the token's row of the whole table, summed over the group in one launch
+    (embedding_pushed_reference on every rank, then the all-reduce). None where the push does not
+    take it (no push buffers, more than one token, another dtype or width): the caller all-reduces.
+    Launched without PDL, so that like the torch lookup it replaces it starts after everything
+    before it has finished (kernels/pdl.py, "Settled memory")."""
+    if (push is None or tokens.numel() != 1 or not table.is_contiguous()
+            or not push.fits(table.shape[1], _EMBED_BLOCK, table.dtype)):
+        return None
+    h = table.shape[1]
+    y = torch.empty(1, h, dtype=table.dtype, device=table.device)
+    _embedding_push_kernel[(triton.cdiv(h, _EMBED_BLOCK),)](
+        tokens, table, y, vocab_start, table.shape[0], h, *push.kernel_args(), BLOCK_N=_EMBED_BLOCK, W=push.world)
+    return y

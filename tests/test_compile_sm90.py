@@ -78,6 +78,9 @@ CASES = {
     # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),
                              dict(num_warps=4, num_stages=1)),
+    # ... and the vocab-parallel embedding lookup of one token, launched without PDL
+    "embedding-push": ("push_reduce", "_embedding_push_kernel", dict(_PUSH, tok_ptr="*i64", vocab_start="i64"),
+                       dict(BLOCK_N=8, W=2), dict(num_warps=4)),
     "gemv-fma-m2-split": _gemv_fma(BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, HAS_BIAS=True, SPLIT=True,
                                    FUSED=True, RED_M=2, USE_PDL=False),
     "gemv-dot-m16-pdl": _gemv_dot(BLOCK_K=256, SPLIT=True, FUSED=True),

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.gemv import gemv_triton
-from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack
+from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks
 from tests.seeds import fresh_seed
@@ -82,6 +82,38 @@ def test_push_in_one_process_sums_and_sends_words(world):
         assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
         assert not data[r][0].any() and not data[r][1, 1:].any()  # nothing else written there
     assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
+
+
+def _words(row: torch.Tensor, number: int) -> torch.Tensor:
+    """A [H] 16-bit row as the LL words a rank pushes with that number (the test's stand-in peer)."""
+    low = row.view(torch.int16).to(torch.int64) & 0xFFFF
+    return (number << 32) | low[0::2] | (low[1::2] << 16)
+
+
+@pytest.mark.parametrize("owner", [0, 1])
+def test_embedding_lookup_sums_over_two_ranks_in_one_process(owner):
+    """The vocab-parallel lookup of one token (interpreter on CPU, rank 1 simulated by the test):
+    whichever rank holds the token's row, rank 0 ends with that row bit for bit, pushes its own
+    part (the row or zeros: the reference's), and every count moves to 1."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, h = 40, 96
+    tables = [torch.randn(rows, h, generator=gen).to(torch.bfloat16).to(device) for _ in range(2)]
+    token = int(torch.randint(0, rows, (1,), generator=gen)) + owner * rows
+    tokens = torch.tensor([token], device=device)
+    target, data = _local_target(2, h // 2, device)
+    peer = embedding_pushed_reference(tokens, tables[1], rows)[0]  # rank 1's part
+    data[0][1, 1] = _words(peer.cpu(), 1).to(device)
+    before = tokens.clone()
+    y = embedding_pushed(tokens, tables[0], 0, target)
+    assert torch.equal(y[0], tables[owner][token - owner * rows])
+    assert torch.equal(data[1][1, 0].cpu(), _words(embedding_pushed_reference(tokens, tables[0], 0)[0].cpu(), 1))
+    assert torch.equal(target.seq.cpu(), torch.ones(h // 2, dtype=torch.int32))
+    assert torch.equal(tokens, before)
+    # what it does not take goes back to the caller's all-reduce
+    assert embedding_pushed(torch.tensor([1, 2], device=device), tables[0], 0, target) is None
+    assert embedding_pushed(tokens, tables[0].float(), 0, target) is None
+    assert embedding_pushed(tokens, tables[0], 0, None) is None
 
 
 def test_allreduce_switch_names_its_values(monkeypatch):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm
+from graphrt.kernels.push_reduce import embedding_pushed, embedding_pushed_reference
 from graphrt.kernels.vocab_parallel import vocab_shard
 from graphrt.models.layers import AttentionMetadata, DecoderLayer, Rotary
 
@@ -42,10 +43,10 @@ class DecoderLM:
         elsewhere, and the all-reduce sums one row and zeros: exact."""
         if self.tp is None:
             return F.embedding(tokens, self.embed)
-        local = tokens - self.vocab_start
-        mine = (local >= 0) & (local < self.embed.shape[0])
-        x = F.embedding(local.clamp(0, self.embed.shape[0] - 1), self.embed).masked_fill(~mine[:, None], 0)
-        return self.tp.all_reduce(x)
+        summed = embedding_pushed(tokens, self.embed, self.vocab_start, self.tp.push)
+        if summed is not None:  # one token: the sum in the lookup's own launch
+            return summed
+        return self.tp.all_reduce(embedding_pushed_reference(tokens, self.embed, self.vocab_start))
 
     @property
     def num_layers(self) -> int:
