@@ -257,19 +257,21 @@ def _kernel_worker(out_dir, seed):
 
 def _runtime_worker(out_dir):
     from graphrt import Runtime, SamplingParams
-    from tests.helpers import tiny_dir
+    from tests.helpers import draft_dir, tiny_dir
 
     results = {}
     for path in ("nccl", "auto"):
         os.environ["GRAPHRT_ALLREDUCE"] = path
-        rt = Runtime.from_pretrained(tiny_dir(), None, tensor_parallel_size=2, device="cuda", dtype=torch.bfloat16,
-                                     max_batch_size=2, max_seq_len=64, use_cuda_graphs=True)
-        params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-        prompts = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250]]
-        # one request at a time (batch 1: the pushed path), then both (batch 2: the one-shot kernel)
-        tokens = [rt.generate([p], params)[0].token_ids for p in prompts]
-        tokens += [g.token_ids for g in rt.generate(prompts, params)]
-        results[path] = (tokens, rt.all_reduce_path)
+        for draft in (None, draft_dir("eagle3")):  # plain, then EAGLE-3 (its split head pushes too)
+            rt = Runtime.from_pretrained(tiny_dir(), draft, tensor_parallel_size=2, device="cuda",
+                                         dtype=torch.bfloat16, max_batch_size=2, max_seq_len=64,
+                                         num_draft_tokens=3, use_cuda_graphs=True)
+            params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+            prompts = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250]]
+            # one request at a time (batch 1: one-token steps push, the lookup included), then both
+            tokens = [rt.generate([p], params)[0].token_ids for p in prompts]
+            tokens += [g.token_ids for g in rt.generate(prompts, params)]
+            results[path, draft is not None] = (tokens, rt.all_reduce_path)
     torch.save(results, f"{out_dir}/rank{int(os.environ['RANK'])}.pt")
     return 0
 
@@ -295,5 +297,6 @@ def test_runtime_that_pushes_decodes_as_nccl(tmp_path):
     assert run_ranks(2, _runtime_worker, str(tmp_path), quiet=False, timeout_s=300) == 0
     for r in range(2):
         res = torch.load(tmp_path / f"rank{r}.pt")
-        assert res["auto"][1] == "push + one-shot" and res["nccl"][1] == "nccl"
-        assert res["auto"][0] == res["nccl"][0]
+        for spec in (False, True):
+            assert res["auto", spec][1] == "push + one-shot" and res["nccl", spec][1] == "nccl"
+            assert res["auto", spec][0] == res["nccl", spec][0], f"rank {r}, speculative {spec}"
