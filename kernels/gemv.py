@@ -312,7 +312,6 @@ def _gemv_kernel(
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    y_rows = y_ptr  # row 0 of y: where a push's group sums go, whatever row the program has
     if PER_ROW:
         # Rows of one tile are adjacent programs, so they run together and share its L2 lines.
         row = pid_n % M
@@ -366,9 +365,8 @@ def _gemv_kernel(
             tl.store(y_ptr + offs_n, silu_mul(_fma_final(a0, REDUCE_EACH).to(dt),
                                               _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
         elif PUSH_W > 0:
-            push_reduce_row(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), tl.program_id(0),
-                            M if PER_ROW else 1, BLOCK_N, N, y_rows, stride_ym, tab_ptr, seq_ptr, tp_rank, tp_words,
-                            PUSH_W)
+            push_reduce_row(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), pid_n, BLOCK_N, N, y_ptr,
+                            tab_ptr, seq_ptr, tp_rank, tp_words, PUSH_W)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -541,10 +539,10 @@ def gemv_triton(
         tiles = triton.cdiv(n, block_n)
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
-    if push is not None and (not one_row or use_dot or split_k > 1 or gated or bias is not None
-                             or not push.fits(n, block_n, x.dtype, m)):
-        raise ValueError(f"push= takes one row a program on the unsplit FMA path (M = 1 or per_row), no bias or "
-                         f"gate, and a product the push buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if push is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None
+                             or not push.fits(n, block_n, x.dtype)):
+        raise ValueError(f"push= takes one row on the unsplit FMA path, no bias or gate, and a product the push "
+                         f"buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -623,23 +621,15 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor | None:
-    """x [M, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
-    launch, for M <= ROWS_MAX_M rows where the dispatcher runs one row on the one-row FMA path: the
-    all-reduce then runs in its epilogue (kernels/push_reduce.py), each row on the M = 1
-    configuration (per_row past one row, whatever the dispatcher picks for M rows: the launch it
-    saves costs more than the L2 re-reads). None elsewhere (the caller all-reduces)."""
-    if (push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or not 1 <= x.shape[0] <= ROWS_MAX_M
-            or not _triton_ok(x, w, None)):
+    """x [1, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
+    launch, where the dispatcher runs the product on the one-row FMA path (the all-reduce then runs in
+    its epilogue: kernels/push_reduce.py); None where it does not (the caller all-reduces)."""
+    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1:
         return None
-    m = x.shape[0]
-    cfg = select_config(1, *w.shape)
-    if not (gemv_config.one_row_per_program(cfg, 1) and push.fits(w.shape[0], cfg["block_n"], x.dtype, m)):
+    cfg = select_config(1, *w.shape) if _triton_ok(x, w, None) else None
+    if not (gemv_config.one_row_per_program(cfg, 1) and push.fits(w.shape[0], cfg["block_n"], x.dtype)):
         return None
-    if m == 1:
-        return gemv_triton(x, w, push=push)
-    return gemv_triton(x, w, push=push, per_row=True, use_dot=False, reduce_each=cfg["reduce_each"],
-                       block_n=cfg["block_n"], block_k=cfg["block_k"], num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"])
+    return gemv_triton(x, w, push=push)
 
 
 def linear(x, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,11 +1,10 @@
-"""The all-reduce of a row-parallel projection at one to four tokens a step, inside the GEMV that
-makes the partial sums: no launch of its own, no barrier, no fence.
+"""The all-reduce of a row-parallel projection at one token a step, inside the GEMV that makes the
+partial sums: no launch of its own, no barrier, no fence.
 
 Under tensor parallelism a decode step at batch 1 runs two all-reduces a layer of one hidden row
-each (8 KB on llama-8b-shape); a verify step at batch 1 and K = 3, of four rows. As a kernel of its
-own, an all-reduce costs its launch, two barriers across the GPUs and, being torch's, a break in the
-programmatic-dependent-launch chain (kernels/pdl.py) on both sides: about 9 us a layer on two H100s
-(scripts/push_bench.py).
+each (8 KB on llama-8b-shape). As a kernel of its own, an all-reduce costs its launch, two barriers
+across the GPUs and, being torch's, a break in the programmatic-dependent-launch chain
+(kernels/pdl.py) on both sides: about 9 us a layer on two H100s (scripts/push_bench.py).
 
 Here each program of the GEMV, once it has its outputs, stores them to every rank (its own
 included) as 8-byte words that carry two bf16/fp16 outputs and a sequence number (NCCL's LL
@@ -17,8 +16,7 @@ and only for programs that never wait; the others free their slots at once, wher
 (PDL) starts streaming its weights.
 
 Buffers (graphrt/parallel/group.py makes them; data in symmetric memory): on each rank,
-data [2, W, words] int64 (slot, source rank, word; a word is two adjacent outputs of one row, the
-words in the order of the programs that make them: push_reduce_row) and seq [words]
+data [2, W, words] int64 (slot, source rank, word; a word is outputs 2w and 2w + 1) and seq [words]
 int32, how many pushes have covered each word, the same count on every rank (they run the same
 launches); a group's last program advances it after its reads. The k-th push over word w uses
 slot k % 2 and number k. A rank writes a slot's word again only at push k + 2, inside a launch that
@@ -62,11 +60,10 @@ class PushTarget:
     def words(self) -> int:
         return self.data.shape[-1]
 
-    def fits(self, n: int, block_n: int, dtype: torch.dtype, rows: int = 1) -> bool:
-        """Whether a product of rows x n outputs in dtype, block_n of one row a program, can be
-        summed here (one word per two outputs, in program order)."""
-        return (n % 2 == 0 and block_n % 2 == 0 and dtype == self.dtype and dtype.itemsize == 2
-                and -(-n // block_n) * rows * (block_n // 2) <= self.words)
+    def fits(self, n: int, block_n: int, dtype: torch.dtype) -> bool:
+        """Whether a one-row product of n outputs in dtype, block_n a program, can be summed here."""
+        return (n % 2 == 0 and block_n % 2 == 0 and n <= 2 * self.words and dtype == self.dtype
+                and dtype.itemsize == 2)
 
     def kernel_args(self) -> tuple:
         """(table, seq, rank, words): the runtime arguments of a kernel that pushes."""
@@ -135,44 +132,34 @@ def _gather(mine, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
 
 
 @triton.jit
-def push_reduce_row(vals, prog, M, BLOCK_N: tl.constexpr, n, y_ptr, stride_ym, tab_ptr, seq_ptr, rank, words,
+def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr, rank, words,
                     W: tl.constexpr):
-    """The epilogue of program prog of a product whose programs each own BLOCK_N outputs of one row:
-    program prog holds row prog % M, outputs (prog // M) * BLOCK_N + arange(BLOCK_N) (M = 1: one
-    row, tile = prog). vals [BLOCK_N] (y's dtype, BLOCK_N even) is this rank's partial of them (n
-    even); y_ptr [M, n] (row stride stride_ym) gets their sum over the W ranks. Call after the wait
-    for the launch before (seq is settled then).
+    """The epilogue of program pid of a one-row product: vals [BLOCK_N] (y's dtype, BLOCK_N even)
+    are outputs pid * BLOCK_N + arange(BLOCK_N) of this rank's partial (n even); y_ptr [n] gets
+    their sum over the W ranks. Call after the wait for the launch before (seq is settled then).
 
-    Words go in program order (program prog's are prog * BLOCK_N / 2 onward). Every program stores
-    its words to every rank, its own included, and leaves; the last program of each GROUP waits for
-    the group's words from every rank, adds them in rank order and stores the sums. The others'
-    slots are free at once for the next launch's weight prefetch (PDL), and the only programs that
-    wait, wait for programs that never do."""
+    Every program stores its words to every rank, its own included, and leaves; the last program
+    of each GROUP waits for the group's words from every rank, adds them in rank order and stores
+    the sum. The others' slots are free at once for the next launch's weight prefetch (PDL), and
+    the only programs that wait, wait for programs that never do."""
     HALF: tl.constexpr = BLOCK_N // 2
-    i = tl.arange(0, HALF)
-    w = prog * HALF + i
-    ok = (prog // M) * BLOCK_N + 2 * i < n
-    s = tl.load(seq_ptr + w, mask=ok, other=0, cache_modifier=".cg") + 1
+    w = pid * HALF + tl.arange(0, HALF)
+    s = tl.load(seq_ptr + w, mask=w * 2 < n, other=0, cache_modifier=".cg") + 1
     word = _pack(vals, s)
     for r in tl.static_range(W):
         base = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
-        _store_word(base + ((s % 2) * W + rank) * words + w, word, ok)
-    group = prog // GROUP
-    last = tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1
-    if prog == last:
+        _store_word(base + ((s % 2) * W + rank) * words + w, word, w * 2 < n)
+    group = pid // GROUP
+    if pid == tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1:
         gw = group * (GROUP * HALF) + tl.arange(0, GROUP * HALF)
-        gprog = gw // HALF
-        gmask = (gprog <= last) & ((gprog // M) * BLOCK_N + 2 * (gw % HALF) < n)
+        gmask = gw * 2 < n
         gs = tl.load(seq_ptr + gw, mask=gmask, other=0, cache_modifier=".cg") + 1
         mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
         acc = tl.zeros([GROUP * BLOCK_N], tl.float32)
         for r in tl.static_range(W):  # rank order, fp32: every rank the same bits
             acc += _gather(mine, r, W, words, gw, gmask, gs, vals.dtype)
-        j = tl.arange(0, GROUP * BLOCK_N)
-        oprog = group * GROUP + j // BLOCK_N
-        col = (oprog // M) * BLOCK_N + j % BLOCK_N
-        dst = y_ptr + (oprog % M).to(tl.int64) * stride_ym + col
-        tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=(oprog <= last) & (col < n))
+        offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
         tl.store(seq_ptr + gw, gs, mask=gmask)
 
 
@@ -186,7 +173,7 @@ def _embedding_push_kernel(tok_ptr, table_ptr, y_ptr, vocab_start, rows, H, tab_
     offs = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     local = tl.load(tok_ptr).to(tl.int64) - vocab_start + offs * 0  # a tensor: the interpreter takes no scalar mask
     vals = tl.load(table_ptr + local * H + offs, mask=(offs < H) & (local >= 0) & (local < rows), other=0.0)
-    push_reduce_row(vals, pid, 1, BLOCK_N, H, y_ptr, 0, tab_ptr, seq_ptr, rank, words, W)
+    push_reduce_row(vals, pid, BLOCK_N, H, y_ptr, tab_ptr, seq_ptr, rank, words, W)
 
 
 def embedding_pushed_reference(tokens: torch.Tensor, table: torch.Tensor, vocab_start: int) -> torch.Tensor:

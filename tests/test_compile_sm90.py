@@ -78,9 +78,6 @@ CASES = {
     # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),
                              dict(num_warps=4, num_stages=1)),
-    # ... and a verify step's rows, one a program
-    "gemv-fma-rows-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH,
-                               _gemv_fma()[3] | dict(PUSH_W=2, PER_ROW=True), dict(num_warps=4, num_stages=1)),
     # ... and the vocab-parallel embedding lookup of one token, launched without PDL
     "embedding-push": ("push_reduce", "_embedding_push_kernel", dict(_PUSH, tok_ptr="*i64", vocab_start="i64"),
                        dict(BLOCK_N=8, W=2), dict(num_warps=4)),

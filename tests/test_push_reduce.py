@@ -1,16 +1,14 @@
-"""The all-reduce inside the row-parallel GEMV of one to four tokens (kernels/push_reduce.py).
+"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py).
 
-- CPU (interpreter): the LL words' packing; two and four ranks simulated in one process (the
-  others' words written into rank 0's buffer by the test), one and several rows; the embedding
-  lookup of one token.
+- CPU (interpreter): the LL words' packing; two ranks simulated in one process (rank 1's words
+  written into rank 0's buffer by the test).
 - one GPU: one rank in a CUDA graph replayed many times, against the GEMV without the push.
 - two GPUs: at 2 ranks the sum of two bf16 partials rounded once is the same bits whichever way it
   is taken, so the GEMV's sum must equal NCCL's all-reduce of its partial exactly, and a runtime
   that pushes must decode the same tokens as one that all-reduces through NCCL. A chain of
-  layer-like pairs (pushing GEMV, then a GEMV with the norm prologue), of one and of four rows,
-  replayed in a CUDA graph many times while the ranks drift apart, catches a slot reused too early
-  or a word read too soon: either gives wrong values (or a hang, which the timeout turns into a
-  failure)."""
+  layer-like pairs (pushing GEMV, then a GEMV with the norm prologue) replayed in a CUDA graph many
+  times catches a slot reused too early or a word read too soon: either gives wrong values (or a
+  hang, which the timeout turns into a failure)."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import gemv_triton, linear_pushed, select_config
+from graphrt.kernels.gemv import gemv_triton
 from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks
@@ -62,42 +60,28 @@ def _local_target(world, words, device, dtype=torch.bfloat16):
     return PushTarget(data[0], table, torch.zeros(words, dtype=torch.int32, device=device), 0, world, dtype), data
 
 
-def _push_rows(x, w, target):
-    """The pushing GEMV as linear_pushed launches it for x's rows (which on CPU does not launch)."""
-    cfg = select_config(1, *w.shape)
-    knobs = {key: cfg[key] for key in ("reduce_each", "block_n", "block_k", "num_warps", "num_stages")}
-    if x.shape[0] == 1:
-        return gemv_triton(x, w, push=target, **knobs)
-    return gemv_triton(x, w, push=target, per_row=True, use_dot=False, **knobs)
-
-
-@pytest.mark.parametrize("world,rows", [(2, 1), (4, 1), (2, 3), (4, 4)])
-def test_push_in_one_process_sums_and_sends_words(world, rows):
+@pytest.mark.parametrize("world", [2, 4])
+def test_push_in_one_process_sums_and_sends_words(world):
     """W ranks simulated in one process (interpreter on CPU): the other ranks' words already sit in
-    rank 0's buffer as +0.0, so rank 0's sum is its own product bit for bit, each row as the
-    one-row GEMV makes it; rank 0's words reach every other rank's buffer with number 1, in program
-    order (program = tile x rows + row), and the counts of the words used move to 1."""
+    rank 0's buffer as +0.0, so rank 0's sum is its own product bit for bit; rank 0's words reach
+    every other rank's buffer with number 1, and every word's count moves to 1."""
     gen = torch.Generator().manual_seed(fresh_seed())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n, k = 256, 96
-    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16).to(device)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16).to(device)
-    target, data = _local_target(world, 4 * n // 2, device)
+    target, data = _local_target(world, n // 2, device)
     data[0][1, 1:] = 1 << 32  # the other ranks' push 1: number 1, outputs +0.0
-    y = _push_rows(x, w, target)
-    plain = torch.cat([gemv_triton(x[r : r + 1], w) for r in range(rows)])
+    y = gemv_triton(x, w, push=target)
+    plain = gemv_triton(x, w)
     assert torch.equal(y, plain)
-    block_n = select_config(1, n, k)["block_n"]
-    # words in program order: [tiles, rows, block_n / 2] pairs of outputs
-    order = plain.view(rows, n // block_n, block_n).transpose(0, 1).reshape(-1)
-    used = rows * n // 2
+    low = plain.view(-1).view(torch.int16).to(torch.int64).cpu() & 0xFFFF
     for r in range(1, world):
         sent = data[r][1, 0]
-        assert torch.equal(sent[:used].cpu(), _words(order.cpu(), 1))
-        assert not sent[used:].any() and not data[r][0].any() and not data[r][1, 1:].any()
-    want = torch.zeros(target.words, dtype=torch.int32)
-    want[:used] = 1
-    assert torch.equal(target.seq.cpu(), want)
+        assert torch.equal((sent >> 32).cpu(), torch.ones(n // 2, dtype=torch.int64))
+        assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
+        assert not data[r][0].any() and not data[r][1, 1:].any()  # nothing else written there
+    assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
 
 
 def _words(row: torch.Tensor, number: int) -> torch.Tensor:
@@ -180,16 +164,13 @@ def test_one_rank_push_in_graph_replays_matches_plain_gemv():
             assert torch.equal(out, want), f"replay {i}"
 
 
-def _layer_chain(v, a, b, res, g, summed_product, steps, sleeps=None):
+def _layer_chain(v, a, b, res, g, summed_product, steps):
     """steps x (summed_product(v, a): the row-parallel product summed over the ranks; then b with
-    the RMSNorm of that sum + res in its prologue). sleeps: {pair: GPU cycles} to spin before a
-    pair (torch.cuda._sleep), so that ranks drift apart."""
+    the RMSNorm of that sum + res in its prologue)."""
     from graphrt.kernels.norm import PendingNorm
 
     streams = []
-    for step in range(steps):
-        if sleeps and step in sleeps:
-            torch.cuda._sleep(sleeps[step])
+    for _ in range(steps):
         summed = summed_product(v, a)
         norm = PendingNorm(summed, res, g, 1e-5)
         v = gemv_triton(summed, b, norm=norm)
@@ -198,12 +179,7 @@ def _layer_chain(v, a, b, res, g, summed_product, steps, sleeps=None):
 
 
 def _pushed(push):
-    def summed(v, a):  # through the layers' dispatcher, which must take these rows
-        y = linear_pushed(v, a, push)
-        assert y is not None, f"linear_pushed declined {tuple(v.shape)} x {tuple(a.shape)}"
-        return y
-
-    return summed
+    return lambda v, a: gemv_triton(v, a, push=push)
 
 
 def _nccl_summed(v, a):
@@ -215,8 +191,6 @@ def _nccl_summed(v, a):
 
 
 def _kernel_worker(out_dir, seed):
-    import random
-
     import torch.distributed as dist
 
     from graphrt.parallel.group import init_tensor_parallel
@@ -225,52 +199,41 @@ def _kernel_worker(out_dir, seed):
     dev = torch.device("cuda", torch.cuda.current_device())
     fails = []
     try:
-        hidden, inner, steps = 1024, 768, 24
+        hidden, inner = 1024, 768
         assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
-        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residuals and norm on every rank
         bf = torch.bfloat16
+        v = torch.randn(1, inner, device=dev, generator=gen).to(bf)
         a = (torch.randn(hidden, inner, device=dev, generator=gen) / inner**0.5).to(bf)
         b = (torch.randn(inner, hidden, device=dev, generator=gen) / hidden**0.5).to(bf)
+        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residual and norm on every rank
+        res = torch.randn(1, hidden, device=dev, generator=gen_shared).to(bf)
         g = (1 + 0.1 * torch.randn(hidden, device=dev, generator=gen_shared)).to(bf)
-        chains = {}
-        for rows in (1, 4):  # a decode step's row, a verify step's four
-            v = torch.randn(rows, inner, device=dev, generator=gen).to(bf)
-            res = torch.randn(rows, hidden, device=dev, generator=gen_shared).to(bf)
-            # one product: NCCL's sum exactly
-            part = gemv_triton(v, a)
-            dist.all_reduce(part)
-            if not torch.equal(_pushed(tp.push)(v, a), part):
-                fails.append(f"{rows} rows: the GEMV's sum differs from NCCL's all-reduce")
-            # a chain of layer-like pairs, eager
-            want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
-            got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
-            if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
-                fails.append(f"{rows} rows: eager chain differs from the all-reduced one")
-            chains[rows] = (v, res, want, want_streams)
-        # both chains in one graph (words of one-row and four-row launches interleave), replayed many
-        # times, each rank spinning before its own random pairs so that one runs ahead of the other
-        rng = random.Random(seed * 7 + tp.rank)
-        sleeps = {rows: {k: rng.randrange(10_000, 200_000) for k in range(steps) if rng.random() < 0.25}
-                  for rows in chains}
+
+        # one product: NCCL's sum exactly
+        part = gemv_triton(v, a)
+        dist.all_reduce(part)
+        if not torch.equal(gemv_triton(v, a, push=tp.push), part):
+            fails.append("the GEMV's sum differs from NCCL's all-reduce")
+
+        # a chain of layer-like pairs, eager, then in a graph replayed many times
+        steps = 24
+        want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
+        got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
+        if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
+            fails.append("eager chain differs from the all-reduced one")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for v, res, _, _ in chains.values():
-                _layer_chain(v, a, b, res, g, _pushed(tp.push), 2)  # warm
+            _layer_chain(v, a, b, res, g, _pushed(tp.push), 2)  # warm
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        outs = {}
         with torch.cuda.graph(graph):
-            for rows, (v, res, _, _) in chains.items():
-                outs[rows] = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps, sleeps[rows])
+            out, out_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
         for i in range(50):
             graph.replay()
-            if i % 10 != 9:
-                continue
-            torch.cuda.synchronize()
-            for rows, (out, out_streams) in outs.items():
-                want, want_streams = chains[rows][2:]
+            if i % 10 == 9:
+                torch.cuda.synchronize()
                 if not torch.equal(out, want) or not torch.equal(out_streams[-1], want_streams[-1]):
                     # the first pair whose sum + residual differs says where a wrong sum entered
                     first = next((k for k, (o, w) in enumerate(zip(out_streams, want_streams))
@@ -278,9 +241,8 @@ def _kernel_worker(out_dir, seed):
                     where = "only the last GEMV" if first is None else (
                         f"first at pair {first} of {steps}: "
                         f"{int((out_streams[first] != want_streams[first]).sum())} outputs")
-                    fails.append(f"{rows} rows: graph replay {i} differs ({where})")
-            if fails:
-                break
+                    fails.append(f"graph replay {i} differs ({where})")
+                    break
         torch.cuda.synchronize()
         # every rank ran the same pushes, so every word's count must agree across the ranks
         counts = [torch.empty_like(tp.push.seq) for _ in range(tp.world_size)]

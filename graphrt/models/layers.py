@@ -113,9 +113,9 @@ class AttentionBlock:
 
 
 def row_parallel(x, w, tp):
-    """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: at one to
-    four tokens a step in the GEMV's own launch (kernels/push_reduce.py), otherwise the product,
-    then an all-reduce."""
+    """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: at one token
+    a step in the GEMV's own launch (kernels/push_reduce.py), otherwise the product, then an
+    all-reduce."""
     if tp is None:
         return linear(x, w)
     y = linear_pushed(x, w, tp.push)
