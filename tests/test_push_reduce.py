@@ -7,8 +7,8 @@
   is taken, so the GEMV's sum must equal NCCL's all-reduce of its partial exactly, and a runtime
   that pushes must decode the same tokens as one that all-reduces through NCCL. A chain of
   layer-like pairs (pushing GEMV, then a GEMV with the norm prologue) replayed in a CUDA graph many
-  times catches a slot reused too early or a word read too soon: either gives wrong values (or a
-  hang, which the timeout turns into a failure)."""
+  times while the ranks drift apart catches a slot reused too early or a word read too soon: either
+  gives wrong values (or a hang, which the timeout turns into a failure)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import gemv_triton
+from graphrt.kernels.gemv import gemv_triton, linear_pushed
 from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks
@@ -164,13 +164,16 @@ def test_one_rank_push_in_graph_replays_matches_plain_gemv():
             assert torch.equal(out, want), f"replay {i}"
 
 
-def _layer_chain(v, a, b, res, g, summed_product, steps):
+def _layer_chain(v, a, b, res, g, summed_product, steps, sleeps=None):
     """steps x (summed_product(v, a): the row-parallel product summed over the ranks; then b with
-    the RMSNorm of that sum + res in its prologue)."""
+    the RMSNorm of that sum + res in its prologue). sleeps: {pair: GPU cycles} to spin before a
+    pair (torch.cuda._sleep), so that ranks drift apart."""
     from graphrt.kernels.norm import PendingNorm
 
     streams = []
-    for _ in range(steps):
+    for step in range(steps):
+        if sleeps and step in sleeps:
+            torch.cuda._sleep(sleeps[step])
         summed = summed_product(v, a)
         norm = PendingNorm(summed, res, g, 1e-5)
         v = gemv_triton(summed, b, norm=norm)
@@ -179,7 +182,12 @@ def _layer_chain(v, a, b, res, g, summed_product, steps):
 
 
 def _pushed(push):
-    return lambda v, a: gemv_triton(v, a, push=push)
+    def summed(v, a):  # through the layers' dispatcher, which must take these rows
+        y = linear_pushed(v, a, push)
+        assert y is not None, f"linear_pushed declined {tuple(v.shape)} x {tuple(a.shape)}"
+        return y
+
+    return summed
 
 
 def _nccl_summed(v, a):
@@ -191,6 +199,8 @@ def _nccl_summed(v, a):
 
 
 def _kernel_worker(out_dir, seed):
+    import random
+
     import torch.distributed as dist
 
     from graphrt.parallel.group import init_tensor_parallel
@@ -199,29 +209,32 @@ def _kernel_worker(out_dir, seed):
     dev = torch.device("cuda", torch.cuda.current_device())
     fails = []
     try:
-        hidden, inner = 1024, 768
+        hidden, inner, steps = 1024, 768, 24
         assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
+        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residual and norm on every rank
         bf = torch.bfloat16
         v = torch.randn(1, inner, device=dev, generator=gen).to(bf)
         a = (torch.randn(hidden, inner, device=dev, generator=gen) / inner**0.5).to(bf)
         b = (torch.randn(inner, hidden, device=dev, generator=gen) / hidden**0.5).to(bf)
-        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residual and norm on every rank
         res = torch.randn(1, hidden, device=dev, generator=gen_shared).to(bf)
         g = (1 + 0.1 * torch.randn(hidden, device=dev, generator=gen_shared)).to(bf)
 
         # one product: NCCL's sum exactly
         part = gemv_triton(v, a)
         dist.all_reduce(part)
-        if not torch.equal(gemv_triton(v, a, push=tp.push), part):
+        if not torch.equal(_pushed(tp.push)(v, a), part):
             fails.append("the GEMV's sum differs from NCCL's all-reduce")
 
-        # a chain of layer-like pairs, eager, then in a graph replayed many times
-        steps = 24
+        # a chain of layer-like pairs, eager
         want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
         got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
         if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
             fails.append("eager chain differs from the all-reduced one")
+        # the chain in a graph replayed many times, each rank spinning before its own random pairs
+        # so that one runs ahead of the other
+        rng = random.Random(seed * 7 + tp.rank)
+        sleeps = {k: rng.randrange(10_000, 200_000) for k in range(steps) if rng.random() < 0.25}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -229,7 +242,7 @@ def _kernel_worker(out_dir, seed):
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out, out_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
+            out, out_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps, sleeps)
         for i in range(50):
             graph.replay()
             if i % 10 == 9:
