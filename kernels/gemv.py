@@ -48,7 +48,7 @@ from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
-from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_reduce_row
+from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_reduce_row, push_reduce_tile
 
 __all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config",
            "row_fma_config", "ROWS_MAX_M"]
@@ -256,9 +256,11 @@ def _store_row(vals, m, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split,
 
 @triton.jit
 def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 tab_ptr, seq_ptr, tp_rank, tp_words, PUSH_W: tl.constexpr):
     # BLOCK_M: a power of 2 >= M.
-    # Sum the SPLIT_K partials of one output tile in split order (deterministic), + bias, cast.
+    # Sum the SPLIT_K partials of one output tile in split order (deterministic), + bias, cast;
+    # PUSH_W: the cast tile then summed over the ranks (kernels/push_reduce.py).
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -269,8 +271,12 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
         acc += tl.load(ws_ptr + s * M * N + idx, mask=mask, other=0.0, cache_modifier=".cg")
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if PUSH_W > 0:
+        push_reduce_tile(acc.to(y_ptr.dtype.element_ty), pid_n, M, BLOCK_M, BLOCK_N, N, y_ptr, stride_ym, tab_ptr,
+                         seq_ptr, tp_rank, tp_words, PUSH_W)
+    else:
+        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # M == 1 stays specialised; M's divisibility by 16 is not (loads and stores vectorise along K and N
@@ -308,7 +314,8 @@ def _gemv_kernel(
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
-    PUSH_W: tl.constexpr = 0,  # FMA, M = 1, unsplit, not GATED: y summed over W ranks (kernels/push_reduce.py)
+    PUSH_W: tl.constexpr = 0,  # FMA at M = 1 unsplit, or DOT unsplit or FUSED; not GATED, no bias: y summed
+    # over W ranks (kernels/push_reduce.py)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -351,7 +358,11 @@ def _gemv_kernel(
                 acc = silu_mul(acc.to(dt), acc_u.to(dt))
             elif HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[:, None], acc.to(dt), mask=mask)
+            if PUSH_W > 0:
+                push_reduce_tile(tl.trans(acc.to(dt)), pid_n, M, BLOCK_M, BLOCK_N, N, y_ptr, stride_ym, tab_ptr,
+                                 seq_ptr, tp_rank, tp_words, PUSH_W)
+            else:
+                tl.store(y_ptr + offs_m2.to(tl.int64) * stride_ym + offs_n[:, None], acc.to(dt), mask=mask)
     else:
         # One [BLOCK_N, BLOCK_K] fp32 partial per row of x (BLOCK_M == M here); unused ones are
         # dead code. GATED: the up rows (N below the gate rows) in the same shape of tile, so each
@@ -383,7 +394,7 @@ def _gemv_kernel(
     if FUSED:  # the last split of the tile to finish reduces it
         if last_to_finish(ctr_ptr + pid_n, SPLIT_K):
             _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS,
-                         RED_M, BLOCK_N)
+                         RED_M, BLOCK_N, tab_ptr, seq_ptr, tp_rank, tp_words, PUSH_W)
 
 
 @triton.jit
@@ -399,7 +410,8 @@ def _gemv_reduce_kernel(
 ):
     if USE_PDL:
         wait_for_producer()
-    _reduce_tile(tl.program_id(0), ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS, BLOCK_M, BLOCK_N)
+    _reduce_tile(tl.program_id(0), ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K, HAS_BIAS, BLOCK_M, BLOCK_N,
+                 y_ptr, y_ptr, 0, 0, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,8 +497,9 @@ def gemv_triton(
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
     (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
     push: a tensor-parallel group's PushTarget (kernels/push_reduce.py): y is then summed over the
-    ranks in the same launch, the same bits on every rank (M = 1, unsplit FMA path, no bias, not
-    gated). A collective: every rank makes the same call.
+    ranks in the same launch, the same bits on every rank (M = 1 on the unsplit FMA path, or the
+    DOT path, split K only with the counters; no bias, not gated). A collective: every rank makes
+    the same call.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -539,10 +552,10 @@ def gemv_triton(
         tiles = triton.cdiv(n, block_n)
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
-    if push is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None
-                             or not push.fits(n, block_n, x.dtype)):
-        raise ValueError(f"push= takes one row on the unsplit FMA path, no bias or gate, and a product the push "
-                         f"buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if push is not None and ((not use_dot and (m != 1 or split_k > 1)) or gated or bias is not None
+                             or not push.fits(n, block_n, x.dtype, m)):
+        raise ValueError(f"push= takes one row on the unsplit FMA path or the DOT path, no bias or gate, and a "
+                         f"product the push buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -550,9 +563,9 @@ def gemv_triton(
         ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
         if fused is None or fused:
             ctr = counters(x.device, tiles)
-        if fused and ctr is None:
-            raise RuntimeError("fused=True needs the counter buffer (first call outside capture, "
-                               f"<= {COUNTER_SLOTS} tiles)")
+        if (fused or push is not None) and ctr is None:
+            raise RuntimeError(f"{'push=' if push is not None else 'fused=True'} on a split launch needs the "
+                               f"counter buffer (first call outside capture, <= {COUNTER_SLOTS} tiles)")
     else:
         ws = y  # unused
     b = bias if bias is not None else y  # unused when HAS_BIAS is False
@@ -621,15 +634,21 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor | None:
-    """x [1, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
-    launch, where the dispatcher runs the product on the one-row FMA path (the all-reduce then runs in
-    its epilogue: kernels/push_reduce.py); None where it does not (the caller all-reduces)."""
-    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1:
+    """x [M, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
+    launch, where the dispatcher runs the product on the one-row FMA path (M = 1) or the DOT path
+    (3-16 rows, unsplit or split-K reduced in the same launch): the all-reduce then runs in its
+    epilogue (kernels/push_reduce.py). None elsewhere (the caller all-reduces)."""
+    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or not _triton_ok(x, w, None):
         return None
-    cfg = select_config(1, *w.shape) if _triton_ok(x, w, None) else None
-    if not (gemv_config.one_row_per_program(cfg, 1) and push.fits(w.shape[0], cfg["block_n"], x.dtype)):
+    m = x.shape[0]
+    cfg = select_config(m, *w.shape)
+    if cfg is None or not push.fits(w.shape[0], cfg["block_n"], x.dtype, m):
         return None
-    return gemv_triton(x, w, push=push)
+    if m == 1 and gemv_config.one_row_per_program(cfg, 1):
+        return gemv_triton(x, w, push=push)
+    if cfg["use_dot"] and (gemv_config.unsplit(cfg) or counters(x.device, 1) is not None):
+        return gemv_triton(x, w, push=push)
+    return None
 
 
 def linear(x, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

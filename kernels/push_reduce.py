@@ -1,10 +1,11 @@
-"""The all-reduce of a row-parallel projection at one token a step, inside the GEMV that makes the
+"""The all-reduce of a row-parallel projection at 1-16 tokens a step, inside the GEMV that makes the
 partial sums: no launch of its own, no barrier, no fence.
 
 Under tensor parallelism a decode step at batch 1 runs two all-reduces a layer of one hidden row
-each (8 KB on llama-8b-shape). As a kernel of its own, an all-reduce costs its launch, two barriers
-across the GPUs and, being torch's, a break in the programmatic-dependent-launch chain
-(kernels/pdl.py) on both sides: about 9 us a layer on two H100s (scripts/push_bench.py).
+each (8 KB on llama-8b-shape); a verify step at batch 1 and K = 3, of four. As a kernel of its own,
+an all-reduce costs its launch, two barriers across the GPUs and, being torch's, a break in the
+programmatic-dependent-launch chain (kernels/pdl.py) on both sides: about 9 us a layer on two H100s
+(scripts/push_bench.py).
 
 Here each program of the GEMV, once it has its outputs, stores them to every rank (its own
 included) as 8-byte words that carry two bf16/fp16 outputs and a sequence number (NCCL's LL
@@ -16,7 +17,7 @@ and only for programs that never wait; the others free their slots at once, wher
 (PDL) starts streaming its weights.
 
 Buffers (graphrt/parallel/group.py makes them; data in symmetric memory): on each rank,
-data [2, W, words] int64 (slot, source rank, word; a word is outputs 2w and 2w + 1) and seq [words]
+data [2, W, words] int64 (slot, source rank, word; a word is two adjacent outputs of one row) and seq [words]
 int32, how many pushes have covered each word, the same count on every rank (they run the same
 launches); a group's last program advances it after its reads. The k-th push over word w uses
 slot k % 2 and number k. A rank writes a slot's word again only at push k + 2, inside a launch that
@@ -24,8 +25,10 @@ began after its push k + 1 had read every rank's word k + 1, which each peer wro
 the last reader of that slot, had finished (a launch's programs write only after the wait for the
 launch before, under PDL too).
 
-The vocab-parallel embedding lookup of one token (embedding_pushed) sums the same way: the rank
-holding the token's row pushes it, the others push zeros.
+Several rows (push_reduce_tile: the GEMV's DOT path, 3-16 rows) push the same words, a tile's
+rows one after another; there every tile's program waits for its own tile's words. The
+vocab-parallel embedding lookup of one token (embedding_pushed) sums like a one-row product: the
+rank holding the token's row pushes it, the others push zeros.
 
 CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 """
@@ -39,7 +42,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["PushTarget", "push_reduce_row", "no_push_args", "embedding_pushed", "embedding_pushed_reference"]
+__all__ = ["PushTarget", "push_reduce_row", "push_reduce_tile", "no_push_args", "embedding_pushed",
+           "embedding_pushed_reference", "MAX_ROWS"]
+
+MAX_ROWS = 16  # rows of a product the buffers take: the GEMV's DOT path (3-16 tokens)
 
 GROUP = tl.constexpr(64)  # programs whose outputs one program adds up
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -60,10 +66,11 @@ class PushTarget:
     def words(self) -> int:
         return self.data.shape[-1]
 
-    def fits(self, n: int, block_n: int, dtype: torch.dtype) -> bool:
-        """Whether a one-row product of n outputs in dtype, block_n a program, can be summed here."""
-        return (n % 2 == 0 and block_n % 2 == 0 and n <= 2 * self.words and dtype == self.dtype
-                and dtype.itemsize == 2)
+    def fits(self, n: int, block_n: int, dtype: torch.dtype, rows: int = 1) -> bool:
+        """Whether a product of rows x n outputs in dtype, block_n columns a program, can be summed
+        here (two outputs a word)."""
+        return (n % 2 == 0 and block_n % 2 == 0 and dtype == self.dtype and dtype.itemsize == 2
+                and rows * -(-n // block_n) * block_n <= 2 * self.words)
 
     def kernel_args(self) -> tuple:
         """(table, seq, rank, words): the runtime arguments of a kernel that pushes."""
@@ -161,6 +168,40 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
         offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
         tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
         tl.store(seq_ptr + gw, gs, mask=gmask)
+
+
+@triton.jit
+def push_reduce_tile(vals, tile, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, n, y_ptr, stride_ym, tab_ptr,
+                     seq_ptr, rank, words, W: tl.constexpr):
+    """The epilogue of the program that holds output tile `tile` of an M-row product (3-16 rows: the
+    GEMV's DOT path, unsplit or its split-K reduction): vals [BLOCK_M, BLOCK_N] (y's dtype; rows
+    past M and columns past n are never read) is this rank's partial of rows arange(BLOCK_M),
+    columns tile * BLOCK_N + arange(BLOCK_N); y_ptr [M, n] (row stride stride_ym) gets their sum
+    over the W ranks. Call after the wait for the launch before (seq is settled then).
+
+    The tile's words are (tile * M + row) * BLOCK_N / 2 onward (M = 1: push_reduce_row's). The
+    program stores them to every rank, its own included, then waits for the tile's words from
+    every rank, adds them in rank order in fp32 and stores the sums: every program waits, each only
+    for the programs of its own tile, which push before they wait, so the wait ends wherever the
+    tile's program has started on every rank."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    r = tl.arange(0, BLOCK_M)[:, None]
+    i = tl.arange(0, HALF)[None, :]
+    w = tl.reshape((tile * M + r) * HALF + i, [BLOCK_M * HALF])  # row-major, as the words pack
+    ok = tl.reshape((r < M) & (tile * BLOCK_N + 2 * i < n), [BLOCK_M * HALF])
+    s = tl.load(seq_ptr + w, mask=ok, other=0, cache_modifier=".cg") + 1
+    word = _pack(tl.reshape(vals, [BLOCK_M * BLOCK_N]), s)
+    for q in tl.static_range(W):
+        base = tl.load(tab_ptr + q).to(tl.pointer_type(tl.int64))
+        _store_word(base + ((s % 2) * W + rank) * words + w, word, ok)
+    mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
+    acc = tl.zeros([BLOCK_M * BLOCK_N], tl.float32)
+    for q in tl.static_range(W):  # rank order, fp32: every rank the same bits
+        acc += _gather(mine, q, W, words, w, ok, s, vals.dtype)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(y_ptr + r.to(tl.int64) * stride_ym + cols, tl.reshape(acc, [BLOCK_M, BLOCK_N]).to(y_ptr.dtype.element_ty),
+             mask=(r < M) & (cols < n))
+    tl.store(seq_ptr + w, s, mask=ok)
 
 
 _EMBED_BLOCK = 8  # outputs per program of the embedding lookup: a group's sum is 512 outputs

@@ -78,6 +78,12 @@ CASES = {
     # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),
                              dict(num_warps=4, num_stages=1)),
+    # ... and of 3-16 rows on the DOT path: unsplit, and in the last split's reduction of a tile
+    "gemv-dot-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_dot()[3] | dict(PUSH_W=2),
+                          dict(num_warps=4, num_stages=4)),
+    "gemv-dot-split-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH,
+                                _gemv_dot()[3] | dict(BLOCK_K=256, SPLIT=True, FUSED=True, PUSH_W=2),
+                                dict(num_warps=4, num_stages=4)),
     # ... and the vocab-parallel embedding lookup of one token, launched without PDL
     "embedding-push": ("push_reduce", "_embedding_push_kernel", dict(_PUSH, tok_ptr="*i64", vocab_start="i64"),
                        dict(BLOCK_N=8, W=2), dict(num_warps=4)),

@@ -18,7 +18,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import gemv_triton, linear_pushed
+from graphrt.kernels.gemv import gemv_triton, linear, linear_pushed
 from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks
@@ -82,6 +82,29 @@ def test_push_in_one_process_sums_and_sends_words(world):
         assert torch.equal((sent & 0xFFFFFFFF).cpu(), low[0::2] | (low[1::2] << 16))
         assert not data[r][0].any() and not data[r][1, 1:].any()  # nothing else written there
     assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("rows,split_k", [(4, 1), (3, 3), (16, 2)])
+def test_push_of_several_rows_on_the_dot_path_in_one_process(rows, split_k):
+    """3-16 rows (the DOT path: unsplit, or split K and reduced by the last split of each tile), two
+    ranks simulated in one process as above, fp16 (the interpreter's dot takes it whole): rank 0's
+    sum is its own product bit for bit, its words reach rank 1 with number 1, tile by tile and row
+    by row, and the counts of the words used move to 1."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    n, k, block_n = 96, 96, 32
+    x = torch.randn(rows, k, generator=gen).to(torch.float16).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.float16).to(device)
+    target, data = _local_target(2, rows * n // 2, device, dtype=torch.float16)
+    data[0][1, 1] = 1 << 32  # rank 1's push 1: number 1, outputs +0.0
+    knobs = dict(use_dot=True, block_n=block_n, block_k=32, split_k=split_k)
+    y = gemv_triton(x, w, push=target, **knobs)
+    plain = gemv_triton(x, w, **knobs)
+    assert torch.equal(y, plain)
+    order = plain.view(rows, n // block_n, block_n).transpose(0, 1).reshape(-1)  # [tiles, rows, block_n]
+    assert torch.equal(data[1][1, 0].cpu(), _words(order.cpu(), 1))
+    assert not data[1][0].any() and not data[1][1, 1].any()
+    assert torch.equal(target.seq.cpu(), torch.ones(rows * n // 2, dtype=torch.int32))
 
 
 def _words(row: torch.Tensor, number: int) -> torch.Tensor:
@@ -176,7 +199,7 @@ def _layer_chain(v, a, b, res, g, summed_product, steps, sleeps=None):
             torch.cuda._sleep(sleeps[step])
         summed = summed_product(v, a)
         norm = PendingNorm(summed, res, g, 1e-5)
-        v = gemv_triton(summed, b, norm=norm)
+        v = linear(norm, b)  # the norm in the GEMV's prologue where it runs one row a program
         streams.append(norm.stream)
     return v, streams
 
@@ -198,6 +221,11 @@ def _nccl_summed(v, a):
     return part
 
 
+# (rows, hidden, inner): a decode step's one-row FMA path; four rows on the unsplit DOT path (llama-8b's
+# o projection at TP = 2); eight on the DOT path split over K, summed by each tile's last split (down)
+_CHAINS = [(1, 1024, 768), (4, 4096, 2048), (8, 4096, 7168)]
+
+
 def _kernel_worker(out_dir, seed):
     import random
 
@@ -209,44 +237,48 @@ def _kernel_worker(out_dir, seed):
     dev = torch.device("cuda", torch.cuda.current_device())
     fails = []
     try:
-        hidden, inner, steps = 1024, 768, 24
-        assert tp.use_one_shot(dev, torch.bfloat16, 64 * hidden, hidden) == "push + one-shot"
+        steps = 24
+        assert tp.use_one_shot(dev, torch.bfloat16, 64 * 4096, 4096) == "push + one-shot"
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials
-        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residual and norm on every rank
+        gen_shared = torch.Generator(device=dev).manual_seed(seed)  # the same residuals and norms on every rank
         bf = torch.bfloat16
-        v = torch.randn(1, inner, device=dev, generator=gen).to(bf)
-        a = (torch.randn(hidden, inner, device=dev, generator=gen) / inner**0.5).to(bf)
-        b = (torch.randn(inner, hidden, device=dev, generator=gen) / hidden**0.5).to(bf)
-        res = torch.randn(1, hidden, device=dev, generator=gen_shared).to(bf)
-        g = (1 + 0.1 * torch.randn(hidden, device=dev, generator=gen_shared)).to(bf)
-
-        # one product: NCCL's sum exactly
-        part = gemv_triton(v, a)
-        dist.all_reduce(part)
-        if not torch.equal(_pushed(tp.push)(v, a), part):
-            fails.append("the GEMV's sum differs from NCCL's all-reduce")
-
-        # a chain of layer-like pairs, eager
-        want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
-        got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
-        if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
-            fails.append("eager chain differs from the all-reduced one")
-        # the chain in a graph replayed many times, each rank spinning before its own random pairs
-        # so that one runs ahead of the other
+        chains = []
+        for rows, hidden, inner in _CHAINS:
+            v = torch.randn(rows, inner, device=dev, generator=gen).to(bf)
+            a = (torch.randn(hidden, inner, device=dev, generator=gen) / inner**0.5).to(bf)
+            b = (torch.randn(inner, hidden, device=dev, generator=gen) / hidden**0.5).to(bf)
+            res = torch.randn(rows, hidden, device=dev, generator=gen_shared).to(bf)
+            g = (1 + 0.1 * torch.randn(hidden, device=dev, generator=gen_shared)).to(bf)
+            # one product: NCCL's sum exactly
+            part = gemv_triton(v, a)
+            dist.all_reduce(part)
+            if not torch.equal(_pushed(tp.push)(v, a), part):
+                fails.append(f"{rows} rows: the GEMV's sum differs from NCCL's all-reduce")
+            # a chain of layer-like pairs, eager
+            want, want_streams = _layer_chain(v, a, b, res, g, _nccl_summed, steps)
+            got, got_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps)
+            if not torch.equal(got, want) or not all(map(torch.equal, got_streams, want_streams)):
+                fails.append(f"{rows} rows: eager chain differs from the all-reduced one")
+            chains.append(((v, a, b, res, g), want, want_streams))
+        # every chain in one graph (the words of one- and several-row launches interleave), replayed
+        # many times, each rank spinning before its own random pairs so that one runs ahead
         rng = random.Random(seed * 7 + tp.rank)
-        sleeps = {k: rng.randrange(10_000, 200_000) for k in range(steps) if rng.random() < 0.25}
+        sleeps = [{k: rng.randrange(10_000, 200_000) for k in range(steps) if rng.random() < 0.25} for _ in chains]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            _layer_chain(v, a, b, res, g, _pushed(tp.push), 2)  # warm
+            for args, _, _ in chains:
+                _layer_chain(*args, _pushed(tp.push), 2)  # warm
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out, out_streams = _layer_chain(v, a, b, res, g, _pushed(tp.push), steps, sleeps)
+            outs = [_layer_chain(*args, _pushed(tp.push), steps, sl) for (args, _, _), sl in zip(chains, sleeps)]
         for i in range(50):
             graph.replay()
-            if i % 10 == 9:
-                torch.cuda.synchronize()
+            if i % 10 != 9:
+                continue
+            torch.cuda.synchronize()
+            for (rows, _, _), (out, out_streams), (_, want, want_streams) in zip(_CHAINS, outs, chains):
                 if not torch.equal(out, want) or not torch.equal(out_streams[-1], want_streams[-1]):
                     # the first pair whose sum + residual differs says where a wrong sum entered
                     first = next((k for k, (o, w) in enumerate(zip(out_streams, want_streams))
@@ -254,8 +286,9 @@ def _kernel_worker(out_dir, seed):
                     where = "only the last GEMV" if first is None else (
                         f"first at pair {first} of {steps}: "
                         f"{int((out_streams[first] != want_streams[first]).sum())} outputs")
-                    fails.append(f"graph replay {i} differs ({where})")
-                    break
+                    fails.append(f"{rows} rows: graph replay {i} differs ({where})")
+            if fails:
+                break
         torch.cuda.synchronize()
         # every rank ran the same pushes, so every word's count must agree across the ranks
         counts = [torch.empty_like(tp.push.seq) for _ in range(tp.world_size)]

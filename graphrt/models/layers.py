@@ -113,8 +113,8 @@ class AttentionBlock:
 
 
 def row_parallel(x, w, tp):
-    """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: at one token
-    a step in the GEMV's own launch (kernels/push_reduce.py), otherwise the product, then an
+    """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: in the GEMV's
+    own launch where it can (kernels/gemv.linear_pushed), otherwise the product, then an
     all-reduce."""
     if tp is None:
         return linear(x, w)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from graphrt.errors import ConfigMismatchError, ParallelError
-from graphrt.kernels.push_reduce import PushTarget
+from graphrt.kernels.push_reduce import MAX_ROWS, PushTarget
 
 
 class _OneShotAllReduce:
@@ -70,7 +70,7 @@ class TensorParallel:
     rank: int
     world_size: int
     one_shot: _OneShotAllReduce | None = None
-    push: PushTarget | None = None  # one-token row-parallel products (kernels/push_reduce.py)
+    push: PushTarget | None = None  # row-parallel products of 1-16 tokens (kernels/push_reduce.py)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks (a row-parallel projection's partial products): the returned
@@ -83,8 +83,8 @@ class TensorParallel:
     def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
         (_OneShotAllReduce) where the GPUs and torch allow, and at two ranks in bf16/fp16 sum
-        one-token row-parallel products of up to `hidden` outputs inside the GEMV's own launch
-        (kernels/push_reduce.py).
+        row-parallel products of up to MAX_ROWS rows of `hidden` outputs inside the GEMV's own
+        launch (kernels/push_reduce.py).
         GRAPHRT_ALLREDUCE: auto (both), one-shot (the one-shot kernel only) or nccl (every
         all-reduce on NCCL). Returns the path taken, "push + one-shot", "one-shot" or "nccl" (with
         the reason)."""
@@ -97,7 +97,8 @@ class TensorParallel:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
             # two outputs to an LL word; two ranks: the only count its GPU tests have run
             if mode == "auto" and dtype in (torch.bfloat16, torch.float16) and self.world_size == 2:
-                self.push = _push_target(self.group, self.rank, self.world_size, device, dtype, hidden)
+                self.push = _push_target(self.group, self.rank, self.world_size, device, dtype,
+                                         MAX_ROWS * hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
             self.one_shot = self.push = None
             return f"nccl ({type(exc).__name__}: {exc})"
