@@ -314,8 +314,8 @@ def _gemv_kernel(
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
-    PUSH_W: tl.constexpr = 0,  # FMA at M = 1 unsplit, or DOT unsplit or FUSED; not GATED, no bias: y summed
-    # over W ranks (kernels/push_reduce.py)
+    PUSH_W: tl.constexpr = 0,  # FMA unsplit at BLOCK_M <= 2, or DOT unsplit or FUSED; not GATED, no bias: y
+    # summed over W ranks (kernels/push_reduce.py)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -375,13 +375,17 @@ def _gemv_kernel(
             dt = y_ptr.dtype.element_ty
             tl.store(y_ptr + offs_n, silu_mul(_fma_final(a0, REDUCE_EACH).to(dt),
                                               _fma_final(c0, REDUCE_EACH).to(dt)).to(dt), mask=offs_n < N)
-        elif PUSH_W > 0:
+        elif PUSH_W > 0 and BLOCK_M == 1:
             push_reduce_row(_fma_final(a0, REDUCE_EACH).to(y_ptr.dtype.element_ty), pid_n, BLOCK_N, N, y_ptr,
                             tab_ptr, seq_ptr, tp_rank, tp_words, PUSH_W)
+        elif PUSH_W > 0:  # two rows: one tile of the DOT path's push
+            rows2 = tl.trans(tl.join(_fma_final(a0, REDUCE_EACH), _fma_final(a1, REDUCE_EACH)))  # [2, BLOCK_N]
+            push_reduce_tile(rows2.to(y_ptr.dtype.element_ty), pid_n, M, 2, BLOCK_N, N, y_ptr, stride_ym, tab_ptr,
+                             seq_ptr, tp_rank, tp_words, PUSH_W)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
-        if BLOCK_M > 1:
+        if BLOCK_M > 1 and PUSH_W == 0:
             _store_row(_fma_final(a1, REDUCE_EACH), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
         if BLOCK_M > 2:
@@ -497,9 +501,9 @@ def gemv_triton(
     taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
     (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
     push: a tensor-parallel group's PushTarget (kernels/push_reduce.py): y is then summed over the
-    ranks in the same launch, the same bits on every rank (M = 1 on the unsplit FMA path, or the
-    DOT path, split K only with the counters; no bias, not gated). A collective: every rank makes
-    the same call.
+    ranks in the same launch, the same bits on every rank (M = 1 or 2 on the unsplit FMA path, not
+    per_row; or the DOT path, split K only with the counters; no bias, not gated). A collective:
+    every rank makes the same call.
     """
     _validate(x, w, bias, out)
     m, k = x.shape
@@ -552,10 +556,11 @@ def gemv_triton(
         tiles = triton.cdiv(n, block_n)
     if norm is not None and (use_dot or split_k > 1):
         raise ValueError("norm= needs the unsplit FMA path")
-    if push is not None and ((not use_dot and (m != 1 or split_k > 1)) or gated or bias is not None
+    if push is not None and ((not use_dot and (m > 2 or per_row or split_k > 1)) or gated or bias is not None
                              or not push.fits(n, block_n, x.dtype, m)):
-        raise ValueError(f"push= takes one row on the unsplit FMA path or the DOT path, no bias or gate, and a "
-                         f"product the push buffers hold; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+        raise ValueError(f"push= takes one or two rows on the unsplit FMA path (not per_row) or the DOT path, no "
+                         f"bias or gate, and a product the push buffers hold; got x {tuple(x.shape)}, "
+                         f"w {tuple(w.shape)}")
 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -635,18 +640,18 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
 def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor | None:
     """x [M, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
-    launch, where the dispatcher runs the product on the one-row FMA path (M = 1) or the DOT path
-    (3-16 rows, unsplit or split-K reduced in the same launch): the all-reduce then runs in its
-    epilogue (kernels/push_reduce.py). None elsewhere (the caller all-reduces)."""
+    launch, where the dispatcher runs the product on the unsplit FMA path with both rows in each
+    program (M = 1, 2) or on the DOT path (3-16 rows, unsplit or split-K reduced in the same
+    launch): the all-reduce then runs in its epilogue (kernels/push_reduce.py). None elsewhere
+    (the caller all-reduces)."""
     if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or not _triton_ok(x, w, None):
         return None
     m = x.shape[0]
     cfg = select_config(m, *w.shape)
     if cfg is None or not push.fits(w.shape[0], cfg["block_n"], x.dtype, m):
         return None
-    if m == 1 and gemv_config.one_row_per_program(cfg, 1):
-        return gemv_triton(x, w, push=push)
-    if cfg["use_dot"] and (gemv_config.unsplit(cfg) or counters(x.device, 1) is not None):
+    fma = not cfg["use_dot"] and gemv_config.unsplit(cfg) and not cfg.get("per_row") and m <= 2
+    if fma or (cfg["use_dot"] and (gemv_config.unsplit(cfg) or counters(x.device, 1) is not None)):
         return gemv_triton(x, w, push=push)
     return None
 

@@ -25,8 +25,9 @@ began after its push k + 1 had read every rank's word k + 1, which each peer wro
 the last reader of that slot, had finished (a launch's programs write only after the wait for the
 launch before, under PDL too).
 
-Several rows (push_reduce_tile: the GEMV's DOT path, 3-16 rows) push the same words, a tile's
-rows one after another; there every tile's program waits for its own tile's words. The
+Several rows (push_reduce_tile: the GEMV's FMA path at two rows, its DOT path at 3-16) push the
+same words, a tile's rows one after another; there every tile's program waits for its own tile's
+words. The
 vocab-parallel embedding lookup of one token (embedding_pushed) sums like a one-row product: the
 rank holding the token's row pushes it, the others push zeros.
 
@@ -173,8 +174,9 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
 @triton.jit
 def push_reduce_tile(vals, tile, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, n, y_ptr, stride_ym, tab_ptr,
                      seq_ptr, rank, words, W: tl.constexpr):
-    """The epilogue of the program that holds output tile `tile` of an M-row product (3-16 rows: the
-    GEMV's DOT path, unsplit or its split-K reduction): vals [BLOCK_M, BLOCK_N] (y's dtype; rows
+    """The epilogue of the program that holds output tile `tile` of an M-row product (the GEMV's
+    FMA path at two rows, its DOT path at 3-16, unsplit or in the split-K reduction): vals
+    [BLOCK_M, BLOCK_N] (y's dtype; rows
     past M and columns past n are never read) is this rank's partial of rows arange(BLOCK_M),
     columns tile * BLOCK_N + arange(BLOCK_N); y_ptr [M, n] (row stride stride_ym) gets their sum
     over the W ranks. Call after the wait for the launch before (seq is settled then).

@@ -78,6 +78,9 @@ CASES = {
     # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),
                              dict(num_warps=4, num_stages=1)),
+    # ... and of two rows on the FMA path (both in each program)
+    "gemv-fma-m2-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(
+        BLOCK_M=2, BLOCK_N=4, BLOCK_K=1024, REDUCE_EACH=False, RED_M=2, PUSH_W=2), dict(num_warps=4, num_stages=1)),
     # ... and of 3-16 rows on the DOT path: unsplit, and in the last split's reduction of a tile
     "gemv-dot-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_dot()[3] | dict(PUSH_W=2),
                           dict(num_warps=4, num_stages=4)),

@@ -84,20 +84,28 @@ def test_push_in_one_process_sums_and_sends_words(world):
     assert torch.equal(target.seq.cpu(), torch.ones(n // 2, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("rows,split_k", [(4, 1), (3, 3), (16, 2)])
-def test_push_of_several_rows_on_the_dot_path_in_one_process(rows, split_k):
-    """3-16 rows (the DOT path: unsplit, or split K and reduced by the last split of each tile), two
-    ranks simulated in one process as above, fp16 (the interpreter's dot takes it whole): rank 0's
-    sum is its own product bit for bit, its words reach rank 1 with number 1, tile by tile and row
-    by row, and the counts of the words used move to 1."""
+_FMA2 = dict(use_dot=False, per_row=False, reduce_each=False, block_n=4, block_k=32)  # the M = 2 launch's shape
+
+
+@pytest.mark.parametrize("rows,knobs", [
+    (2, _FMA2),
+    (4, dict(use_dot=True, block_n=32, block_k=32, split_k=1)),
+    (3, dict(use_dot=True, block_n=32, block_k=32, split_k=3)),
+    (16, dict(use_dot=True, block_n=32, block_k=32, split_k=2)),
+])
+def test_push_of_several_rows_in_one_process(rows, knobs):
+    """Two rows on the FMA path (both in each program) and 3-16 on the DOT path (unsplit, or split
+    K and reduced by the last split of each tile), two ranks simulated in one process as above,
+    fp16 (the interpreter's dot takes it whole): rank 0's sum is its own product bit for bit, its
+    words reach rank 1 with number 1, tile by tile and row by row, and the counts of the words used
+    move to 1."""
     gen = torch.Generator().manual_seed(fresh_seed())
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    n, k, block_n = 96, 96, 32
+    n, k, block_n = 96, 96, knobs["block_n"]
     x = torch.randn(rows, k, generator=gen).to(torch.float16).to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.float16).to(device)
     target, data = _local_target(2, rows * n // 2, device, dtype=torch.float16)
     data[0][1, 1] = 1 << 32  # rank 1's push 1: number 1, outputs +0.0
-    knobs = dict(use_dot=True, block_n=block_n, block_k=32, split_k=split_k)
     y = gemv_triton(x, w, push=target, **knobs)
     plain = gemv_triton(x, w, **knobs)
     assert torch.equal(y, plain)
@@ -105,6 +113,18 @@ def test_push_of_several_rows_on_the_dot_path_in_one_process(rows, split_k):
     assert torch.equal(data[1][1, 0].cpu(), _words(order.cpu(), 1))
     assert not data[1][0].any() and not data[1][1, 1].any()
     assert torch.equal(target.seq.cpu(), torch.ones(rows * n // 2, dtype=torch.int32))
+
+
+def test_push_refuses_what_its_launches_do_not_sum():
+    """Rows the push does not take (three or four on the FMA path, per-row programs) are an error
+    naming the problem, and nothing is pushed."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target, data = _local_target(2, 4 * 96 // 2, device, dtype=torch.float16)
+    w = torch.randn(96, 96).to(torch.float16).to(device)
+    for rows, knobs in ((3, dict(_FMA2)), (2, dict(_FMA2, per_row=True))):
+        with pytest.raises(ValueError, match="push= takes one or two rows on the unsplit FMA path"):
+            gemv_triton(torch.randn(rows, 96).to(torch.float16).to(device), w, push=target, **knobs)
+    assert not any(d.any() for d in data) and not target.seq.any()
 
 
 def _words(row: torch.Tensor, number: int) -> torch.Tensor:
@@ -221,9 +241,10 @@ def _nccl_summed(v, a):
     return part
 
 
-# (rows, hidden, inner): a decode step's one-row FMA path; four rows on the unsplit DOT path (llama-8b's
-# o projection at TP = 2); eight on the DOT path split over K, summed by each tile's last split (down)
-_CHAINS = [(1, 1024, 768), (4, 4096, 2048), (8, 4096, 7168)]
+# (rows, hidden, inner): a decode step's one-row FMA path; two rows in each FMA program (a down
+# projection at B = 2); four rows on the unsplit DOT path (llama-8b's o projection at TP = 2); eight
+# on the DOT path split over K, summed by each tile's last split (its down projection)
+_CHAINS = [(1, 1024, 768), (2, 2048, 4096), (4, 4096, 2048), (8, 4096, 7168)]
 
 
 def _kernel_worker(out_dir, seed):
