@@ -1,8 +1,8 @@
-"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py) against the GEMV
+"""The all-reduce inside the row-parallel GEMV (kernels/push_reduce.py) against the GEMV
 followed by torch's symmetric-memory one-shot all-reduce, and against no all-reduce at all, in a
-chain shaped like decode at batch 1: 32 x (row-parallel [H, I] GEMV, all-reduce, column-parallel
-[I, H] GEMV), captured in one CUDA graph, replayed. Run: torchrun --nproc-per-node N
-scripts/push_bench.py [--hidden H] [--inner I] [--out FILE]."""
+chain shaped like decode at batch 1 (or --rows tokens a step): 32 x (row-parallel [H, I] GEMV,
+all-reduce, column-parallel [I, H] GEMV), captured in one CUDA graph, replayed. Run: torchrun
+--nproc-per-node N scripts/push_bench.py [--hidden H] [--inner I] [--rows R] [--out FILE]."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 
 import torch
 from allreduce_bench import timed  # scripts/ is sys.path[0] under torchrun
-from graphrt.kernels.gemv import gemv_triton
+from graphrt.kernels.gemv import linear, linear_pushed
 
 from graphrt.parallel.group import init_tensor_parallel
 
@@ -22,6 +22,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--inner", type=int, default=7168)  # llama-8b-shape's MLP at TP = 2
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=1, help="tokens a step: 1, 2 or 3-16 (the DOT path)")
     ap.add_argument("--out")
     args = ap.parse_args()
     tp = init_tensor_parallel()
@@ -34,24 +35,31 @@ def main():
     # one matrix pair per layer, so the chain reads the weights from DRAM as decode does
     down = [mk(h, i) for _ in range(args.layers)]
     up = [mk(i, h) for _ in range(args.layers)]
-    v0 = torch.randn(1, i, device=dev, generator=gen).to(torch.bfloat16)
+    v0 = torch.randn(args.rows, i, device=dev, generator=gen).to(torch.bfloat16)
 
     def chain(reduce):
         v = v0
         for a, b in zip(down, up):
-            v = gemv_triton(reduce(v, a), b)
+            v = linear(reduce(v, a), b)
         return v
 
+    def pushed(v, a):
+        y = linear_pushed(v, a, tp.push)
+        if y is None:
+            raise SystemExit(f"the push does not take {args.rows} rows of [{h}, {i}]")
+        return y
+
     rows = {
-        "no all-reduce": lambda v, a: gemv_triton(v, a),
-        "GEMV + one-shot all-reduce": lambda v, a: tp.one_shot(gemv_triton(v, a)),
-        "GEMV with the all-reduce inside": lambda v, a: gemv_triton(v, a, push=tp.push),
+        "no all-reduce": lambda v, a: linear(v, a),
+        "GEMV + one-shot all-reduce": lambda v, a: tp.one_shot(linear(v, a)),
+        "GEMV with the all-reduce inside": pushed,
     }
     res = {}
     for name, fn in rows.items():
         res[name] = timed(lambda fn=fn: chain(fn), reps=1) / args.layers
     if tp.rank == 0:
-        print(f"us per layer ({args.layers} layers of [{h}, {i}] + [{i}, {h}] GEMVs, {tp.world_size} ranks):")
+        print(f"us per layer ({args.layers} layers of [{h}, {i}] + [{i}, {h}] GEMVs, {args.rows} rows, "
+              f"{tp.world_size} ranks):")
         for name, us in res.items():
             print(f"  {name:34s} {us:8.2f}")
         if args.out:

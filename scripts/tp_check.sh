@@ -52,7 +52,10 @@ for step in $steps; do
                python3 -m graphrt profile --preset llama-8b-shape $d --batch-sizes 1,8,64 --tp "$TP" \
                  --json "$OUT/profile_tp${TP}_$(echo $d | tr -dc a-z0-9).json" 2>&1 | log | tail -60
              done ;;
-    push)    torchrun --nproc-per-node "$TP" scripts/push_bench.py --out "$OUT/push_tp$TP.json" 2>&1 | log | tail -6 ;;
+    push)    for r in 1 2 4 8; do  # a decode step's row, the two-row FMA launch, a verify step's 4, B = 8
+               torchrun --nproc-per-node "$TP" scripts/push_bench.py --rows $r --out "$OUT/push_tp${TP}_r$r.json" 2>&1 \
+                 | log | tail -6
+             done ;;
     sampler) torchrun --nproc-per-node "$TP" scripts/bench_vocab_parallel.py --out "$OUT/sampler_tp$TP.json" 2>&1 \
                | log | tail -30 ;;
     *) echo "unknown step $step" | log ;;
