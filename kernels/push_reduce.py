@@ -17,9 +17,9 @@ and only for programs that never wait; the others free their slots at once, wher
 (PDL) starts streaming its weights.
 
 Buffers (graphrt/parallel/group.py makes them; data in symmetric memory): on each rank,
-data [2, W, words] int64 (slot, source rank, word; a word is two adjacent outputs of one row) and seq [words]
-int32, how many pushes have covered each word, the same count on every rank (they run the same
-launches); a group's last program advances it after its reads. The k-th push over word w uses
+data [2, W, words] int64 (slot, source rank, word; a word is two adjacent outputs of one row) and
+seq [words] int32, how many pushes have covered each word, the same count on every rank (they run
+the same launches); the program that reads a word's sums advances it after its reads. The k-th push over word w uses
 slot k % 2 and number k. A rank writes a slot's word again only at push k + 2, inside a launch that
 began after its push k + 1 had read every rank's word k + 1, which each peer wrote after its push k,
 the last reader of that slot, had finished (a launch's programs write only after the wait for the
@@ -27,9 +27,9 @@ launch before, under PDL too).
 
 Several rows (push_reduce_tile: the GEMV's FMA path at two rows, its DOT path at 3-16) push the
 same words, a tile's rows one after another; there every tile's program waits for its own tile's
-words. The
-vocab-parallel embedding lookup of one token (embedding_pushed) sums like a one-row product: the
-rank holding the token's row pushes it, the others push zeros.
+words and advances their counts itself. The vocab-parallel embedding lookup of one token
+(embedding_pushed) sums like a one-row product: the rank holding the token's row pushes it, the
+others push zeros.
 
 CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 """
@@ -176,10 +176,10 @@ def push_reduce_tile(vals, tile, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
                      seq_ptr, rank, words, W: tl.constexpr):
     """The epilogue of the program that holds output tile `tile` of an M-row product (the GEMV's
     FMA path at two rows, its DOT path at 3-16, unsplit or in the split-K reduction): vals
-    [BLOCK_M, BLOCK_N] (y's dtype; rows
-    past M and columns past n are never read) is this rank's partial of rows arange(BLOCK_M),
-    columns tile * BLOCK_N + arange(BLOCK_N); y_ptr [M, n] (row stride stride_ym) gets their sum
-    over the W ranks. Call after the wait for the launch before (seq is settled then).
+    [BLOCK_M, BLOCK_N] (y's dtype; rows past M and columns past n are never read) is this rank's
+    partial of rows arange(BLOCK_M), columns tile * BLOCK_N + arange(BLOCK_N); y_ptr [M, n] (row
+    stride stride_ym) gets their sum over the W ranks. Call after the wait for the launch before
+    (seq is settled then).
 
     The tile's words are (tile * M + row) * BLOCK_N / 2 onward (M = 1: push_reduce_row's). The
     program stores them to every rank, its own included, then waits for the tile's words from
