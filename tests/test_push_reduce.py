@@ -1,13 +1,14 @@
-"""The one-token all-reduce inside the row-parallel GEMV (kernels/push_reduce.py).
+"""The all-reduce inside the row-parallel GEMV (kernels/push_reduce.py): one row, two rows on the
+FMA path, 3-16 on the DOT path, and the one-token embedding lookup.
 
-- CPU (interpreter): the LL words' packing; two ranks simulated in one process (rank 1's words
-  written into rank 0's buffer by the test).
+- CPU (interpreter): the LL words' packing; two and four ranks simulated in one process (the others'
+  words written into rank 0's buffer by the test); the refusals and the switch's values.
 - one GPU: one rank in a CUDA graph replayed many times, against the GEMV without the push.
 - two GPUs: at 2 ranks the sum of two bf16 partials rounded once is the same bits whichever way it
   is taken, so the GEMV's sum must equal NCCL's all-reduce of its partial exactly, and a runtime
-  that pushes must decode the same tokens as one that all-reduces through NCCL. A chain of
-  layer-like pairs (pushing GEMV, then a GEMV with the norm prologue) replayed in a CUDA graph many
-  times while the ranks drift apart catches a slot reused too early or a word read too soon: either
+  that pushes must decode the same tokens as one that all-reduces through NCCL. Chains of
+  layer-like pairs (pushing GEMV, then a GEMV with the norm) of 1, 2, 4 and 8 rows, replayed in one
+  CUDA graph many times while the ranks drift apart, catch a slot reused too early or a word read too soon: either
   gives wrong values (or a hang, which the timeout turns into a failure)."""
 
 from __future__ import annotations
