@@ -375,7 +375,7 @@ class Runtime:
             if self.tp.one_shot is None:  # collective too: here, where every rank surely arrives
                 # the decode phases' all-reduces: at most B * (K + 1) rows of the hidden size
                 numel = self.max_batch_size * (self.K + 1) * self.target.cfg.hidden_size
-                self.all_reduce_path = self.tp.use_one_shot(self.device, self.target.embed.dtype, numel,
+                self.all_reduce_path = self.tp.use_symmetric_memory(self.device, self.target.embed.dtype, numel,
                                                             self.target.cfg.hidden_size)
             else:
                 self.all_reduce_path = self.tp.symmetric_path

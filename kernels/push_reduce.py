@@ -133,10 +133,28 @@ def _wait_word(ptrs, s, mask):
 
 
 @triton.jit
-def _gather(mine, r, W: tl.constexpr, words, w, wmask, s, dtype: tl.constexpr):
-    """Rank r's partial of words w (push s: slot s % 2), from this rank's buffer, once they carry
-    their numbers s, as fp32."""
-    return _unpack(_wait_word(mine + ((s % 2) * W + r) * words + w, s, wmask), dtype)
+def _send(vals, w, ok, seq_ptr, tab_ptr, rank, words, W: tl.constexpr):
+    """Store this rank's outputs vals [2H] (16-bit, pairs adjacent) as words w [H] (where ok) to
+    every rank, its own included, each with its push number s (seq + 1: slot s % 2) -> s."""
+    s = tl.load(seq_ptr + w, mask=ok, other=0, cache_modifier=".cg") + 1
+    word = _pack(vals, s)
+    for q in tl.static_range(W):
+        base = tl.load(tab_ptr + q).to(tl.pointer_type(tl.int64))
+        _store_word(base + ((s % 2) * W + rank) * words + w, word, ok)
+    return s
+
+
+@triton.jit
+def _sum(w, ok, s, seq_ptr, tab_ptr, rank, words, W: tl.constexpr, dtype: tl.constexpr):
+    """The [2H] fp32 sum over the W ranks of words w (where ok), read from this rank's buffer once
+    every rank's carry their numbers s, added in rank order (every rank the same bits); then the
+    words' counts advance to s."""
+    mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
+    acc = tl.zeros([w.shape[0] * 2], tl.float32)
+    for q in tl.static_range(W):
+        acc += _unpack(_wait_word(mine + ((s % 2) * W + q) * words + w, s, ok), dtype)
+    tl.store(seq_ptr + w, s, mask=ok)
+    return acc
 
 
 @triton.jit
@@ -152,23 +170,15 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
     the only programs that wait, wait for programs that never do."""
     HALF: tl.constexpr = BLOCK_N // 2
     w = pid * HALF + tl.arange(0, HALF)
-    s = tl.load(seq_ptr + w, mask=w * 2 < n, other=0, cache_modifier=".cg") + 1
-    word = _pack(vals, s)
-    for r in tl.static_range(W):
-        base = tl.load(tab_ptr + r).to(tl.pointer_type(tl.int64))
-        _store_word(base + ((s % 2) * W + rank) * words + w, word, w * 2 < n)
+    _send(vals, w, w * 2 < n, seq_ptr, tab_ptr, rank, words, W)
     group = pid // GROUP
     if pid == tl.minimum(group * GROUP + GROUP, tl.num_programs(0)) - 1:
         gw = group * (GROUP * HALF) + tl.arange(0, GROUP * HALF)
         gmask = gw * 2 < n
         gs = tl.load(seq_ptr + gw, mask=gmask, other=0, cache_modifier=".cg") + 1
-        mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
-        acc = tl.zeros([GROUP * BLOCK_N], tl.float32)
-        for r in tl.static_range(W):  # rank order, fp32: every rank the same bits
-            acc += _gather(mine, r, W, words, gw, gmask, gs, vals.dtype)
+        acc = _sum(gw, gmask, gs, seq_ptr, tab_ptr, rank, words, W, vals.dtype)
         offs = group * (GROUP * BLOCK_N) + tl.arange(0, GROUP * BLOCK_N)
         tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=offs < n)
-        tl.store(seq_ptr + gw, gs, mask=gmask)
 
 
 @triton.jit
@@ -191,19 +201,11 @@ def push_reduce_tile(vals, tile, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
     i = tl.arange(0, HALF)[None, :]
     w = tl.reshape((tile * M + r) * HALF + i, [BLOCK_M * HALF])  # row-major, as the words pack
     ok = tl.reshape((r < M) & (tile * BLOCK_N + 2 * i < n), [BLOCK_M * HALF])
-    s = tl.load(seq_ptr + w, mask=ok, other=0, cache_modifier=".cg") + 1
-    word = _pack(tl.reshape(vals, [BLOCK_M * BLOCK_N]), s)
-    for q in tl.static_range(W):
-        base = tl.load(tab_ptr + q).to(tl.pointer_type(tl.int64))
-        _store_word(base + ((s % 2) * W + rank) * words + w, word, ok)
-    mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
-    acc = tl.zeros([BLOCK_M * BLOCK_N], tl.float32)
-    for q in tl.static_range(W):  # rank order, fp32: every rank the same bits
-        acc += _gather(mine, q, W, words, w, ok, s, vals.dtype)
+    s = _send(tl.reshape(vals, [BLOCK_M * BLOCK_N]), w, ok, seq_ptr, tab_ptr, rank, words, W)
+    acc = _sum(w, ok, s, seq_ptr, tab_ptr, rank, words, W, vals.dtype)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tl.store(y_ptr + r.to(tl.int64) * stride_ym + cols, tl.reshape(acc, [BLOCK_M, BLOCK_N]).to(y_ptr.dtype.element_ty),
              mask=(r < M) & (cols < n))
-    tl.store(seq_ptr + w, s, mask=ok)
 
 
 _EMBED_BLOCK = 8  # outputs per program of the embedding lookup: a group's sum is 512 outputs

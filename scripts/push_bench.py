@@ -29,7 +29,7 @@ def main():
     dev = torch.device("cuda", torch.cuda.current_device())
     h, i = args.hidden, args.inner
     os.environ["GRAPHRT_ALLREDUCE"] = "auto"  # the one-shot kernel and the push buffers
-    tp.use_one_shot(dev, torch.bfloat16, 64 * h, h)
+    tp.use_symmetric_memory(dev, torch.bfloat16, 64 * h, h)
     gen = torch.Generator(device=dev).manual_seed(tp.rank)
     mk = lambda n, k: (torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(torch.bfloat16)  # noqa: E731
     # one matrix pair per layer, so the chain reads the weights from DRAM as decode does

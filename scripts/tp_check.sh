@@ -6,8 +6,9 @@
 # call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), ab (TP = N plain decode with the
 # one-shot symmetric-memory all-reduce and the all-reduce inside the GEMV against NCCL's), push
 # (scripts/push_bench.py's GEMV chain: the all-reduce inside the GEMV, after it, and none), b70
-# (llama-70b-shape's first 10 layers: plain and EAGLE-3 at simulated L = 3), profile (kernel time per phase by family, communication included,
-# at TP = N), sampler (vocab-parallel sampler and argmax against all-gather + the one-GPU kernels).
+# (llama-70b-shape's first 10 layers: plain and EAGLE-3 at simulated L = 3), profile (kernel time per
+# phase by family, communication included, at TP = N), sampler (vocab-parallel sampler and argmax
+# against all-gather + the one-GPU kernels).
 # Default: all.
 # TP=N sets the ranks (default: every GPU, at most 4).
 set -uo pipefail

@@ -168,10 +168,10 @@ def test_allreduce_switch_names_its_values(monkeypatch):
     tp = TensorParallel(group=None, rank=0, world_size=1)
     for mode in ("auto", "one-shot", "nccl"):
         monkeypatch.setenv("GRAPHRT_ALLREDUCE", mode)
-        assert tp.use_one_shot(torch.device("cpu"), torch.bfloat16, 64, 64) == "nccl"
+        assert tp.use_symmetric_memory(torch.device("cpu"), torch.bfloat16, 64, 64) == "nccl"
     monkeypatch.setenv("GRAPHRT_ALLREDUCE", "push")
     with pytest.raises(ValueError, match="GRAPHRT_ALLREDUCE must be auto, one-shot or nccl, got 'push'"):
-        tp.use_one_shot(torch.device("cpu"), torch.bfloat16, 64, 64)
+        tp.use_symmetric_memory(torch.device("cpu"), torch.bfloat16, 64, 64)
     assert tp.one_shot is None and tp.push is None
 
 
@@ -273,7 +273,7 @@ def _kernel_worker(out_dir, seed):
     try:
         steps = 24
         if tp.world_size == 2:
-            assert tp.use_one_shot(dev, torch.bfloat16, 64 * 4096, 4096) == "push + one-shot"
+            assert tp.use_symmetric_memory(dev, torch.bfloat16, 64 * 4096, 4096) == "push + one-shot"
         else:  # the runtime pushes at two ranks only: here the buffers are made directly
             tp.push = _push_target(tp.group, tp.rank, tp.world_size, dev, torch.bfloat16, MAX_ROWS * 4096)
         gen = torch.Generator(device=dev).manual_seed(seed + 1000 * tp.rank)  # each rank its own partials

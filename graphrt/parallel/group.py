@@ -51,7 +51,7 @@ class _OneShotAllReduce:
 
 def _push_target(group, rank: int, world: int, device, dtype, numel: int) -> PushTarget:
     """Collective: the push buffers of kernels/push_reduce.py (data in symmetric memory, zeroed on
-    every rank before any rank may push) for one-row products of up to numel outputs."""
+    every rank before any rank may push) for products of up to numel outputs (all rows)."""
     import torch.distributed._symmetric_memory as symm_mem
 
     words = -(-numel // 32) * 16  # two outputs a word; every slot 128-byte aligned
@@ -80,7 +80,7 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def use_one_shot(self, device, dtype, numel: int, hidden: int) -> str:
+    def use_symmetric_memory(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
         (_OneShotAllReduce) where the GPUs and torch allow, and at two ranks in bf16/fp16 sum
         row-parallel products of up to MAX_ROWS rows of `hidden` outputs inside the GEMV's own
@@ -106,7 +106,7 @@ class TensorParallel:
 
     @property
     def symmetric_path(self) -> str:
-        """The decode all-reduce path once use_one_shot has set up symmetric memory."""
+        """The decode all-reduce path once use_symmetric_memory has set up symmetric memory."""
         return "push + one-shot" if self.push is not None else "one-shot"
 
     def heads(self, num_heads: int, num_kv_heads: int) -> tuple[int, int, int, int]:
