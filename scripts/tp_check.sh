@@ -4,7 +4,7 @@
 #   bash scripts/tp_check.sh [step ...]
 # Steps: tests (NCCL + graphs against one GPU), bench (llama-8b-shape, TP = 1 then TP = N in the same
 # call: plain and EAGLE-3 speculative at simulated L, B = 1, 8, 64), ab (TP = N plain decode with the
-# one-shot symmetric-memory all-reduce and the all-reduce inside the GEMV against NCCL's), push
+# symmetric-memory all-reduces, the push and the one-shot kernel, against NCCL's), push
 # (scripts/push_bench.py's GEMV chain: the all-reduce inside the GEMV, after it, and none), b70
 # (llama-70b-shape's first 10 layers: plain and EAGLE-3 at simulated L = 3), profile (kernel time per
 # phase by family, communication included, at TP = N), sampler (vocab-parallel sampler and argmax
@@ -39,7 +39,7 @@ for step in $steps; do
                python3 -m graphrt bench --preset llama-8b-shape --sweep-accept --sweep-k 3 --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$tp" --json "$OUT/bench_tp$tp.json" 2>&1 | grep -v '^bench' | log | tail -40
              done ;;
-    ab)      for ar in nccl one-shot auto; do
+    ab)      for ar in nccl auto; do
                GRAPHRT_ALLREDUCE=$ar python3 -m graphrt bench --preset llama-8b-shape --no-draft --batch-sizes 1,8,64 \
                  --max-new-tokens 64 --tp "$TP" 2>&1 | grep '^plain-graphs ' | sed "s/^/allreduce=$ar /" | log
              done ;;

@@ -161,17 +161,18 @@ def test_embedding_lookup_sums_over_two_ranks_in_one_process(owner):
 
 
 def test_allreduce_switch_names_its_values(monkeypatch):
-    """GRAPHRT_ALLREDUCE takes auto, one-shot or nccl; anything else (the retired opt-in `push`
+    """GRAPHRT_ALLREDUCE takes auto or nccl; anything else (the retired A/B values `push` and `one-shot`
     included) is an error naming the variable, and a CPU group stays on its own backend."""
     from graphrt.parallel.group import TensorParallel
 
     tp = TensorParallel(group=None, rank=0, world_size=1)
-    for mode in ("auto", "one-shot", "nccl"):
+    for mode in ("auto", "nccl"):
         monkeypatch.setenv("GRAPHRT_ALLREDUCE", mode)
         assert tp.use_symmetric_memory(torch.device("cpu"), torch.bfloat16, 64, 64) == "nccl"
-    monkeypatch.setenv("GRAPHRT_ALLREDUCE", "push")
-    with pytest.raises(ValueError, match="GRAPHRT_ALLREDUCE must be auto, one-shot or nccl, got 'push'"):
-        tp.use_symmetric_memory(torch.device("cpu"), torch.bfloat16, 64, 64)
+    for retired in ("push", "one-shot"):
+        monkeypatch.setenv("GRAPHRT_ALLREDUCE", retired)
+        with pytest.raises(ValueError, match=f"GRAPHRT_ALLREDUCE must be auto or nccl, got '{retired}'"):
+            tp.use_symmetric_memory(torch.device("cpu"), torch.bfloat16, 64, 64)
     assert tp.one_shot is None and tp.push is None
 
 

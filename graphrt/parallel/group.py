@@ -85,18 +85,17 @@ class TensorParallel:
         (_OneShotAllReduce) where the GPUs and torch allow, and at two ranks in bf16/fp16 sum
         row-parallel products of up to MAX_ROWS rows of `hidden` outputs inside the GEMV's own
         launch (kernels/push_reduce.py).
-        GRAPHRT_ALLREDUCE: auto (both), one-shot (the one-shot kernel only) or nccl (every
-        all-reduce on NCCL). Returns the path taken, "push + one-shot", "one-shot" or "nccl" (with
-        the reason)."""
+        GRAPHRT_ALLREDUCE: auto (that) or nccl (every all-reduce on NCCL). Returns the path taken,
+        "push + one-shot", "one-shot" (where the push does not apply) or "nccl" (with the reason)."""
         mode = os.environ.get("GRAPHRT_ALLREDUCE", "auto")
-        if mode not in ("auto", "one-shot", "nccl"):
-            raise ValueError(f"GRAPHRT_ALLREDUCE must be auto, one-shot or nccl, got {mode!r}")
+        if mode not in ("auto", "nccl"):
+            raise ValueError(f"GRAPHRT_ALLREDUCE must be auto or nccl, got {mode!r}")
         if device.type != "cuda" or mode == "nccl":
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
             # two outputs to an LL word; two ranks: the only count its GPU tests have run
-            if mode == "auto" and dtype in (torch.bfloat16, torch.float16) and self.world_size == 2:
+            if dtype in (torch.bfloat16, torch.float16) and self.world_size == 2:
                 self.push = _push_target(self.group, self.rank, self.world_size, device, dtype,
                                          MAX_ROWS * hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
