@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+import graphrt
 from graphrt.checkpoint import load_checkpoint
 from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
@@ -83,3 +84,17 @@ def bit_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     d = (a.float() - b.float()).abs()[ne]
     return (f"{int(ne.sum())} of {a.numel()} elements differ, max |diff| {float(d.max()):.3g}, "
             f"first at {idx}: {a[tuple(idx)].item()} vs {b[tuple(idx)].item()}")
+
+
+def prompt_forward(rt, prompt):
+    """(final hidden [P, H], logits [P, V]) of the target over the prompt, through the paged KV."""
+    rid = rt.add_request(prompt, graphrt.SamplingParams(max_new_tokens=4))
+    slot = rt.running_slots()[0]
+    meta = rt.cycle._prompt_meta(torch.tensor([slot], device=rt.device), len(prompt))
+    positions = torch.arange(len(prompt), device=rt.device)
+    hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions, meta, rt.target_kv)
+    logits = rt.target.logits(hidden)
+    while not rt.finished(rid):
+        rt.step()
+    rt.pop_generation(rid)
+    return hidden, logits

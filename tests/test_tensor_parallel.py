@@ -14,26 +14,12 @@ import torch
 from graphrt import Runtime, SamplingParams
 from graphrt.errors import ConfigMismatchError
 from graphrt.parallel.launch import run_ranks
-from tests.helpers import draft_dir, tiny_dir
+from tests.helpers import draft_dir, prompt_forward, tiny_dir
 
 PROMPTS = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250, 17, 3]]
 DRAFTS = {"lm": "self", "eagle": "eagle-self", "eagle3": "eagle3"}  # kind -> tests.helpers.draft_dir kind
 _RT = dict(device="cpu", dtype=torch.float32, max_batch_size=2, max_seq_len=64, num_draft_tokens=3)
 _GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
-
-
-def _forward(rt: Runtime, prompt):
-    """(final hidden [P, H], logits [P, V]) of the target over the prompt, through the paged KV."""
-    rid = rt.add_request(prompt, SamplingParams(max_new_tokens=4))
-    slot = rt.running_slots()[0]
-    meta = rt.cycle._prompt_meta(torch.tensor([slot], device=rt.device), len(prompt))
-    positions = torch.arange(len(prompt), device=rt.device)
-    hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions, meta, rt.target_kv)
-    logits = rt.target.logits(hidden)
-    while not rt.finished(rid):
-        rt.step()
-    rt.pop_generation(rid)
-    return hidden, logits
 
 
 def _run(target, draft, tp_size, **kw):
@@ -58,7 +44,7 @@ def _worker(out_dir, world, target, drafts, kw):
     torch.set_num_threads(1)
     t0 = time.monotonic()
     rt = Runtime.from_pretrained(target, None, tensor_parallel_size=world, **{**_RT, **kw})
-    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])], "rank": rt.tp.rank,
+    res = {"forward": [t.cpu() for t in prompt_forward(rt, PROMPTS[1])], "rank": rt.tp.rank,
            "all_reduce": rt.all_reduce_path, "device": rt.device.type}
     for kind, path in {"plain": None, **drafts}.items():
         # progress on stderr: on GPUs each kind compiles and captures for a while
@@ -101,7 +87,7 @@ def _check_ranks(ranks, single, kinds):
 def _single(kinds=tuple(DRAFTS), **kw):
     target = tiny_dir()
     rt = Runtime.from_pretrained(target, None, **{**_RT, **kw})
-    res = {"forward": [t.cpu() for t in _forward(rt, PROMPTS[1])]}
+    res = {"forward": [t.cpu() for t in prompt_forward(rt, PROMPTS[1])]}
     for kind, path in {"plain": None, **{k: draft_dir(DRAFTS[k]) for k in kinds}}.items():
         res[kind] = _run(target, path, None, **kw)
     return res

@@ -82,7 +82,7 @@ class TensorParallel:
 
     def use_symmetric_memory(self, device, dtype, numel: int, hidden: int) -> str:
         """Collective: route all-reduces of up to numel elements of dtype through symmetric memory
-        (_OneShotAllReduce) where the GPUs and torch allow, and at two ranks in bf16/fp16 sum
+        (_OneShotAllReduce) where the GPUs and torch allow, and at two to four ranks in bf16/fp16 sum
         row-parallel products of up to MAX_ROWS rows of `hidden` outputs inside the GEMV's own
         launch (kernels/push_reduce.py).
         GRAPHRT_ALLREDUCE: auto (that) or nccl (every all-reduce on NCCL). Returns the path taken,
@@ -94,8 +94,8 @@ class TensorParallel:
             return "nccl"
         try:
             self.one_shot = _OneShotAllReduce(self.group, device, dtype, numel)
-            # two outputs to an LL word; two ranks: the only count its GPU tests have run
-            if dtype in (torch.bfloat16, torch.float16) and self.world_size == 2:
+            # two outputs to an LL word; two and four ranks: the counts its GPU tests have run
+            if dtype in (torch.bfloat16, torch.float16) and 2 <= self.world_size <= 4:
                 self.push = _push_target(self.group, self.rank, self.world_size, device, dtype,
                                          MAX_ROWS * hidden)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
