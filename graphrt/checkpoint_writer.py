@@ -70,6 +70,12 @@ PRESETS: dict[str, dict] = {
     "llama-1b-shape": _LLAMA_1B,
     "llama-8b-shape": {**_LLAMA_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                        "head_dim": 128, "rope_scaling": {**_LLAMA3_8K, "factor": 8.0}, "tie_word_embeddings": False},
+    # SmolLM2-135M's shape (the real pair's target, --model smollm2): a small target bound by per-launch
+    # latency, not bytes
+    "smollm2-135m-shape": {**_LLAMA_1B, "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+                           "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                           "rope_theta": 100000.0, "rope_scaling": None, "max_position_embeddings": 8192,
+                           "bos_token_id": 1, "eos_token_ids": (2,)},
     # Llama-3.1-70B's shape: 141 GB in bf16, for tensor parallelism; `--layers N` keeps N of its 80 layers
     "llama-70b-shape": {**_LLAMA_1B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                         "num_attention_heads": 64, "head_dim": 128, "rope_scaling": {**_LLAMA3_8K, "factor": 8.0},

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", choices=sorted(NAMED_MODELS), help="a named real model as the target (smollm2)")
     b.add_argument("--preset",
                    help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape, "
-                        "llama-70b-shape")
+                        "llama-70b-shape, smollm2-135m-shape")
     b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
     b.add_argument("--layers", type=int, metavar="N",
                    help="keep the preset's first N layers (llama-70b-shape: 141 GB whole; times scale per layer)")

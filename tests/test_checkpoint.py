@@ -398,9 +398,10 @@ def test_preset_shapes_match_published_parameter_counts():
     def params(name):
         return sum(math.prod(s) for s in expected_shapes(preset_config(name)).values())
 
-    # Llama-3.2-1B: 1,235,814,400 parameters (tied); Llama-3.1-8B: 8,030,261,248.
+    # Llama-3.2-1B: 1,235,814,400 parameters (tied); Llama-3.1-8B: 8,030,261,248; SmolLM2-135M: 134,515,008.
     assert params("llama-1b-shape") == 1_235_814_400
     assert params("llama-8b-shape") == 8_030_261_248
+    assert params("smollm2-135m-shape") == 134_515_008  # SmolLM2-135M (tied)
 
 
 def test_eagle3_aux_layer_ids():

