@@ -19,7 +19,8 @@ Three code paths in one kernel, all deterministic:
     the M = 1 program of one row of x, the rows of one weight tile adjacent in the grid, so the M
     programs reading a tile run together and all but the first find it in L2. One launch serves a
     verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
-    for row, its bits. Every row still pulls the whole matrix through L2: on large matrices that
+    for row, the bits of a one-row launch with the same tiles (the dispatcher gives the rows tiles of
+    their own: gemv_config._SMALL). Every row still pulls the whole matrix through L2: on large matrices that
     traffic costs more than the launches saved (even at 16 MiB, llama-1b-shape's qkv and o), so
     only small ones, bound by launch latency, take it (docs/notes/benchmarks-history.md has the verify timings).
 Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
@@ -491,7 +492,7 @@ def gemv_triton(
     programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
     weight tile before waiting for the producer of x.
     per_row: the FMA path with one M = 1 program per row (2 <= M <= ROWS_MAX_M, unsplit); each row
-    of y is then bit for bit what gemv_triton(x[i:i+1], w) gives. Default: the configuration's,
+    of y is then bit for bit what gemv_triton(x[i:i+1], w) gives with the same tiles. Default: the configuration's,
     unless use_dot or split_k is given.
     gated: w is a fused [2I, K] gate_up matrix and the result is silu(x.gate^T) * (x.up^T), [M, I],
     bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (one row per program:

@@ -20,10 +20,10 @@ MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
 # (nvjet, tensor-memory-accelerator stores; scripts/initcheck_probe.py) and so reports every read of
 # their output: with this switch a bf16 decode cycle has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
-# Rows and weight bytes served by the per-row FMA path (one M = 1 program per row and tile): every
-# row reads the whole matrix through L2, so it pays only where launch latency, not bytes, dominates
-# (SmolLM2-135M, every layer projection under 4 MiB: its verify step runs faster than on the
-# classic M = 4 paths, and accepts more, since the verify rows are the decode step's bits).
+# Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
+# one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
+# so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
+# under 4 MiB: its verify step runs faster than on the classic M = 4 paths).
 ROWS_MAX_M = 4
 ROWS_MAX_BYTES = 4 << 20
 
@@ -48,6 +48,18 @@ _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
 }
 
 
+# The per-row launches' tiles (2-4 rows of a latency-bound matrix: a verify step on SmolLM2-135M):
+# four output rows a program and fewer warps than the one-row default, so fewer, shorter programs.
+# From a sweep of block_n x block_k x warps x reduce_each at SmolLM2-135M's projections (norm
+# prologue and SiLU epilogue on where the runtime fuses them), H200, graph replays, us at four rows
+# per row, default -> this: qkv 3.91 -> 2.49, o 2.58 -> 1.92, gate_up 8.00 -> 5.35, down 2.93 ->
+# 2.36. At one row the same tiles matched the default alone but slowed the decode graph (plain step
+# 404 -> 489 us on smollm2-135m-shape: longer PDL waits), so one row keeps the default, and the
+# rows of a verify step no longer carry the decode step's bits (as on the larger matrices' paths).
+_SMALL = dict(block_n=4, num_warps=2)
+_SMALL_WIDE = dict(block_n=4, block_k=512, num_warps=1, reduce_each=False)  # N >= 4K: gate_up
+
+
 @functools.cache
 def _device_overrides(index: int) -> dict[tuple[int, int], dict]:
     name = torch.cuda.get_device_name(index)
@@ -67,6 +79,8 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     and llama-8b projections, M in 1, 2, 4, 8, 16 (figures: docs/notes/benchmarks-history.md):
       - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
         or close to it, on all eight projections, all faster than cuBLAS.
+      - 2 <= M <= ROWS_MAX_M on matrices of at most ROWS_MAX_BYTES (latency-bound): the FMA path
+        one row per program (per_row) with the _SMALL / _SMALL_WIDE tiles.
       - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
         qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
       - 3 <= M <= 16: DOT path. Where K >= N (o, down): (64, 256) tiles, 4 warps, 4 stages, K
@@ -80,9 +94,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       the normalised x tile breaks the dot's load pipelining. RESULTS.md has the figures.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
-        cfg = _m1_config(n, k)
-        if m > 1:
-            cfg["per_row"] = True
+        if m == 1:
+            return _m1_config(n, k)
+        cfg = dict(_FMA_DEFAULT, **(_SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
+        cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
         return cfg
     if m > MAX_M:
         return None

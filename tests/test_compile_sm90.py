@@ -74,6 +74,10 @@ CASES = {
                                 BLOCK_M=16, HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=4)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
     "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
+    # the same at a latency-bound gate_up's tiles (gemv_config._SMALL_WIDE: K = 576 past one 512 tile)
+    "gemv-fma-rows-gated-norm-small": ("gemv", "_gemv_kernel", _GEMV, _gemv_fma()[3] | dict(
+        BLOCK_N=4, BLOCK_K=512, REDUCE_EACH=False, GATED=True, NORM=True, NORM_RES=True, BLOCK_H=1024, PER_ROW=True),
+        dict(num_warps=1, num_stages=1)),
     # tensor parallelism at one token: the row-parallel GEMV sums its result over the ranks in its
     # epilogue (kernels/push_reduce.py)
     "gemv-fma-m1-push-pdl": ("gemv", "_gemv_kernel", _GEMV | _PUSH, _gemv_fma()[3] | dict(PUSH_W=2),

@@ -157,18 +157,25 @@ def test_gated_epilogue_on_the_dot_path_is_the_unfused_pair(case, dtype):
 
 
 @pytest.mark.parametrize("m", [2, 3, 4])
-@pytest.mark.parametrize("gated", [False, True])
-def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated):
+@pytest.mark.parametrize("gated,reduce_each", [(False, True), (True, True), (True, False)])
+def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated, reduce_each):
     """per_row: one M = 1 program per row of x, so each output row is the M = 1 launch's bits."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b = _case(m, 2 * 19 if gated else 37, 130, torch.float32, gen, bias=not gated, x_pad=3)
-    kw = dict(block_n=4, block_k=32, reduce_each=True, gated=gated)
+    kw = dict(block_n=4, block_k=32, reduce_each=reduce_each, gated=gated, num_warps=1 if reduce_each else 2)
     got = gemv_triton(x, w, b, per_row=True, **kw)
     rows = torch.cat([gemv_triton(x[i : i + 1], w, b, **kw) for i in range(m)])
     assert torch.equal(got, rows), f"seed={seed} m={m} gated={gated}"
     assert select_config(m, 576, 1536)["per_row"] and not select_config(1, 576, 1536).get("per_row")
     assert not (select_config(m, 2048, 2048) or {}).get("per_row")  # 8 MiB: too large
+    # latency-bound matrices (SmolLM2-135M's qkv, o, gate_up, down): the rows take tiles of their
+    # own; one row keeps the default's
+    for n, k in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
+        one, rows = select_config(1, n, k), select_config(m, n, k)
+        assert rows["block_n"] == 4 and rows["num_warps"] <= 2 and one["block_n"] == 2, (n, k)
+        assert not rows["use_dot"] and rows["block_k"] <= 2 * k, (n, k)
+    assert select_config(m, 3072, 576)["block_k"] == 512 and not select_config(m, 3072, 576)["reduce_each"]
     with pytest.raises(ValueError, match="per_row=True takes"):
         gemv_triton(torch.cat([x] * 3), w, b, per_row=True, **kw)
 
