@@ -652,7 +652,9 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
     if cfg is None or not push.fits(w.shape[0], cfg["block_n"], x.dtype, m):
         return None
     fma = not cfg["use_dot"] and gemv_config.unsplit(cfg) and not cfg.get("per_row") and m <= 2
-    if fma or (cfg["use_dot"] and (gemv_config.unsplit(cfg) or counters(x.device, 1) is not None)):
+    # a split DOT launch reduces each tile in the same launch only with a counter per tile
+    if fma or (cfg["use_dot"] and (gemv_config.unsplit(cfg)
+                                   or counters(x.device, triton.cdiv(w.shape[0], cfg["block_n"])) is not None)):
         return gemv_triton(x, w, push=push)
     return None
 

@@ -96,9 +96,7 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         if m == 1:
             return _m1_config(n, k)
-        cfg = dict(_FMA_DEFAULT, **(_SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
-        cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
-        return cfg
+        return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     if m > MAX_M:
         return None
     if k < n:
@@ -113,9 +111,14 @@ def select_config(m: int, n: int, k: int) -> dict | None:
 
 
 def _m1_config(n: int, k: int) -> dict:
+    return _fma_config(k, _M1_OVERRIDES.get((n, k), {}), _current_device_overrides().get((n, k), {}))
+
+
+def _fma_config(k: int, *changes: dict) -> dict:
+    """The FMA path's defaults with changes applied in order, the K tile no wider than K needs."""
     cfg = dict(_FMA_DEFAULT)
-    cfg.update(_M1_OVERRIDES.get((n, k), {}))
-    cfg.update(_current_device_overrides().get((n, k), {}))
+    for c in changes:
+        cfg.update(c)
     cfg["block_k"] = min(cfg["block_k"], triton.next_power_of_2(k))
     return cfg
 
