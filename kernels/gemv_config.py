@@ -23,8 +23,10 @@ ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
-# under 4 MiB: its verify step runs faster than on the classic M = 4 paths).
-ROWS_MAX_M = 4
+# under 4 MiB: its verify step runs faster than on the classic M = 4 paths). Six rows: K = 5 at B = 1
+# (smollm2-135m-shape, H200, TARGET_VERIFY 835 -> 790 us); at eight (K = 3, B = 2) it only matched
+# the DOT path (815 against 814 us) and at sixteen it lost (845 -> 1331 us).
+ROWS_MAX_M = 6
 ROWS_MAX_BYTES = 4 << 20
 
 
@@ -48,7 +50,7 @@ _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
 }
 
 
-# The per-row launches' tiles (2-4 rows of a latency-bound matrix: a verify step on SmolLM2-135M):
+# The per-row launches' tiles (2-6 rows of a latency-bound matrix: a verify step on SmolLM2-135M):
 # four output rows a program and fewer warps than the one-row default, so fewer, shorter programs.
 # From a sweep of block_n x block_k x warps x reduce_each at SmolLM2-135M's projections (norm
 # prologue and SiLU epilogue on where the runtime fuses them), H200, graph replays, us at four rows

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
-from graphrt.kernels.gemv import gemv_triton, linear, linear_reference, linear_silu_mul, select_config
+from graphrt.kernels.gemv import ROWS_MAX_M, gemv_triton, linear, linear_reference, linear_silu_mul, select_config
 
 from tests.helpers import bit_diff
 from tests.seeds import fresh_seed
@@ -156,7 +156,7 @@ def test_gated_epilogue_on_the_dot_path_is_the_unfused_pair(case, dtype):
     torch.testing.assert_close(fused, ref, rtol=2e-2, atol=2e-2, msg=lambda m: f"seed={seed}: {m}")
 
 
-@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("m", [2, 3, 4, 6])
 @pytest.mark.parametrize("gated,reduce_each", [(False, True), (True, True), (True, False)])
 def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated, reduce_each):
     """per_row: one M = 1 program per row of x, so each output row is the M = 1 launch's bits."""
@@ -176,8 +176,9 @@ def test_per_row_path_is_the_one_row_product_per_row_bitwise(m, gated, reduce_ea
         assert rows["block_n"] == 4 and rows["num_warps"] <= 2 and one["block_n"] == 2, (n, k)
         assert not rows["use_dot"] and rows["block_k"] <= 2 * k, (n, k)
     assert select_config(m, 3072, 576)["block_k"] == 512 and not select_config(m, 3072, 576)["reduce_each"]
+    assert not select_config(ROWS_MAX_M + 1, 576, 1536).get("per_row")
     with pytest.raises(ValueError, match="per_row=True takes"):
-        gemv_triton(torch.cat([x] * 3), w, b, per_row=True, **kw)
+        gemv_triton(torch.cat([x] * (ROWS_MAX_M // m + 1)), w, b, per_row=True, **kw)
 
 
 def test_linear_silu_mul_on_cpu_is_the_reference_bitwise():
