@@ -103,6 +103,7 @@ def test_bad_inputs_and_cpu_dispatch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden,hq,hkv,d,tokens", [(2048, 32, 8, 64, 1), (4096, 32, 8, 128, 1), (896, 14, 2, 64, 1),
                                                    (896, 14, 2, 64, 4), (576, 9, 3, 64, 4), (576, 9, 3, 64, 3),
+                                                   (576, 9, 3, 64, 6),
                                                    (2048, 32, 8, 64, 4), (4096, 32, 8, 128, 16)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias, tokens):
