@@ -12,6 +12,15 @@ vllm/triton_utils that exports triton, tl, tldevice and HAS_TRITON (the real one
         vllm/v1/watermarking/prfs/{philox,base}.py into .vllm_src/  (see docs/notes/benchmarks-history.md)
 
     PYTHONPATH=.vllm_src python scripts/vllm_rejection_peer.py [--json F]
+    PYTHONPATH=.vllm_src python scripts/vllm_rejection_peer.py --filters [--json F]
+
+(scripts/vllm_peer_src.sh builds .vllm_src from the wheel, with stand-ins for the engine modules.)
+--filters: one-hot q with top_k / top_p on every request (kernels/bench.FILTER_CASES). vLLM 0.33's
+verify path then copies the logits to fp32, applies the temperature (skipped at 0 and 1, as its
+sampler skips it), gathers each row's top_k and top_p, masks the logits with its Triton top-k /
+top-p (v1/sample/ops/topk_topp_triton.py, pivot-based, no sort), and runs the same rejection
+sampler on them: all of it timed, as one step of its model runner runs it. Checked before timing:
+at most top_k entries kept per row, and every emitted token kept.
 
 Inputs follow vLLM 0.33's model-runner layout (flattened [B * (K + 1), V] target logits; per row the
 input token, i.e. the last verified token then the K drafts; cu_num_logits; per-row request index
@@ -69,6 +78,73 @@ def check(mode, dtype, b, k, mine, sampled, num):
             assert torch.equal(sampled[i, :n_i].to(torch.int64), mine.token_ids[i, :n_i]), f"greedy B={b} row {i}"
 
 
+def vllm_filtered(kw, top_k, top_p):
+    """vLLM 0.33's verify step with filters (RejectionSampler._verify after apply_sampling_params):
+    (sampled, num_sampled, the masked fp32 logits)."""
+    from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+
+    t, eim, temp = kw["target_logits"], kw["expanded_idx_mapping"], kw["temperature"]
+    logits = torch.empty_like(t, dtype=torch.float32).copy_(t)
+    if kw["apply_temperature"]:
+        apply_temperature(logits, eim, temp)
+    k_rows = None if top_k is None else top_k[eim]
+    p_rows = None if top_p is None else top_p[eim]
+    logits = apply_top_k_top_p_triton(logits, k_rows, p_rows, has_topp_only_rows=top_k is None and top_p is not None)
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+
+    args = {n: x for n, x in kw.items() if n != "apply_temperature"}
+    sampled, num = rejection_sample(**dict(args, target_logits=logits))
+    return sampled, num, logits
+
+
+def filter_rows(args, k, v, bw):
+    """--filters: graphrt's filtered one-hot sampler against vLLM 0.33's filtered verify path."""
+    from graphrt.kernels.bench import filter_cases, rejection_sets
+    from graphrt.kernels.rejection import rejection_sample_triton
+    from graphrt.kernels.timing import time_in_graph
+
+    rows = []
+    print(f"{'filters':16} {'dtype':5} {'B':>4} {'graphrt us':>11} {'unfiltered us':>14} {'vLLM 0.33 us':>13} "
+          f"{'vLLM/graphrt':>13}")
+    for dtype in (torch.bfloat16, torch.float32):
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            sets = rejection_sets(b, k, v, "onehot", dtype)
+            plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
+            for name, fk, fp in filter_cases(b):
+                ours = lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(t, d, tt, s, p, top_k=k_,
+                                                                                      top_p=p_)
+                us_ours = time_in_graph(ours, sets)
+                vsets = []
+                for st in sets:
+                    kw = vllm_inputs(*st)
+                    kw["apply_temperature"] = not bool(((st[2] == 0) | (st[2] == 1)).all())
+                    vsets.append((kw,))
+                kt = None if fk is None else fk.to(torch.int32)
+                theirs = lambda kw, k_=kt, p_=fp: vllm_filtered(kw, k_, p_)[:2]
+                try:
+                    sampled, num, masked = vllm_filtered(vsets[0][0], kt, fp)
+                    torch.cuda.synchronize()
+                    kept = masked > float("-inf")
+                    if fk is not None:
+                        assert int(kept.sum(1).max()) <= int(fk.max()), "vLLM kept more than top_k"
+                    rows_of = torch.arange(b * (k + 1), device="cuda").view(b, k + 1)
+                    for i in range(b):
+                        n_i = int(num[i])
+                        ok = kept[rows_of[i, :n_i], sampled[i, :n_i].long()].all()
+                        assert bool(ok), f"vLLM emitted a masked token (row {i})"
+                    us_vllm = time_in_graph(theirs, vsets)
+                except Exception as e:  # the peer only: report it, keep the row
+                    print(f"vLLM {name} {dtype} B={b}: {type(e).__name__}: {str(e)[:200]}")
+                    us_vllm = float("nan")
+                dname = "fp32" if dtype == torch.float32 else "bf16"
+                rows.append(dict(mode="onehot", filters=name, dtype=dname, B=b, K=k, V=v, graphrt_us=us_ours,
+                                 unfiltered_us=plain, vllm_us=us_vllm, bandwidth_gbs=bw))
+                print(f"{name:16} {dname:5} {b:>4} {us_ours:>11.2f} {plain:>14.2f} {us_vllm:>13.2f} "
+                      f"{us_vllm / us_ours:>12.2f}x", flush=True)
+    return rows
+
+
 def main():
     from graphrt.kernels.bench import rejection_sets
     from graphrt.kernels.rejection import rejection_sample_triton
@@ -80,10 +156,16 @@ def main():
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--filters", action="store_true", help="the filtered one-hot sampler against vLLM's filtered path")
     args = ap.parse_args()
     bw = memory_bandwidth_gbs()
     torch.manual_seed(0)
     k, v = args.k, args.vocab
+    if args.filters:
+        rows = filter_rows(args, k, v, bw)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     rows = []
     print(f"{'mode':8} {'dtype':5} {'B':>4} {'graphrt us':>11} {'vLLM 0.33 us':>13} {'vLLM/graphrt':>13} "
           f"{'bf16 floor us':>14}")
