@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from graphrt.kernels.eagle3_input import eagle3_input
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import PendingNorm, rms_norm
 from graphrt.models.layers import DecoderLayer, Rotary
@@ -29,6 +30,9 @@ class _EagleBase:
         own = weights.get("embed_tokens.weight")
         self.embed = target.embed if own is None else own
         self.embed_tokens = target.embed_tokens if own is None else (lambda tokens: F.embedding(tokens, own))
+        # what EAGLE-3's first layer gathers from: the whole table, or the lookup when the target's
+        # table is a vocab shard
+        self.embed_source = self.embed if own is not None or getattr(target, "tp", None) is None else self.embed_tokens
         self.fc_weight = weights["fc.weight"]
         self.logits_shard = {}
 
@@ -71,9 +75,15 @@ class Eagle3Layer(DecoderLayer):
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
         self.norm_before_residual = cfg.norm_before_residual
 
-    def __call__(self, embeds, hidden, positions, meta, k_cache, v_cache):
-        normed = rms_norm(hidden, self.hidden_norm, self.eps)
-        x = torch.cat([rms_norm(embeds, self.input_norm, self.eps), normed], dim=-1)
+    def __call__(self, tokens, table, hidden, positions, meta, k_cache, v_cache):
+        """table: the embedding table [V, H] the tokens index, or a function of the tokens (a
+        vocab-parallel lookup); with a table, the gather and both norms run in one launch
+        (kernels/eagle3_input.py)."""
+        if isinstance(table, torch.Tensor):
+            x, normed = eagle3_input(tokens, table, hidden, self.input_norm, self.hidden_norm, self.eps)
+        else:
+            normed = rms_norm(hidden, self.hidden_norm, self.eps)
+            x = torch.cat([rms_norm(table(tokens), self.input_norm, self.eps), normed], dim=-1)
         residual = normed if self.norm_before_residual else hidden
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache), residual, self.post_norm, self.eps)
@@ -108,7 +118,7 @@ class Eagle3Head(_EagleBase):
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
-        x = self.layers[0](self.embed_tokens(tokens), hidden_in, positions, meta, kv.k[0], kv.v[0])
+        x = self.layers[0](tokens, self.embed_source, hidden_in, positions, meta, kv.k[0], kv.v[0])
         for i, layer in enumerate(self.layers[1:], start=1):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x
