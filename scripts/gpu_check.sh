@@ -72,7 +72,7 @@ for step in $steps; do
     capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \
                 --json "$OUT/capture_$w.json" 2>&1 | grep -v '^capture' | sed "s/^/$w: /" | log | tail -35; done ;;
     # the kernel table: argmax and the sampler (unfiltered and filtered) against torch and the byte floor,
-    # then vLLM 0.33's sampler on the same inputs (needs .vllm_src: scripts/vllm_rejection_peer.py says how)
+    # then vLLM 0.33's sampler on the same inputs (needs .vllm_src: bash scripts/vllm_peer_src.sh)
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
@@ -80,7 +80,10 @@ for step in $steps; do
               # filter kernel's own time
               python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection_filter.py 2>&1 | log | tail -15
               python3 -m graphrt.kernels.bench --filters "$OUT/filters.json" 2>&1 | log | tail -15
-              python3 scripts/filter_kernel_times.py 2>&1 | grep '^B=' | log | tail -10 ;;
+              python3 scripts/filter_kernel_times.py 2>&1 | grep '^B=' | log | tail -10
+              # and vLLM 0.33's filtered verify path on the same inputs (needs .vllm_src, as kernels)
+              PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py --filters \
+                --batch-sizes 1,64,256 --json "$OUT/vllm_filters.json" 2>&1 | log | tail -20 ;;
     profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
               python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60
@@ -94,7 +97,7 @@ for step in $steps; do
                 --out "$OUT/removal_b$b.json" 2>&1 | log | tail -20; done ;;
     kgpu)     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gemv.py tests/test_qkv_rotary.py tests/test_norm_prologue.py \
                 tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py \
-                tests/test_simulated_acceptance.py tests/test_capture.py 2>&1 | log | tail -8 ;;
+                tests/test_simulated_acceptance.py tests/test_capture.py tests/test_eagle3_input.py 2>&1 | log | tail -8 ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
     soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
