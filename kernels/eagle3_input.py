@@ -20,7 +20,7 @@ import triton.language as tl
 from graphrt.kernels.norm import apply_norm, norm_num_warps, rms_norm, rms_norm_reference, row_rstd
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["eagle3_input", "eagle3_input_reference", "eagle3_input_triton"]
+__all__ = ["eagle3_input", "eagle3_input_reference", "eagle3_input_triton", "eagle3_input_unfused"]
 
 
 def eagle3_input_reference(tokens: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, w_embed: torch.Tensor,
@@ -101,9 +101,15 @@ def eagle3_input_triton(tokens: torch.Tensor, table: torch.Tensor, hidden: torch
 
 def eagle3_input(tokens: torch.Tensor, table: torch.Tensor, hidden: torch.Tensor, w_embed: torch.Tensor,
                  w_hidden: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """CUDA inputs the kernel takes -> one launch; anything else -> the unfused steps (each norm
-    through kernels/norm.rms_norm's dispatch: the reference on CPU)."""
+    """CUDA inputs the kernel takes -> one launch; anything else -> eagle3_input_unfused."""
     if hidden.is_cuda and _fusable(tokens, table, hidden, w_embed, w_hidden):
         return eagle3_input_triton(tokens, table, hidden, w_embed, w_hidden, eps)
+    return eagle3_input_unfused(F.embedding(tokens, table), hidden, w_embed, w_hidden, eps)
+
+
+def eagle3_input_unfused(embeds: torch.Tensor, hidden: torch.Tensor, w_embed: torch.Tensor, w_hidden: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same from embeddings already gathered (a vocab-parallel lookup), each norm through
+    kernels/norm.rms_norm's dispatch (the reference on CPU)."""
     normed = rms_norm(hidden, w_hidden, eps)
-    return torch.cat([rms_norm(F.embedding(tokens, table), w_embed, eps), normed], dim=-1), normed
+    return torch.cat([rms_norm(embeds, w_embed, eps), normed], dim=-1), normed

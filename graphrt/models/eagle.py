@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.eagle3_input import eagle3_input
+from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
 from graphrt.kernels.gemv import linear
-from graphrt.kernels.norm import PendingNorm, rms_norm
+from graphrt.kernels.norm import PendingNorm
 from graphrt.models.layers import DecoderLayer, Rotary
 
 
@@ -82,8 +82,7 @@ class Eagle3Layer(DecoderLayer):
         if isinstance(table, torch.Tensor):
             x, normed = eagle3_input(tokens, table, hidden, self.input_norm, self.hidden_norm, self.eps)
         else:
-            normed = rms_norm(hidden, self.hidden_norm, self.eps)
-            x = torch.cat([rms_norm(table(tokens), self.input_norm, self.eps), normed], dim=-1)
+            x, normed = eagle3_input_unfused(table(tokens), hidden, self.input_norm, self.hidden_norm, self.eps)
         residual = normed if self.norm_before_residual else hidden
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache), residual, self.post_norm, self.eps)
