@@ -78,23 +78,22 @@ def check(mode, dtype, b, k, mine, sampled, num):
             assert torch.equal(sampled[i, :n_i].to(torch.int64), mine.token_ids[i, :n_i]), f"greedy B={b} row {i}"
 
 
-def vllm_filtered(kw, top_k, top_p):
-    """vLLM 0.33's verify step with filters (RejectionSampler._verify after apply_sampling_params):
-    (sampled, num_sampled, the masked fp32 logits)."""
+def vllm_filtered(kw, scale, top_k, top_p):
+    """vLLM 0.33's verify step with filters (RejectionSampler._verify after apply_sampling_params)
+    on rejection_sample's keyword arguments kw; scale: whether a temperature is neither 0 nor 1
+    (vLLM decides that on the host). Returns (sampled, num_sampled, the masked fp32 logits)."""
     from vllm.v1.sample.ops.topk_topp_triton import apply_top_k_top_p_triton
     from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
 
-    t, eim, temp = kw["target_logits"], kw["expanded_idx_mapping"], kw["temperature"]
-    logits = torch.empty_like(t, dtype=torch.float32).copy_(t)
-    if kw["apply_temperature"]:
-        apply_temperature(logits, eim, temp)
+    eim = kw["expanded_idx_mapping"]
+    logits = torch.empty_like(kw["target_logits"], dtype=torch.float32).copy_(kw["target_logits"])
+    if scale:
+        apply_temperature(logits, eim, kw["temperature"])
     k_rows = None if top_k is None else top_k[eim]
     p_rows = None if top_p is None else top_p[eim]
     logits = apply_top_k_top_p_triton(logits, k_rows, p_rows, has_topp_only_rows=top_k is None and top_p is not None)
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
-
-    args = {n: x for n, x in kw.items() if n != "apply_temperature"}
-    sampled, num = rejection_sample(**dict(args, target_logits=logits))
+    sampled, num = rejection_sample(**dict(kw, target_logits=logits))
     return sampled, num, logits
 
 
@@ -115,15 +114,11 @@ def filter_rows(args, k, v, bw):
                 ours = lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(t, d, tt, s, p, top_k=k_,
                                                                                       top_p=p_)
                 us_ours = time_in_graph(ours, sets)
-                vsets = []
-                for st in sets:
-                    kw = vllm_inputs(*st)
-                    kw["apply_temperature"] = not bool(((st[2] == 0) | (st[2] == 1)).all())
-                    vsets.append((kw,))
+                vsets = [(vllm_inputs(*st), not bool(((st[2] == 0) | (st[2] == 1)).all())) for st in sets]
                 kt = None if fk is None else fk.to(torch.int32)
-                theirs = lambda kw, k_=kt, p_=fp: vllm_filtered(kw, k_, p_)[:2]
+                theirs = lambda kw, scale, k_=kt, p_=fp: vllm_filtered(kw, scale, k_, p_)[:2]
                 try:
-                    sampled, num, masked = vllm_filtered(vsets[0][0], kt, fp)
+                    sampled, num, masked = vllm_filtered(*vsets[0], kt, fp)
                     torch.cuda.synchronize()
                     kept = masked > float("-inf")
                     if fk is not None:

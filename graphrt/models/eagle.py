@@ -30,9 +30,6 @@ class _EagleBase:
         own = weights.get("embed_tokens.weight")
         self.embed = target.embed if own is None else own
         self.embed_tokens = target.embed_tokens if own is None else (lambda tokens: F.embedding(tokens, own))
-        # what EAGLE-3's first layer gathers from: the whole table, or the lookup when the target's
-        # table is a vocab shard
-        self.embed_source = self.embed if own is not None or getattr(target, "tp", None) is None else self.embed_tokens
         self.fc_weight = weights["fc.weight"]
         self.logits_shard = {}
 
@@ -107,6 +104,10 @@ class Eagle3Head(_EagleBase):
         if tp is not None:
             self.logits_shard = dict(group=tp.group, vocab_size=cfg.draft_vocab_size)
         self.aux_layer_ids = aux_layer_ids  # the target layers whose entering streams it reads
+        # what the first layer gathers embeddings from: the table when whole (the head's own or an
+        # unsharded target's), else the target's vocab-parallel lookup
+        own = "embed_tokens.weight" in weights
+        self.embed_source = self.embed if own or target.tp is None else self.embed_tokens
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
         # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
