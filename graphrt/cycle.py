@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
+from graphrt.kernels.argmax import Proposal, propose_tokens
 from graphrt.kernels.cycle_index import (
     SCRATCH_NUM_TOKENS,
     CycleInputs,
@@ -55,6 +56,9 @@ class DecodeState:
         self.num_tokens = torch.full((S + 1,), SCRATCH_NUM_TOKENS, **i64)  # as the scratch slot is held
         self.last_token = torch.zeros(S + 1, **i64)
         self.draft_tokens = torch.zeros(S + 1, K, **i64)
+        # per batch row: the draft token each row last proposed (the next draft step's input), so
+        # DRAFT_DECODE starts from DRAFT_EXTEND's token without a gather by slot
+        self.proposed = torch.zeros(B, **i64)
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=device)
         self.seed = torch.zeros(S + 1, **i64)
         # the filters (SamplingParams.top_k / top_p / min_p; off by default), passed to the sampler
@@ -214,7 +218,7 @@ class Cycle:
         positions, metas = self._step_metas(slots)
         # Each step feeds the next its token and (EAGLE) state straight from the tensors it made;
         # only DRAFT_EXTEND's hand-over goes through the static buffers.
-        tokens = s.draft_tokens[slots, 0]
+        tokens = s.proposed[:B]
         hidden_in = s.draft_state[:B] if s.draft_state is not None else None
         for i in range(1, self.K):
             state = self.draft.draft_forward(tokens, positions[i - 1], metas[i - 1], self.draft_kv, hidden_in)
@@ -222,12 +226,12 @@ class Cycle:
             hidden_in = state if s.draft_state is not None else None
 
     def _propose(self, slots, state, *, column: int) -> torch.Tensor:
-        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax. Writes it
-        to draft_tokens[:, column] and returns it (target ids, [B] int64)."""
-        _, ids = argmax(self.draft.draft_logits(state), **self.draft.logits_shard)
-        ids = self.draft.draft_to_target_ids(ids)
-        self.s.draft_tokens[slots, column] = ids
-        return ids
+        """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax, mapped to
+        target ids in the argmax's last step. Writes it to draft_tokens[slots, column] and to
+        proposed[:B], which it returns ([B] int64)."""
+        proposal = Proposal(self.draft.token_map, self.s.draft_tokens, slots, column)
+        return propose_tokens(self.draft.draft_logits(state), proposal, self.s.proposed[: slots.shape[0]],
+                              **self.draft.logits_shard)
 
     # ---- TARGET_DECODE ------------------------------------------------------------------------
     def target_decode(self, B: int) -> None:

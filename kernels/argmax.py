@@ -15,6 +15,8 @@ counter buffer is unavailable.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -58,7 +60,8 @@ def argmax_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @triton.jit
 def _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS,
-                    SPLITS_POW2: tl.constexpr):
+                    SPLITS_POW2: tl.constexpr, map_ptr, slots_ptr, dest_ptr, dest_stride, column,
+                    PROPOSE: tl.constexpr, HAS_MAP: tl.constexpr):
     s = tl.arange(0, SPLITS_POW2)
     base = row.to(tl.int64) * SPLITS
     vals = tl.load(part_val_ptr + base + s, mask=s < SPLITS, other=float("-inf"), cache_modifier=".cg")
@@ -66,10 +69,15 @@ def _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, S
     m = tl.max(vals, axis=0)
     # Chunks are in index order and each reports its lowest max, so the min index among equal
     # maxima is the global lowest; all -inf gives chunk 0's start, index 0.
-    i = tl.min(tl.where(vals == m, idxs, _INT32_MAX), axis=0)
+    i = tl.min(tl.where(vals == m, idxs, _INT32_MAX), axis=0).to(tl.int64)
     # m is the winner widened to fp32, so narrowing it back is exact (-inf for a row of NaN/-inf):
     # no dependent load of the logits at the end of the chain.
     tl.store(out_val_ptr + row, m.to(out_val_ptr.dtype.element_ty))
+    if PROPOSE:  # a draft step's token: mapped into the target vocabulary, stored to its slot's column too
+        if HAS_MAP:
+            i = tl.load(map_ptr + i)
+        slot = tl.load(slots_ptr + row)
+        tl.store(dest_ptr + slot * dest_stride + column, i)
     tl.store(out_idx_ptr + row, i.to(out_idx_ptr.dtype.element_ty))
 
 
@@ -79,7 +87,8 @@ def _argmax_step(x, t, best_val, best_t):
     return tl.maximum(best_val, x), tl.where(take, t, best_t)
 
 
-@triton.jit
+# A draft step's column (0 .. K-1) is not specialised: one compiled variant serves every step.
+@triton.jit(do_not_specialize=["dest_stride", "column"])
 def _argmax_split_kernel(
     logits_ptr,  # [B, V] bf16/fp16/fp32, last dim contiguous
     part_val_ptr,  # [B, SPLITS] fp32: max of each chunk
@@ -88,10 +97,13 @@ def _argmax_split_kernel(
     out_idx_ptr,  # [B] int64 (FUSED only)
     ctr_ptr,  # [>= B] int32 zeros (FUSED only): chunks of the row done
     stride_row, V, SPLITS, TILES_PER_SPLIT,
+    map_ptr, slots_ptr, dest_ptr, dest_stride, column,  # the proposal (PROPOSE only), see argmax_triton
     BLOCK_V: tl.constexpr,  # vocab entries loaded per tile
     FUSED: tl.constexpr = False,  # the last chunk of a row to finish merges the row
     SPLITS_POW2: tl.constexpr = 1,
     USE_PDL: tl.constexpr = False,  # launched as a programmatic dependent: wait for the producer
+    PROPOSE: tl.constexpr = False,
+    HAS_MAP: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
         wait_for_producer()
@@ -128,22 +140,27 @@ def _argmax_split_kernel(
     tl.store(part_idx_ptr + out, i)
     if FUSED:
         if last_to_finish(ctr_ptr + row, SPLITS):
-            _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2)
+            _argmax_combine(row, part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2,
+                            map_ptr, slots_ptr, dest_ptr, dest_stride, column, PROPOSE, HAS_MAP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["dest_stride", "column"])
 def _argmax_combine_kernel(
     part_val_ptr,  # [B, SPLITS] fp32
     part_idx_ptr,  # [B, SPLITS] int32
     out_val_ptr,  # [B] input dtype
     out_idx_ptr,  # [B] int64
     SPLITS,
+    map_ptr, slots_ptr, dest_ptr, dest_stride, column,  # the proposal (PROPOSE only)
     SPLITS_POW2: tl.constexpr,  # all chunks of a row in one tile
     USE_PDL: tl.constexpr = False,
+    PROPOSE: tl.constexpr = False,
+    HAS_MAP: tl.constexpr = False,
 ):
     if USE_PDL:
         wait_for_producer()
-    _argmax_combine(tl.program_id(0), part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2)
+    _argmax_combine(tl.program_id(0), part_val_ptr, part_idx_ptr, out_val_ptr, out_idx_ptr, SPLITS, SPLITS_POW2,
+                    map_ptr, slots_ptr, dest_ptr, dest_stride, column, PROPOSE, HAS_MAP)
 
 
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
@@ -177,7 +194,7 @@ def _validate(logits: torch.Tensor) -> None:
 def argmax_triton(
     logits: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor] | None = None, block_v: int | None = None,
     num_splits: int | None = None, num_warps: int | None = None, fused: bool | None = None, pdl: bool | None = None,
-    wide_out: bool = False,
+    wide_out: bool = False, propose: Proposal | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """logits [B, V] bf16/fp16/fp32 -> (values [B] logits.dtype, indices [B] int64).
 
@@ -191,8 +208,14 @@ def argmax_triton(
     counter buffer (first call inside a capture) the two-launch path runs (kernels/counters.py). pdl: launch as
     programmatic dependents (default: kernels/pdl.pdl_enabled). wide_out: `out` is (fp32 [B], int32
     [B]) instead (kernels/vocab_parallel.py writes its send buffer so; the fp32 max is exact).
+    propose: the indices come back mapped through propose.token_map and are also stored to
+    propose.dest[propose.slots[b], propose.column] (a draft step's tokens, see propose_tokens).
     """
     _validate(logits)
+    if propose is not None:
+        _validate_proposal(propose, logits.shape[0], logits.shape[1], logits.device)
+        if wide_out:
+            raise ValueError("propose and wide_out do not combine")
     batch, vocab = logits.shape
     if out is None:
         values = torch.empty(batch, dtype=logits.dtype, device=logits.device)
@@ -221,19 +244,71 @@ def argmax_triton(
     ctr = counters(logits.device, batch) if want else None
     if fused and ctr is None:
         raise RuntimeError("fused=True needs the per-device counter buffer (first call outside capture)")
+    if propose is None:
+        prop_args, prop_flags = (indices, indices, indices, 0, 0), dict(PROPOSE=False, HAS_MAP=False)
+    else:
+        token_map, dest, slots, column = propose
+        prop_args = (indices if token_map is None else token_map, slots, dest, dest.stride(0), column)
+        prop_flags = dict(PROPOSE=True, HAS_MAP=token_map is not None)
     _argmax_split_kernel[(batch, splits)](
         logits, part_val, part_idx, values, indices, ctr if ctr is not None else part_idx,
-        logits.stride(0), vocab, splits, tiles_per_split,
+        logits.stride(0), vocab, splits, tiles_per_split, *prop_args,
         BLOCK_V=block_v, FUSED=ctr is not None, SPLITS_POW2=triton.next_power_of_2(splits),
-        USE_PDL=pdl, num_warps=num_warps, **pdl_launch(pdl),
+        USE_PDL=pdl, num_warps=num_warps, **prop_flags, **pdl_launch(pdl),
     )
     if ctr is None:
         _argmax_combine_kernel[(batch,)](
-            part_val, part_idx, values, indices, splits,
+            part_val, part_idx, values, indices, splits, *prop_args,
             SPLITS_POW2=triton.next_power_of_2(splits), num_warps=1 if splits <= 128 else 4,
-            USE_PDL=pdl, **pdl_launch(pdl),
+            USE_PDL=pdl, **prop_flags, **pdl_launch(pdl),
         )
     return values, indices
+
+
+class Proposal(NamedTuple):
+    """Where a draft step's argmax goes besides its output: token_map [V] int64 (the target id of
+    each index, or None: the index itself), dest [S, W] int64 with unit column stride, slots [B]
+    int64 (row b's row of dest, each in [0, S)), column (in [0, W))."""
+
+    token_map: torch.Tensor | None
+    dest: torch.Tensor
+    slots: torch.Tensor
+    column: int
+
+
+def _validate_proposal(p: Proposal, batch: int, vocab: int, device) -> None:
+    if p.token_map is not None and (p.token_map.shape != (vocab,) or p.token_map.dtype != torch.int64
+                                    or p.token_map.device != device or not p.token_map.is_contiguous()):
+        raise ValueError(f"token_map must be a contiguous [{vocab}] int64 tensor on {device}")
+    if p.dest.dim() != 2 or p.dest.dtype != torch.int64 or p.dest.device != device or p.dest.stride(1) != 1:
+        raise ValueError(f"dest must be [S, W] int64 on {device} with unit column stride")
+    if p.slots.shape != (batch,) or p.slots.dtype != torch.int64 or p.slots.device != device \
+            or not p.slots.is_contiguous():
+        raise ValueError(f"slots must be a contiguous [{batch}] int64 tensor on {device}")
+    if not 0 <= p.column < p.dest.shape[1]:
+        raise ValueError(f"column {p.column} is outside dest's {p.dest.shape[1]} columns")
+
+
+def propose_tokens(logits: torch.Tensor, proposal: Proposal, out: torch.Tensor, *, group=None,
+                   vocab_size: int | None = None) -> torch.Tensor:
+    """A draft step's top-1 tokens: logits [B, V] (draft vocabulary) -> out [B] int64 =
+    token_map[argmax(logits)] (the argmax itself without a map), also stored to
+    dest[slots[b], column]. On CUDA one argmax launch does it all (its last step maps and stores);
+    elsewhere, or vocab-parallel (group, vocab_size as argmax's), the same in torch after argmax.
+    Returns out."""
+    _validate(logits)
+    _validate_proposal(proposal, logits.shape[0], vocab_size or logits.shape[1], logits.device)
+    if out.shape != (logits.shape[0],) or out.dtype != torch.int64 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{logits.shape[0]}] int64 tensor")
+    if logits.is_cuda and group is None:
+        values = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)
+        return argmax_triton(logits, out=(values, out), propose=proposal)[1]
+    ids = argmax(logits, group=group, vocab_size=vocab_size)[1]
+    if proposal.token_map is not None:
+        ids = proposal.token_map[ids]
+    out.copy_(ids)
+    proposal.dest[proposal.slots, proposal.column] = ids
+    return out
 
 
 def argmax(

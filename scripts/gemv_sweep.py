@@ -31,6 +31,8 @@ SHAPES = [  # (name, N, K)
     ("1b.qkv", 3072, 2048), ("1b.o", 2048, 2048), ("1b.gate_up", 16384, 2048), ("1b.down", 2048, 8192),
     ("8b.qkv", 6144, 4096), ("8b.o", 4096, 4096), ("8b.gate_up", 28672, 4096), ("8b.down", 4096, 14336),
     ("1b.lm_head", 128256, 2048),
+    # SmolLM2-135M: latency-bound, where a verify step's 4 rows run one program per row (per_row)
+    ("135m.qkv", 960, 576), ("135m.o", 576, 576), ("135m.gate_up", 3072, 576), ("135m.down", 576, 1536),
 ]
 MS = [1, 2, 4, 8, 16]
 
@@ -40,17 +42,21 @@ MS = [1, 2, 4, 8, 16]
 FMA_TILES = [(4, 512, 4, False), (4, 1024, 4, False), (2, 2048, 4, False), (16, 512, 4, False),
              (8, 1024, 4, False), (2, 2048, 4, True), (4, 2048, 4, True), (8, 2048, 4, True),
              (16, 1024, 4, True), (8, 2048, 8, True), (4, 1024, 4, True)]
+# ... and for K <= 2048 (SmolLM2's latency-bound matrices): narrower K tiles, fewer warps
+FMA_SMALL_K_TILES = [(4, 512, 2, False), (8, 512, 2, False), (16, 512, 4, False), (8, 256, 2, False),
+                     (16, 256, 2, False), (32, 256, 4, False), (4, 512, 1, False), (8, 512, 4, True),
+                     (16, 512, 4, True), (32, 512, 4, True), (8, 256, 1, True)]
 # (block_n, block_k, num_warps, num_stages)
 DOT_TILES = [(64, 128, 4, 4), (64, 128, 4, 3), (64, 128, 4, 5), (64, 256, 4, 3), (64, 256, 4, 4), (64, 64, 4, 6),
              (128, 128, 4, 3), (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 8, 3), (32, 256, 4, 4)]
 PROGRAMS_PER_SM = [1, 2, 3, 4, 6]
 
 
-def configs(m: int, n: int, k: int, sms: int, big: bool) -> list[dict]:
+def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2) -> list[dict]:
     out = []
     tiles = []
-    if m <= 2:
-        for bn, bk, warps, red in FMA_TILES:
+    if m <= fma_max_m:
+        for bn, bk, warps, red in FMA_TILES + (FMA_SMALL_K_TILES if k <= 2048 else []):
             if m > 1 and not red and bn * bk // (8 * 32 * warps) > 4:
                 continue  # 8 fp32 partials per 16-byte load and row: spills
             tiles.append(dict(use_dot=False, reduce_each=red, block_n=bn, block_k=bk, num_warps=warps,
@@ -90,6 +96,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
     ap.add_argument("--ms", default=None, help="comma-separated M values (default: 1,2,4,8,16)")
     ap.add_argument("--all-tiles", action="store_true", help="do not prune the grid for lm_head-sized shapes")
+    ap.add_argument("--fma-max-m", type=int, default=2, help="sweep the FMA path (all rows per program) up to this M")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemv_sweep needs CUDA")
@@ -114,7 +121,7 @@ def main() -> int:
             # The dispatcher (graphrt.kernels.gemv.linear): Triton or cuBLAS, as select_config says.
             heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
             results = []
-            for cfg in configs(m, n, k, sms, big):
+            for cfg in configs(m, n, k, sms, big, args.fma_max_m):
                 if time.perf_counter() - t0 > args.budget_s:
                     break
                 try:

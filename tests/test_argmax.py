@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from graphrt.kernels import argmax
-from graphrt.kernels.argmax import argmax_reference, argmax_triton
+from graphrt.kernels.argmax import Proposal, argmax_reference, argmax_triton, propose_tokens
 
 from tests.seeds import fresh_seed
 
@@ -135,3 +135,80 @@ def test_triton_fused_and_unfused_match_reference(fused):
         ref_v, ref_i = argmax_reference(x)
         assert torch.equal(idx, ref_i)
         assert torch.equal(vals.float().nan_to_num(), ref_v.float().nan_to_num())
+
+
+def _proposal_case(gen, b, v, mapped):
+    """A draft step's inputs: logits with NaN / -inf rows, a token map, slots that skip and repeat."""
+    x = hard_logits(b, v, torch.bfloat16, gen)
+    token_map = torch.randperm(3 * v, generator=gen)[:v] if mapped else None
+    slots = torch.randint(0, b + 2, (b,), generator=gen)
+    dest = torch.randint(-5, -1, (b + 2, 4), generator=gen)
+    return x, Proposal(token_map, dest, slots, 2)
+
+
+def _proposal_expected(x, p):
+    ids = argmax_reference(x)[1]
+    ids = ids if p.token_map is None else p.token_map[ids]
+    dest = p.dest.clone()
+    for b in range(x.shape[0]):  # a repeated slot: every row that names it wrote one of its values
+        dest[p.slots[b], p.column] = ids[b]
+    return ids, dest
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_triton_proposal_maps_and_stores(fused, mapped):
+    """The argmax's last step maps each row's index and stores it to its slot's column: the same as
+    argmax, then the map, then the store, in both launch forms; nothing else of dest changes."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, p = _proposal_case(gen, 6, 90, mapped)
+    ids, dest = _proposal_expected(x, p)
+    repeated = {int(s) for s in p.slots if (p.slots == s).sum() > 1}
+    before = (x.clone(), p.slots.clone(), None if p.token_map is None else p.token_map.clone())
+    out = torch.full((6,), -7, dtype=torch.int64)
+    vals, got = argmax_triton(x, out=(torch.empty(6, dtype=x.dtype), out), block_v=16, num_splits=3, fused=fused,
+                              propose=p)
+    assert got is out and torch.equal(out, ids), f"seed {seed}"
+    keep = torch.ones_like(dest, dtype=torch.bool)
+    keep[list(repeated), p.column] = False
+    assert torch.equal(p.dest[keep], dest[keep]), f"seed {seed}"
+    for s in repeated:
+        assert int(p.dest[s, p.column]) in ids[p.slots == s].tolist(), f"seed {seed}"
+    assert torch.equal(vals.float().nan_to_num(), argmax_reference(x)[0].float().nan_to_num())
+    assert torch.equal(x.view(torch.int16), before[0].view(torch.int16)) and torch.equal(p.slots, before[1])
+    assert p.token_map is None or torch.equal(p.token_map, before[2])
+
+
+def test_propose_tokens_cpu_and_validation():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, p = _proposal_case(gen, 5, 40, True)
+    p = p._replace(slots=torch.randperm(7, generator=gen)[:5])
+    ids, dest = _proposal_expected(x, p)
+    out = torch.empty(5, dtype=torch.int64)
+    assert propose_tokens(x, p, out) is out
+    assert torch.equal(out, ids) and torch.equal(p.dest, dest), f"seed {seed}"
+    with pytest.raises(ValueError, match="column"):
+        propose_tokens(x, p._replace(column=4), out)
+    with pytest.raises(ValueError, match="slots"):
+        propose_tokens(x, p._replace(slots=p.slots.int()), out)
+    with pytest.raises(ValueError, match="token_map"):
+        propose_tokens(x, p._replace(token_map=p.token_map[:10]), out)
+    with pytest.raises(ValueError, match="out"):
+        propose_tokens(x, p, out[:4])
+    assert torch.equal(p.dest, dest), "a rejected call wrote dest"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 8, 64])
+def test_propose_tokens_gpu(cuda, b):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, p = _proposal_case(gen, b, 32000, True)
+    p = p._replace(slots=torch.randperm(b + 2, generator=gen)[:b])
+    ids, dest = _proposal_expected(x, p)
+    p = Proposal(*(t.to(cuda) if isinstance(t, torch.Tensor) else t for t in p))
+    out = torch.empty(b, dtype=torch.int64, device=cuda)
+    propose_tokens(x.to(cuda), p, out)
+    assert torch.equal(out.cpu(), ids) and torch.equal(p.dest.cpu(), dest), f"seed {seed}"

@@ -105,6 +105,10 @@ CASES = {
         BLOCK_V=1024, FUSED=True, SPLITS_POW2=8, USE_PDL=False), dict(num_warps=8)),
     "argmax-combine-pdl": ("argmax", "_argmax_combine_kernel", _ARGMAX, dict(
         SPLITS_POW2=128, USE_PDL=True), dict(num_warps=1)),
+    # a draft step's proposal: the merge maps the index and stores it to the row's slot
+    "argmax-combine-propose-pdl": ("argmax", "_argmax_combine_kernel", dict(
+        _ARGMAX, map_ptr="*i64", slots_ptr="*i64", dest_ptr="*i64"), dict(
+        SPLITS_POW2=128, USE_PDL=True, PROPOSE=True, HAS_MAP=True), dict(num_warps=1)),
     "add-rms-norm-pdl": ("norm", "_rms_norm_kernel", dict(eps="fp32"), dict(
         HAS_RESIDUAL=True, BLOCK_H=2048, USE_PDL=True), dict(num_warps=4)),
     "silu-mul-pdl": ("activation", "_silu_and_mul_kernel", {}, dict(BLOCK_I=1024, USE_PDL=True),

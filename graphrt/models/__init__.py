@@ -1,7 +1,8 @@
 """Model construction from loaded checkpoints.
 
 A draft is anything with the draft interface: `draft_forward(tokens, positions, meta, kv,
-hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `draft_to_target_ids(ids)`,
+hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `token_map` (the target id
+of each draft id, [V_draft] int64, or None where they are the same),
 `position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`,
 `cfg` and `logits_shard` (argmax's group and vocab_size when draft_logits is a tensor-parallel
 vocab shard, else {}).

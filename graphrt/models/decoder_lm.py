@@ -79,6 +79,7 @@ class DecoderLM:
     # tokens only, at the tokens' own positions.
     position_offset = 0
     uses_target_hidden = False
+    token_map = None  # as a draft: its ids are the target's
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in):
         hidden, _ = self.forward(tokens, positions, meta, kv)
@@ -86,6 +87,3 @@ class DecoderLM:
 
     def draft_logits(self, state):
         return self.logits(state)
-
-    def draft_to_target_ids(self, ids):
-        return ids

@@ -32,6 +32,7 @@ class _EagleBase:
         self.embed_tokens = target.embed_tokens if own is None else (lambda tokens: F.embedding(tokens, own))
         self.fc_weight = weights["fc.weight"]
         self.logits_shard = {}
+        self.token_map = None  # draft ids are target ids
 
 
 class EagleHead(_EagleBase):
@@ -58,9 +59,6 @@ class EagleHead(_EagleBase):
 
     def draft_logits(self, state):
         return self._target_logits(state)
-
-    def draft_to_target_ids(self, ids):
-        return ids
 
 
 class Eagle3Layer(DecoderLayer):
@@ -110,8 +108,8 @@ class Eagle3Head(_EagleBase):
         self.embed_source = self.embed if own or target.tp is None else self.embed_tokens
         self.norm = weights["norm.weight"]
         self.lm_head = weights["lm_head.weight"]
-        # draft id -> target id as one table (target = draft + d2t[draft]): one gather per step
-        self.draft_to_target = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
+        # draft id -> target id as one table (target = draft + d2t[draft]), read by the argmax's last step
+        self.token_map = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
         self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp)] + [
             DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(1, cfg.num_hidden_layers)]
 
@@ -126,6 +124,3 @@ class Eagle3Head(_EagleBase):
     def draft_logits(self, state):
         # the final norm in the draft LM head GEMV's prologue where it can
         return linear(PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head)
-
-    def draft_to_target_ids(self, ids):
-        return self.draft_to_target[ids]
