@@ -39,11 +39,13 @@ def _new_graph() -> torch.cuda.CUDAGraph:
 
 
 class CycleGraphs:
-    def __init__(self, cycle, buckets: tuple[int, ...]):
+    def __init__(self, cycle, buckets: tuple[int, ...], pool=None):
+        """pool: the memory pool of graphs that never replay at the same time as these (another
+        set of the same cycle), shared; by default capture() makes one."""
         self.cycle = cycle
         self.buckets = tuple(sorted(set(buckets), reverse=True))
         self.graphs: dict[tuple[str, int], CapturedGraph] = {}
-        self.pool = None
+        self.pool = pool
         self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
 
     def capture(self, progress=None, inspect_kernels: bool = True,
@@ -57,7 +59,8 @@ class CycleGraphs:
         s.batch_num_drafts.zero_()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        self.pool = torch.cuda.graph_pool_handle()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         # A graph object freed by the garbage collector in the middle of a capture (say, one of an
         # earlier runtime) calls cudaGraphExecDestroy on a capturing stream and invalidates it.
         gc.collect()

@@ -199,6 +199,7 @@ class Runtime:
         self._host_buffers = [host_buffers(), host_buffers()]
         self._next_buffer = 0
         self._inflight = None
+        self._graph_sets = {}  # capture(): the captured CycleGraphs by filtering (True: with the filters' kernels)
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
@@ -328,16 +329,13 @@ class Runtime:
         s.temperature[slot] = float(req.params.temperature)
         s.seed[slot] = req.seed
         s.top_k[slot], s.top_p[slot], s.min_p[slot] = req.params.top_k, req.params.top_p, req.params.min_p
-        if req.params.filters and not s.filtering:
-            # From now on the target's phases launch the filters' threshold kernel: graphs captured
-            # without it are dropped (after the cycle in flight, which replays one of them) and
-            # captured again before the next cycle.
-            s.filtering = True
-            if self.cycle.graphs is not None:
-                torch.cuda.synchronize(self.device)
-                self.cycle.graphs = None
-        with self.cycle.hooks.phase(PREFILL, 1):
-            first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
+        # the prompt's token honours the request's filters (prefill is eager: the flag is all it reads)
+        filtering, s.filtering = s.filtering, s.filtering or req.params.filters
+        try:
+            with self.cycle.hooks.phase(PREFILL, 1):
+                first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
+        finally:
+            s.filtering = filtering
         self._running[slot] = req
         self._emit(req, [int(first[0])], [float(logprob[0])])  # prefill is eager: one sync is fine
 
@@ -362,9 +360,15 @@ class Runtime:
         req.blocks, req.slot = [], -1
 
     # ---- CUDA graphs --------------------------------------------------------------------------
-    def capture(self, progress=None, inspect_kernels: bool = True):
+    def capture(self, progress=None, inspect_kernels: bool = True, filters: bool | None = None):
         """Capture every phase x bucket as a CUDA graph (largest bucket first, one shared pool).
-        Returns the list of graphrt.capture.graphs.CapturedGraph records."""
+        Returns the list of graphrt.capture.graphs.CapturedGraph records.
+
+        There are two sets of graphs: without the filters' kernels (top_k, top_p, min_p), which
+        cycles replay while no request in the batch filters, and with them. filters: which set to
+        capture (None: the one the requests running now need, at first the unfiltered one). A set
+        not captured beforehand is captured before the first cycle that needs it; capturing the
+        filtered set up front (filters=True) spares the first filtered request that pause."""
         if self.device.type != "cuda":
             raise ValueError("CUDA graph capture needs a CUDA device")
         from graphrt.capture.graphs import CycleGraphs
@@ -379,11 +383,26 @@ class Runtime:
                                                             self.target.cfg.hidden_size)
             else:
                 self.all_reduce_path = self.tp.symmetric_path
-        graphs = CycleGraphs(self.cycle, self.buckets)
+        s = self.state
+        want = s.filtering if filters is None else bool(filters)
+        other = self._graph_sets.get(not want)
+        # the sets never replay at once, so they share one memory pool
+        graphs = CycleGraphs(self.cycle, self.buckets, pool=other.pool if other is not None else None)
         self.cycle.graphs = None
-        records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
-        self.cycle.graphs = graphs
+        filtering, s.filtering = s.filtering, want
+        try:
+            records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
+        finally:
+            s.filtering = filtering
+        self._graph_sets[want] = graphs
+        self.cycle.graphs = self._graph_sets.get(s.filtering)
         return records
+
+    @property
+    def graph_sets(self) -> dict:
+        """The captured sets of graphs (graphrt.capture.graphs.CycleGraphs), by whether their
+        sampler runs the filters' kernels (see capture)."""
+        return dict(self._graph_sets)
 
     # ---- decoding -----------------------------------------------------------------------------
     def bucket_for(self, batch: int) -> int:
@@ -400,8 +419,6 @@ class Runtime:
         """
         t0 = time.perf_counter()
         self._admit()
-        if self.use_cuda_graphs and self.cycle.graphs is None and self._running:
-            self.capture(inspect_kernels=False)
         if self._inflight is None:
             if not self._running:
                 return {}
@@ -424,6 +441,15 @@ class Runtime:
         h = self._host_buffers[self._next_buffer]
         self._next_buffer ^= 1
         rows = tuple(r.slot for r in reqs) + (s.scratch_slot,) * (Bk - B)
+        # the filters' kernels run only in cycles whose batch has a request that filters
+        filtering = any(r.params.filters for r in reqs)
+        if filtering != s.filtering:
+            s.filtering = filtering
+            self.cycle.graphs = self._graph_sets.get(filtering)
+        if self.use_cuda_graphs and self.cycle.graphs is None:
+            # the capture's warm-up runs write the static buffers that a cycle in flight reads
+            torch.cuda.synchronize(self.device)
+            self.capture(inspect_kernels=False)
         if s.staged != rows:  # a steady batch keeps its device inputs: no copy
             h["slots"][:Bk] = torch.tensor(rows)
             h["ndrafts"][:Bk] = 0

@@ -38,10 +38,12 @@ def test_seeded_request_same_on_cuda_and_cpu_batching():
     assert mixed[1].token_ids == alone
 
 
-def test_first_filtered_request_recaptures_the_graphs():
-    # Graphs are captured without the filters' threshold kernel; the first request that filters
-    # makes the runtime capture them again with it. Before, after and across that, results must be
-    # those of eager mode: a top_k = 1 request is greedy, a seeded unfiltered one is unchanged.
+def test_filtered_and_unfiltered_cycles_replay_their_own_graphs():
+    # Two sets of graphs: without the filters' kernels, replayed while no request of the batch
+    # filters, and with them. The filtered set captured up front serves the first filtered request
+    # with no new capture, and cycles go back to the unfiltered set once no request filters. Before,
+    # after and across that, results must be those of eager mode: a top_k = 1 request is greedy, a
+    # seeded unfiltered one is unchanged.
     target = _load(tiny_dir())
     prompts = [[3, 4, 5], [9, 9, 2, 7]]
     free = SamplingParams(max_new_tokens=20, temperature=1.0, seed=8, ignore_eos=True)
@@ -51,11 +53,16 @@ def test_first_filtered_request_recaptures_the_graphs():
     for graphs in (False, True):
         rt = Runtime(target, _load(draft_dir("eagle3")), num_draft_tokens=3, device="cuda", max_batch_size=4,
                      max_seq_len=64, use_cuda_graphs=graphs)
+        if graphs:
+            rt.capture(filters=True, inspect_kernels=False)
+            assert rt.cycle.graphs is None and set(rt.graph_sets) == {True}
         before = rt.generate(prompts, free)
-        assert (rt.cycle.graphs is not None) == graphs and not rt.state.filtering
+        assert not rt.state.filtering and set(rt.graph_sets) == ({False, True} if graphs else set())
+        sets = rt.graph_sets
+        assert rt.cycle.graphs is sets.get(False)
         mixed = rt.generate(prompts + prompts[:1], [one, nucleus, free])
-        assert rt.state.filtering and (rt.cycle.graphs is not None) == graphs
         after = rt.generate(prompts, free)
+        assert not rt.state.filtering and rt.graph_sets == sets and rt.cycle.graphs is sets.get(False)
         got[graphs] = [[r.token_ids for r in rs] for rs in (before, mixed, after)]
         greedy = rt.generate(prompts[:1], SamplingParams(max_new_tokens=20, ignore_eos=True))[0].token_ids
         assert mixed[0].token_ids == greedy

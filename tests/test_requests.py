@@ -160,3 +160,26 @@ def test_sampling_filters_reach_the_sampler(target, draft):
         assert got.token_ids == want.token_ids
         assert got.logprobs == pytest.approx([0.0] * len(got.logprobs), abs=1e-6)
     assert gens[2].token_ids == alone.token_ids
+
+
+def test_filters_run_only_in_cycles_that_need_them(target, draft):
+    """The filters' kernels run in a cycle only while a request of its batch filters: a filtered
+    request joining a running batch gets filtered tokens from its first (the prompt's) on, and once it
+    is gone the cycles run without them; the unfiltered request beside it is unchanged throughout."""
+    rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=4, max_seq_len=96)
+    prompts = _rand_prompts(2, target.config.vocab_size, seed=12)
+    free = SamplingParams(max_new_tokens=40, temperature=1.0, seed=5, ignore_eos=True)
+    alone = rt.generate(prompts[:1], free)[0].token_ids
+    greedy = rt.generate(prompts[1:], SamplingParams(max_new_tokens=8, ignore_eos=True))[0].token_ids
+    a = rt.add_request(prompts[0], free)
+    rt.step()
+    assert not rt.state.filtering
+    b = rt.add_request(prompts[1], SamplingParams(max_new_tokens=8, temperature=1.3, seed=4, top_k=1,
+                                                  ignore_eos=True))
+    seen = []
+    while not rt.finished(a):
+        rt.step()
+        seen.append(rt.state.filtering)
+    assert rt.pop_generation(b).token_ids == greedy
+    assert rt.pop_generation(a).token_ids == alone
+    assert seen[0] and not seen[-1], seen
