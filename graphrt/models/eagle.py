@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import PendingNorm
+from graphrt.kernels.residual_add import residual_add
 from graphrt.models.layers import DecoderLayer, Rotary
 
 
@@ -82,7 +83,7 @@ class Eagle3Layer(DecoderLayer):
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache), residual, self.post_norm, self.eps)
         out = self.mlp(h)
-        return h.stream + out
+        return residual_add(h.stream, out)
 
 
 class Eagle3Head(_EagleBase):

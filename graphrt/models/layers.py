@@ -27,6 +27,7 @@ from graphrt.kernels.attention import paged_attention
 from graphrt.kernels.gemv import linear, linear_pushed, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
+from graphrt.kernels.residual_add import residual_add
 
 
 @dataclass
@@ -147,7 +148,7 @@ class DecoderLayer:
     def __call__(self, x, positions, meta, k_cache, v_cache):
         """x: [N, H] residual stream in; returns the residual stream out."""
         out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
-        return residual + out
+        return residual_add(residual, out)
 
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone

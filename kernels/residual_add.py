@@ -1,0 +1,74 @@
+"""The residual add that no projection or norm takes into its launch: a draft layer's output,
+stream + mlp_out (the target defers its adds into the next norm, kernels/norm.PendingNorm).
+
+    residual_add(stream, out) = stream + out      # in their dtype, one rounding (as torch's add)
+
+A torch add there would be a graph node without a programmatic edge between the decode path's
+PDL kernels (kernels/pdl.py): the next kernels could not start early, and, being no kernel of
+graphrt's, it would break the rule that only graphrt's kernels (or the forward's input gather) run
+between a phase's metadata and the attention that reads it before its wait (tests/test_capture.py).
+`residual_add_reference` (torch, the CPU path and oracle) and `residual_add_triton` sit side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
+
+__all__ = ["residual_add", "residual_add_reference", "residual_add_triton"]
+
+_BLOCK = 1024
+
+
+def residual_add_reference(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """stream, out: the same shape and float dtype. Returns stream + out, a new tensor."""
+    return stream + out
+
+
+@triton.jit
+def _residual_add_kernel(
+    a_ptr, b_ptr,  # [numel] fp32/fp16/bf16, contiguous
+    out_ptr,  # [numel] the same dtype
+    numel,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
+        wait_for_producer()
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (a + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _fits(stream: torch.Tensor, out: torch.Tensor) -> bool:
+    return (stream.shape == out.shape and stream.dtype == out.dtype and stream.device == out.device
+            and stream.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and stream.is_contiguous() and out.is_contiguous())
+
+
+def residual_add_triton(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """stream, out: contiguous, one shape and float dtype (fp32/fp16/bf16) on one device. Returns
+    stream + out, a new contiguous tensor: each sum computed in fp32 and rounded once to the dtype
+    (torch's add: the same bits). Grid cdiv(numel, 1024); no host sync."""
+    if not _fits(stream, out):
+        raise ValueError(f"residual_add_triton takes two contiguous tensors of one shape and float dtype on one "
+                         f"device; got {tuple(stream.shape)} {stream.dtype} {stream.device} and "
+                         f"{tuple(out.shape)} {out.dtype} {out.device}")
+    y = torch.empty_like(stream)
+    n = stream.numel()
+    if n:
+        pdl = pdl_enabled(stream.device)
+        _residual_add_kernel[(triton.cdiv(n, _BLOCK),)](stream, out, y, n, BLOCK=_BLOCK, USE_PDL=pdl, num_warps=4,
+                                                      **pdl_launch(pdl))
+    return y
+
+
+def residual_add(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """stream + out. CUDA tensors that fit -> Triton, else the reference."""
+    if stream.is_cuda and _fits(stream, out):
+        return residual_add_triton(stream, out)
+    return residual_add_reference(stream, out)

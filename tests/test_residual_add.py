@@ -1,0 +1,48 @@
+"""residual_add: the Triton kernel (interpreter on CPU, real kernel on GPU) against torch's add, bit for bit."""
+
+import pytest
+import torch
+from graphrt.kernels.residual_add import residual_add, residual_add_reference, residual_add_triton
+
+from tests.seeds import fresh_seed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 576), (4, 1000), (2, 1025)])
+def test_triton_equals_torch_add(dtype, shape):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    a = (torch.randn(shape, generator=gen) * 30).to(dtype)
+    b = torch.randn(shape, generator=gen).to(dtype)
+    a[0, 0], b[-1, -1] = float("inf"), float("nan")
+    before = (a.clone(), b.clone())
+    got = residual_add_triton(a, b)
+    want = residual_add_reference(a, b)
+    assert got.dtype == dtype and got.shape == a.shape
+    assert torch.equal(got.isnan(), want.isnan()), f"seed {seed}"
+    if dtype == torch.bfloat16 and not got.is_cuda:
+        # Triton's interpreter narrows fp32 to bf16 by truncation, not to nearest: one ulp at most
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=0, equal_nan=True, msg=f"seed {seed}")
+    else:
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"seed {seed}"
+    assert torch.equal(a, before[0]) and torch.equal(b.isnan(), before[1].isnan())
+
+
+def test_dispatch_and_bad_input():
+    a, b = torch.randn(2, 8), torch.randn(2, 8)
+    assert torch.equal(residual_add(a, b), a + b)
+    assert torch.equal(residual_add(a.t(), b.t()), a.t() + b.t())  # the reference takes any layout
+    for bad in (torch.randn(2, 7), torch.randn(2, 8, dtype=torch.float16), torch.randn(8, 2).t()):
+        with pytest.raises(ValueError, match="residual_add_triton"):
+            residual_add_triton(a, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,h", [(1, 576), (4, 2048), (64, 4096), (256, 4096)])
+def test_gpu_equals_torch_add(cuda, dtype, rows, h):
+    seed = fresh_seed()
+    gen = torch.Generator(device=cuda).manual_seed(seed)
+    a = torch.randn(rows, h, device=cuda, generator=gen).to(dtype)
+    b = torch.randn(rows, h, device=cuda, generator=gen).to(dtype)
+    assert torch.equal(residual_add(a, b).view(torch.uint8), (a + b).view(torch.uint8)), f"seed {seed}"
