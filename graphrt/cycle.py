@@ -76,7 +76,8 @@ class DecodeState:
         # else that writes batch_slots or batch_num_drafts sets it to None.
         self.staged = None
         self.batch_n = torch.zeros(B, **i64)  # n at the start of this cycle
-        self.results, (self.emitted, self.num_emitted, self.logprobs) = packed(self.result_specs(B, K), device)
+        self.results, (self.emitted, self.num_emitted, self.logprobs) = packed(
+            self.result_specs(B, num_draft_tokens), device)
         self.emitted.fill_(-1)
         self.acceptance_counts = torch.zeros(K, **i64)
         hid = dict(dtype=hidden_dtype, device=device)
@@ -94,8 +95,8 @@ class DecodeState:
 
     @staticmethod
     def result_specs(max_batch_size, num_draft_tokens):
-        """emitted [B, K+1] int64, num_emitted [B] int32, logprobs [B, K+1] fp32."""
-        W = max(num_draft_tokens, 1) + 1
+        """emitted [B, K+1] int64, num_emitted [B] int32, logprobs [B, K+1] fp32 (K = 0: plain decoding)."""
+        W = num_draft_tokens + 1
         return [((max_batch_size, W), torch.int64), ((max_batch_size,), torch.int32),
                 ((max_batch_size, W), torch.float32)]
 
@@ -241,12 +242,9 @@ class Cycle:
         x = self._inputs(slots, 1, n_out=n, tokens=(s.last_token, s.draft_tokens), sampling=(s.temperature, s.seed))
         hidden, _ = self.target.forward(x.tokens[:, 0], x.positions[:, 0], self._meta(x), self.target_kv)
         logits = self.target.logits(hidden).view(B, 1, -1)
-        out = rejection_sample(logits, self.no_drafts[:B], x.temperature, x.seed, n,
-                               **s.filters(slots), **self.target.logits_shard)
-        s.emitted[:B].fill_(-1)
-        s.emitted[:B, :1] = out.token_ids
-        s.num_emitted[:B] = out.num_emitted
-        s.logprobs[:B, :1] = out.logprobs
+        rejection_sample(logits, self.no_drafts[:B], x.temperature, x.seed, n,  # results straight to the buffers
+                         out=(s.emitted[:B], s.num_emitted[:B], s.logprobs[:B]), **s.filters(slots),
+                         **self.target.logits_shard)
         self._advance(slots, n, B)
 
     # ---- one cycle ----------------------------------------------------------------------------

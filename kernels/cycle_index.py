@@ -18,7 +18,8 @@ casts, divisions, scatters), each costing a launch and a hand-off on the GPU. He
 
 Positions are never negative (the cycle's state invariant), so floor and truncating division agree.
 Static shapes, no host sync: both sit inside the captured phase graphs. Triton on CUDA, the torch
-reference elsewhere.
+reference elsewhere. cycle_inputs launches without PDL, so it is the fence that settles the metadata
+before the forward (kernels/pdl.py); advance, the phase's last kernel, is a programmatic dependent.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 # The scratch slot (the last; padded batch rows use it) is held at num_tokens 2, last token 0: its
 # positions stay small and inside block 0 however many cycles pad with it.
@@ -243,7 +245,10 @@ def _advance_kernel(
     W,
     scratch,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # the phase's last kernel, after the sampler: a programmatic dependent of it
+        wait_for_producer()
     # one program, BLOCK rows at a time whatever the bucket (one compiled variant for all of them):
     # rows on the scratch slot are never written, so no two lanes store to one slot
     for start in range(0, B, BLOCK):
@@ -266,8 +271,9 @@ def advance_triton(slots, n, num_emitted, emitted, num_tokens, last_token, scrat
     if not emitted.is_contiguous() or scratch_slot != num_tokens.shape[0] - 1:
         raise ValueError("emitted must be contiguous and the scratch slot the last one")
     B = slots.shape[0]
+    pdl = pdl_enabled(slots.device)
     _advance_kernel[(1,)](slots, n, num_emitted, emitted, num_tokens, last_token, B, emitted.shape[1],
-                          scratch_slot, BLOCK=64, num_warps=2)
+                          scratch_slot, BLOCK=64, USE_PDL=pdl, num_warps=2, **pdl_launch(pdl))
 
 
 def advance(slots, n, num_emitted, emitted, num_tokens, last_token, scratch_slot: int) -> None:

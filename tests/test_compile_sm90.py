@@ -211,7 +211,7 @@ CASES = {
         dict(num_warps=1)),
     "cycle-advance": ("cycle_index", "_advance_kernel", dict(
         slots_ptr="*i64", n_ptr="*i64", nemit_ptr="*i32", emit_ptr="*i64", num_tokens_ptr="*i64", last_ptr="*i64"),
-        dict(BLOCK=64), dict(num_warps=2)),
+        dict(BLOCK=64, USE_PDL=True), dict(num_warps=2)),
 }
 
 _SCRIPT = textwrap.dedent("""
