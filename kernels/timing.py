@@ -52,13 +52,22 @@ def time_in_graph(
 def memory_bandwidth_gbs(nbytes: int = 1 << 31) -> float:
     """Achievable device-memory bandwidth in GB/s, for byte floors of read-mostly kernels.
 
-    The larger of two measurements: a reduction that only reads (torch.amax over `nbytes`) and a
-    device-to-device copy (bytes read + bytes written). A copy alone understates what a kernel
-    that only reads can reach, which would make floors look too easy.
+    The largest of three measurements: a reduction that only reads (torch.amax over `nbytes`), a
+    device-to-device copy (bytes read + bytes written) and graphrt's own one-row GEMV streaming a
+    weight matrix of nbytes / 8 (the decode phases' main kernel, whose bytes the phase floors
+    count). A copy alone understates what a kernel that only reads can reach, which would make
+    floors look too easy; on the H200 the GEMV also outran both torch kernels, which put decode
+    phases above 100% of a floor that is meant to bound them.
     """
+    from graphrt.kernels.gemv import linear
+
     x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     read_us = time_in_graph(lambda: torch.amax(x), [()], per_graph=5, replays=10)
     src = x[: x.numel() // 2]
     dst = torch.empty_like(src)
     copy_us = time_in_graph(lambda: dst.copy_(src), [()], per_graph=5, replays=10)
-    return max(nbytes / read_us, 2 * src.numel() * 2 / copy_us) * 1e-3
+    k = 8192
+    w = x[: (x.numel() // 8) // k * k].view(-1, k)  # a weight matrix the L2 cannot hold
+    row = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    gemv_us = time_in_graph(lambda: linear(row, w), [()], per_graph=5, replays=10)
+    return max(nbytes / read_us, 2 * src.numel() * 2 / copy_us, w.numel() * 2 / gemv_us) * 1e-3
