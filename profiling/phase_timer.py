@@ -58,11 +58,6 @@ class PhaseTimer:
             self.count[(name, b)] += 1
         self._pending = still
 
-    def reset(self) -> None:
-        self.collect(wait=True)
-        self.total_ms.clear()
-        self.count.clear()
-
     def summary(self) -> dict[str, dict[str, float]]:
         self.collect(wait=True)
         total: dict[str, float] = defaultdict(float)
