@@ -124,7 +124,14 @@ class Cycle:
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
         self.hooks = PhaseHooks()
-        self.graphs = None  # a graphrt.capture.graphs.CycleGraphs, once captured
+        # graphrt.capture.graphs.CycleGraphs once captured, by whether their sampler runs the filters'
+        # kernels (DecodeState.filtering); `graphs` is the set the state's flag picks
+        self.graph_sets: dict = {}
+
+    @property
+    def graphs(self):
+        """The captured set of graphs the cycles replay now (None: run eagerly)."""
+        return self.graph_sets.get(self.s.filtering)
 
     def _inputs(self, slots, T: int, **kw) -> CycleInputs:
         """The rows' positions, attention metadata and (by request) tokens and sampling state, in

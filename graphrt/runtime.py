@@ -199,7 +199,6 @@ class Runtime:
         self._host_buffers = [host_buffers(), host_buffers()]
         self._next_buffer = 0
         self._inflight = None
-        self._graph_sets = {}  # capture(): the captured CycleGraphs by filtering (True: with the filters' kernels)
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
@@ -383,26 +382,25 @@ class Runtime:
                                                             self.target.cfg.hidden_size)
             else:
                 self.all_reduce_path = self.tp.symmetric_path
-        s = self.state
+        s, sets = self.state, self.cycle.graph_sets
         want = s.filtering if filters is None else bool(filters)
-        other = self._graph_sets.get(not want)
+        sets.pop(want, None)  # a capture that fails leaves that set to eager mode
+        other = sets.get(not want)
         # the sets never replay at once, so they share one memory pool
         graphs = CycleGraphs(self.cycle, self.buckets, pool=other.pool if other is not None else None)
-        self.cycle.graphs = None
         filtering, s.filtering = s.filtering, want
         try:
             records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
         finally:
             s.filtering = filtering
-        self._graph_sets[want] = graphs
-        self.cycle.graphs = self._graph_sets.get(s.filtering)
+        sets[want] = graphs
         return records
 
     @property
     def graph_sets(self) -> dict:
         """The captured sets of graphs (graphrt.capture.graphs.CycleGraphs), by whether their
         sampler runs the filters' kernels (see capture)."""
-        return dict(self._graph_sets)
+        return dict(self.cycle.graph_sets)
 
     # ---- decoding -----------------------------------------------------------------------------
     def bucket_for(self, batch: int) -> int:
@@ -442,10 +440,7 @@ class Runtime:
         self._next_buffer ^= 1
         rows = tuple(r.slot for r in reqs) + (s.scratch_slot,) * (Bk - B)
         # the filters' kernels run only in cycles whose batch has a request that filters
-        filtering = any(r.params.filters for r in reqs)
-        if filtering != s.filtering:
-            s.filtering = filtering
-            self.cycle.graphs = self._graph_sets.get(filtering)
+        s.filtering = any(r.params.filters for r in reqs)
         if self.use_cuda_graphs and self.cycle.graphs is None:
             # the capture's warm-up runs write the static buffers that a cycle in flight reads
             torch.cuda.synchronize(self.device)

@@ -297,12 +297,12 @@ def propose_tokens(logits: torch.Tensor, proposal: Proposal, out: torch.Tensor, 
     elsewhere, or vocab-parallel (group, vocab_size as argmax's), the same in torch after argmax.
     Returns out."""
     _validate(logits)
+    if logits.is_cuda and group is None:  # argmax_triton checks the proposal and out
+        values = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)
+        return argmax_triton(logits, out=(values, out), propose=proposal)[1]
     _validate_proposal(proposal, logits.shape[0], vocab_size or logits.shape[1], logits.device)
     if out.shape != (logits.shape[0],) or out.dtype != torch.int64 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{logits.shape[0]}] int64 tensor")
-    if logits.is_cuda and group is None:
-        values = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)
-        return argmax_triton(logits, out=(values, out), propose=proposal)[1]
     ids = argmax(logits, group=group, vocab_size=vocab_size)[1]
     if proposal.token_map is not None:
         ids = proposal.token_map[ids]
