@@ -131,26 +131,41 @@ def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
     draws of the rows whose candidates hold their threshold included) vs torch (torch_us: the
     reference's sort-based thresholds and masking, then the plain-torch sampler). The logits are
     randn: flat enough that top_p alone keeps most of the vocabulary, so its rows overflow the
-    candidate buffer and take the whole-row search (kernels/rejection_filter.py): its worst case."""
+    candidate buffer and take the whole-row search (kernels/rejection_filter.py): its worst case.
+    topp0.9_oneflat (B > 1): top_p = 0.9 on every request, all but the first request's logits scaled
+    6x (peaked rows: few candidates), so one request's rows take the whole-row search."""
     rows = []
     for b in Bs:
         sets = rejection_sets(b, k, v, "onehot")
         plain = time_in_graph(lambda t, d, tt, s, p, q: rejection_sample_triton(t, d, tt, s, p), sets)
         cfg = launch_config(b, k, False)
         whole_cfg = dataclasses.replace(cfg, filter_draw=False)
-        for name, fk, fp in filter_cases(b):
+        cases = [(name, fk, fp, sets) for name, fk, fp in filter_cases(b)]
+        if b > 1:
+            cases.append(("topp0.9_oneflat", None, torch.full((b,), 0.9, device="cuda"), _one_flat(sets)))
+        for name, fk, fp, inputs in cases:
             ours = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: rejection_sample_triton(
-                t, d, tt, s, p, top_k=k_, top_p=p_), sets)
+                t, d, tt, s, p, top_k=k_, top_p=p_), inputs)
             whole = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, c_=whole_cfg: rejection_sample_triton(
-                t, d, tt, s, p, top_k=k_, top_p=p_, config=c_), sets)
+                t, d, tt, s, p, top_k=k_, top_p=p_, config=c_), inputs)
             alone = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp, c_=cfg: filter_stage(
-                t, d, tt, s, p, None, k_, p_, None, c_, False, RACE_CHUNK), sets)
+                t, d, tt, s, p, None, k_, p_, None, c_, False, RACE_CHUNK), inputs)
             ref = time_in_graph(lambda t, d, tt, s, p, q, k_=fk, p_=fp: torch_rejection_baseline(
-                apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), sets)
+                apply_thresholds(t, thresholds_reference(t, tt, k_, p_, None)), d, tt, s, p), inputs)
             rows.append(dict(kernel=f"rejection_onehot_{name}", B=b, K=k, V=v, dtype="bf16", ours_us=ours,
                              torch_us=ref, floor_us=b * (k + 1) * v * 2 / (bw_gbs * 1e3), unfiltered_us=plain,
                              whole_rows_us=whole, thresholds_us=alone))
     return rows
+
+
+def _one_flat(sets):
+    """The input sets with every request's logits but the first's scaled 6x."""
+    out = []
+    for target, *rest in sets:
+        peaked = target * 6
+        peaked[0] = target[0]
+        out.append((peaked, *rest))
+    return out
 
 
 def extra_benches(**kw) -> list[dict]:

@@ -19,15 +19,17 @@ Up to five launches, all but the third spread over many programs per row:
      keys (_select), top_k's from the supergroup bar up. What top_k keeps (a few dozen of the
      candidates) is copied to a buffer of its own (_compact), and top_p and min_p read only that.
      A row whose candidates overflow the buffer, or weigh less than top_p of the row, is flagged
-     for kernels 4 and 5 instead. It also resets the workspace rows it used, which every call and
+     for kernels 4 and 5 instead (need, and a list of the flagged rows whose count kernel 1 zeroes
+     on the next call). It also resets the workspace rows it used, which every call and
      graph replay shares (_workspace); kernel 5 resets a flagged row's.
      With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
      also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so once
      those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
      two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
      id) need nothing else of the row.
-  4. and 5. The whole-row search of the flagged rows, over (rows, splits) programs: key bins, then
-     the window of keys holding the threshold, or one program's _row_tau over the row
+  4. and 5. The whole-row search of the flagged rows, shared out at run time over a fixed grid:
+     up to SPREAD_ROWS of them, each spread over programs (key bins, then the window of keys
+     holding the threshold); else, or where that does not apply, one program's _row_tau over the row
      (kernels/rejection_filter_whole.py). The exact search itself is kernels/rejection_filter_select.py.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
@@ -83,6 +85,7 @@ def _filter_stats_kernel(
     kmax_ptr,  # [rows] int32, -(2**31 - 1) on entry: the row's largest key (atomic max)
     gmax_ptr,  # [rows, NG] the logits' dtype, out: each GROUP-entry group's largest logit (NaN as -inf)
     smax_ptr,  # [rows, NS] the same, out: each SUPER-group supergroup's
+    flag_ptr,  # [1 + rows] int32: how many rows the threshold kernel flags, and which; the count zeroed here
     stride_lb, stride_lj, R, V, NG, NS,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,  # one tile per program, a multiple of GROUP * SUPER
@@ -92,6 +95,8 @@ def _filter_stats_kernel(
 ):
     row, b, active, inv_t, k, use_k, top_p, min_p = _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K,
                                                              HAS_P, HAS_M, PDL)
+    if (row == 0) & (tl.program_id(1) == 0):  # the last call's kernels 4 and 5 have read it
+        tl.store(flag_ptr, 0)
     if active:
         NSB: tl.constexpr = BLOCK_V // (GROUP * SUPER)
         sg = tl.program_id(1) * NSB + tl.arange(0, NSB)
@@ -307,6 +312,7 @@ def _threshold_kernel(
     minp_ptr,  # [B] fp32 (HAS_M only)
     tau_ptr,  # [B*(K+1)] fp32 out: the row's threshold, -inf where nothing is filtered (not yet where flagged)
     need_ptr,  # [B*(K+1)] int32 out: 1 where the row's threshold needs the whole-row search (kernels 4, 5), else 0
+    flag_ptr,  # [1 + rows] int32 (CAND): the count kernel 1 zeroed, then the rows flagged, in no order, appended
     kmax_ptr, mass_ptr, hist_ptr, gmax_ptr, smax_ptr,  # kernels 1 and 2's (CAND only); the first three reset here
     cand_ptr,  # [rows, CAP] fp32 scratch: the row's candidates
     ids_ptr,  # [rows, 2 * (CAP // GROUP)] int32 scratch: their supergroups, their groups
@@ -389,6 +395,9 @@ def _threshold_kernel(
     # own, whose tiles over the whole row would otherwise set this kernel's registers, and so how
     # many of its programs share an SM, on every row for the sake of the few that overflow
     tl.store(need_ptr + row, (~done).to(tl.int32))
+    if CAND:
+        if ~done:  # kernels 4 and 5 share out the flagged rows from this list
+            tl.store(flag_ptr + 1 + tl.atomic_add(flag_ptr, 1, sem="relaxed"), row.to(tl.int32))
     if DRAW:  # every row, every call: the row pass and the walk read it
         tl.store(dstat_i_ptr + row, drawn.to(tl.int32))
 
@@ -401,7 +410,8 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
     """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group and supergroup maxima
     [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
     ids [rows', 2 * (cap // GROUP)] int32, what the filters keep of the candidates [rows', cap] fp32
-    and its vocab ids [rows', cap] int32) with rows' >= rows, one per device, cap, ng, ns and
+    and its vocab ids [rows', cap] int32, the flagged rows' count and list [1 + rows'] int32) with
+    rows' >= rows, one per device, cap, ng, ns and
     dtype (counters.shared_workspace: None inside a capture that would have to grow it): the
     threshold kernel leaves each row it used as it found it."""
     def make(n):  # 1024 rows from the start: B = 256 at K = 3
@@ -411,7 +421,7 @@ def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
                 torch.empty((n, cap), dtype=torch.float32, device=dev),
                 torch.empty((n, 2 * (cap // GROUP)), dtype=torch.int32, device=dev),
                 torch.empty((n, cap), dtype=torch.float32, device=dev),
-                torch.empty((n, cap), dtype=torch.int32, device=dev))
+                torch.empty((n, cap), dtype=torch.int32, device=dev), torch.zeros(n + 1, dtype=torch.int32, device=dev))
 
     return shared_workspace(_workspaces, (dev, cap, ng, ns, dtype), rows, make)
 
@@ -465,9 +475,9 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
     strides = (target_logits.stride(0), target_logits.stride(1), r, v)
     ws = _workspace(dev, rows, cap, ng, ns, target_logits.dtype) if cap >= GROUP else None
     if ws is not None:
-        kmax, mass, hist, gmax, smax, cand, ids, kept, kvid = ws
+        kmax, mass, hist, gmax, smax, cand, ids, kept, kvid, flagged = ws
         _filter_stats_kernel[(rows, triton.cdiv(v, stats_block_v))](
-            target_logits, temperature, *filters, kmax, gmax, smax, *strides, ng, ns, BLOCK_V=stats_block_v,
+            target_logits, temperature, *filters, kmax, gmax, smax, flagged, *strides, ng, ns, BLOCK_V=stats_block_v,
             GROUP=GROUP, SUPER=sup, **flags, **launch)
         if top_p is not None:
             tiles = triton.cdiv(v, block_v)
@@ -476,7 +486,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 target_logits, temperature, *filters, kmax, mass, hist, *strides, per_split, BLOCK_V=block_v,
                 **flags, **launch)
     else:
-        kmax = mass = hist = gmax = smax = cand = ids = kept = kvid = tau  # valid pointers, unused
+        kmax = mass = hist = gmax = smax = cand = ids = kept = kvid = flagged = tau  # valid pointers, unused
     d = draws
     sample = () if d is None else (d.draft_ids, d.num_draft_tokens if d.num_draft_tokens is not None else d.seed,
                                    d.seed, d.position, d.stats_i, d.stats_f)
@@ -485,10 +495,11 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
                 NC_POW2=triton.next_power_of_2(triton.cdiv(v, d.chunk))) if d is not None else {}
     need = torch.empty(rows, dtype=torch.int32, device=dev) if whole is None else whole
     _threshold_kernel[(rows,)](
-        target_logits, temperature, *filters, tau, need, kmax, mass, hist, gmax, smax, cand, ids, kept, kvid,
+        target_logits, temperature, *filters, tau, need, flagged, kmax, mass, hist, gmax, smax, cand, ids, kept, kvid,
         *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
         CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
         **draw, **dict(launch, num_warps=cand_warps or num_warps))
-    whole_row_search(target_logits, temperature, filters, tau, need, (kmax, mass, hist) if ws is not None else None,
+    whole_row_search(target_logits, temperature, filters, tau, need,
+                     (kmax, mass, hist, flagged) if ws is not None else None,
                      block_v=block_v, flags=flags, launch=launch)
     return tau

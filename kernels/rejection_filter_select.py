@@ -104,10 +104,20 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
 @triton.jit
 def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
              HAS_M: tl.constexpr, PDL: tl.constexpr):
-    """Every filter kernel's start: the PDL wait, then this program's row, its request b and b's
-    (active, inv_t, k, use_k, top_p, min_p); active: a sampled row that filters."""
+    """The start of each filter kernel with a program a row: the PDL wait, then this program's row
+    and _row_filters(row)."""
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
+    b, active, inv_t, k, use_k, top_p, min_p = _row_filters(row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
+                                                            HAS_K, HAS_P, HAS_M)
+    return row, b, active, inv_t, k, use_k, top_p, min_p
+
+
+@triton.jit
+def _row_filters(row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                 HAS_M: tl.constexpr):
+    """Row row's request b and b's (active, inv_t, k, use_k, top_p, min_p); active: a sampled row
+    that filters."""
     b = row // R
     greedy, inv_t = _inv_temperature(temp_ptr, b)
     k = tl.zeros_like(b)
@@ -120,7 +130,7 @@ def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, 
     if HAS_M:
         min_p = tl.load(minp_ptr + b)
     use_k = (k > 0) & (k < V)
-    return row, b, ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
+    return b, ~greedy & (use_k | (top_p < 1.0) | (min_p > 0.0)), inv_t, k, use_k, top_p, min_p
 
 
 @triton.jit

@@ -27,7 +27,7 @@ _REJ = dict(logits_ptr="*bf16", qlogits_ptr="*bf16", draft_ptr="*i64", temp_ptr=
             part_k_ptr="*fp32", part_i_ptr="*i32", part_x_ptr="*fp32")
 _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_ptr="*fp32", kmax_ptr="*i32",
                mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", kept_ptr="*fp32", kvid_ptr="*i32",
-               need_ptr="*i32", dstat_i_ptr="*i32",
+               need_ptr="*i32", flag_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
 _SPREAD = dict(_FILTER, wsum_ptr="*i64", ctr_ptr="*i32", win_ptr="*i32", above_ptr="*i64",
                wcnt_ptr="*i32")
@@ -167,22 +167,23 @@ CASES = {
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16,
         CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
-    # the rows the threshold kernel flags, searched whole over many programs: B <= 2 (4096-entry
-    # tiles) and beyond (2048); fp32 logits take the one-program search in the window kernel only
+    # the rows the threshold kernel flags, searched whole, spread over programs up to 32 flagged rows:
+    # B <= 2 (4096-entry tiles, each row its own programs) and beyond (2048, the rows shared out from
+    # the threshold kernel's list); fp32 logits take the one-program search in the window kernel only
     "rej-bins": ("rejection_filter_whole", "_bins_kernel", _SPREAD, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096, MERGE=True, PDL=2),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-small": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096,
-        SPREAD=True, CAND=True, MERGE=True, PDL=2),
+        SPREAD=True, CAND=True, LISTED=False, SPREAD_ROWS=32, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096,
-        SPREAD=True, CAND=True, MERGE=True, PDL=1),
+        SPREAD=True, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-fp32": ("rejection_filter_whole", "_window_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096,
-        SPREAD=False, CAND=True, MERGE=False, PDL=1),
+        SPREAD=False, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
