@@ -7,13 +7,14 @@ each is split over as many programs as divide among them; past that, one program
 flat row in a large batch still gets the spread search (before, from 8 rows on, one program searched
 each row: 1.6 ms against 0.27 at B = 64, H100), and a call that flags nothing costs two launches
 whose programs read one count and exit.
-  4. _bins_kernel, spread rows without top_k (top_p and min_p only) with bf16 or fp16 logits: the
-     row's entries weighed by key bin (NBINS bins); its last program picks the window of WINDOW keys
-     that holds the threshold (top_p's crossing bin, or min_p's if higher).
+  4. _bins_kernel, spread rows without top_k (top_p and min_p only): the row's entries weighed by
+     key bin (NBINS bins); its last program picks the window of WINDOW keys that holds the
+     threshold (top_p's crossing bin, or min_p's if higher). fp32 keys take two launches, the
+     second over the bins inside the first's.
   5. _window_kernel: the window's entries counted key by key; the row's last program finds the exact
      threshold from them (the weight over the window plus count times weight per key). Rows it
-     cannot take (top_k, fp32 keys, a min_p cut past the window, more than SPREAD_ROWS flagged rows
-     in the call) get _row_tau over the whole row in one program instead.
+     cannot take (top_k, a min_p cut past the window, more than SPREAD_ROWS flagged rows in the
+     call) get _row_tau over the whole row in one program instead.
 Apart from the threshold kernel, which every filtered row runs, so that their tiles over the row
 do not set its registers.
 """
@@ -82,23 +83,26 @@ def _bins_kernel(
     mass_ptr,  # [rows] int64: the row's weight (kernel 2's; top_p rows)
     wsum_ptr,  # [rows, NBINS] int64 zeros on entry: the weight of the row's entries by key bin
     ctr_ptr,  # counters(): a slot per row
-    win_ptr,  # [rows] int32 out: the first bin of the row's window (its last program)
-    above_ptr,  # [rows] int64 out: the weight of the keys over the window
+    win_ptr,  # [rows] int32 out: the bin the row's threshold lies in (LEVEL 0 of 2), else its window's first
+    above_ptr,  # [rows] int64 out: the weight of the keys over that bin, or over the window
     stride_lb, stride_lj, R, V, rows,
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NBINS: tl.constexpr,
     LISTED: tl.constexpr,  # the flagged rows shared out from the list (else a program a row and split)
     SPREAD_ROWS: tl.constexpr,
+    LEVEL: tl.constexpr = 0,  # 1: the bins inside LEVEL 0's bin (32-bit keys)
+    FINAL: tl.constexpr = True,  # this level picks the window (else: LEVEL 0 of 2)
     PDL: tl.constexpr = 0,
 ):
-    """The first level of the spread whole-row search, for each flagged row without top_k (top_p
-    and min_p only: a flat row whose kept entries overflow the candidates), when the call flags at
-    most SPREAD_ROWS rows: the row's entries weighed by key bin (NBINS bins of 2**BIN_SHIFT keys;
-    int64 atomics, exact in any order). The row's last program to finish picks the window of
-    WINDOW keys that holds its threshold: from the bin where the weight from the top crosses top_p
-    of the row, or the bin where the weights reach min_p's bar if higher (the threshold is the larger
-    of the two cuts)."""
+    """A level of the spread whole-row search, for each flagged row without top_k (top_p and min_p
+    only: a flat row whose kept entries overflow the candidates), when the call flags at most
+    SPREAD_ROWS rows: the row's entries weighed by key bin (NBINS bins of 2**SH keys, the key's next
+    12 bits; int64 atomics, exact in any order). The row's last program to finish picks the bin
+    that holds its threshold: where the weight from the top crosses top_p of the row, or the bin
+    where the weights reach min_p's bar if higher (the threshold is the larger of the two cuts).
+    Keys of at most 20 bits (bf16, fp16) need one level, whose bin starts the window of WINDOW
+    keys kernel 5 counts; 32-bit keys (fp32) a second one inside that bin, whose bins are windows."""
     _pdl_wait(PDL)
     row, s, splits, spread = _share(flag_ptr, need_ptr, rows, V, LISTED, True, SPREAD_ROWS, BLOCK_V)
     if spread & (row >= 0):
@@ -106,7 +110,12 @@ def _bins_kernel(
                                                                 HAS_K, HAS_P, HAS_M)
         if ~use_k:
             KEY_BITS: tl.constexpr = 32 - SHIFT
-            BIN_SHIFT: tl.constexpr = KEY_BITS - 12
+            SH: tl.constexpr = KEY_BITS - 12 * (LEVEL + 1)
+            prefix = tl.zeros_like(row)  # the bins of level 0 containing this level's
+            above = tl.zeros_like(row)
+            if LEVEL > 0:
+                prefix = tl.load(win_ptr + row).to(tl.int64)
+                above = tl.load(above_ptr + row)
             x_max = _scaled(_key_value(tl.load(kmax_ptr + row).to(tl.int64), SHIFT), inv_t)
             row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
             offs0 = tl.arange(0, BLOCK_V)
@@ -115,8 +124,10 @@ def _bins_kernel(
             for t in range(s * per_split, tl.minimum((s + 1) * per_split, tiles)):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                bins = ((_keys(raw, SHIFT) + (1 << (KEY_BITS - 1))) >> BIN_SHIFT).to(tl.int32)
-                w = tl.where(offs < V, _tl_weights(_scaled(raw, inv_t), x_max), 0)
+                ukey = _keys(raw, SHIFT) + (1 << (KEY_BITS - 1))  # unsigned: bins in key order
+                bins = ((ukey >> SH) & (NBINS - 1)).to(tl.int32)
+                inb = (offs < V) & ((ukey >> (SH + 12)) == prefix)
+                w = tl.where(inb, _tl_weights(_scaled(raw, inv_t), x_max), 0)
                 tl.atomic_add(wsum_ptr + row * NBINS + bins, w, mask=w > 0, sem="relaxed")
             d = tl.arange(0, NBINS)
             if last_to_finish(ctr_ptr + row, splits):
@@ -124,15 +135,19 @@ def _bins_kernel(
                 first = tl.zeros_like(splits)
                 if top_p < 1.0:  # the highest bin from whose start up the row weighs top_p of its weight
                     target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
-                    s_from = tl.sum(wsum, axis=0) - tl.cumsum(wsum, axis=0) + wsum
+                    s_from = above + tl.sum(wsum, axis=0) - tl.cumsum(wsum, axis=0) + wsum
                     first = tl.max(tl.where(s_from.to(tl.float64) >= target, d, 0), axis=0)
                 if min_p > 0.0:  # the lowest bin whose top key reaches min_p's bar
-                    top_key = ((d + 1).to(tl.int64) << BIN_SHIFT) - 1 - (1 << (KEY_BITS - 1))
+                    top_key = (((prefix << 12) + d + 1) << SH) - 1 - (1 << (KEY_BITS - 1))
                     w_top = _tl_weights(_scaled(_key_value(top_key, SHIFT), inv_t), x_max)
                     bar = min_p.to(tl.float64) * 4294967296.0
                     first = tl.maximum(first, tl.min(tl.where(w_top.to(tl.float64) >= bar, d, NBINS - 1), axis=0))
-                tl.store(win_ptr + row, first)
-                tl.store(above_ptr + row, tl.sum(tl.where(d >= first + (WINDOW >> BIN_SHIFT), wsum, 0), axis=0))
+                # the window: WINDOW keys from bin first up (whole bins); level 0 of 2: bin first alone
+                top: tl.constexpr = (WINDOW >> SH) if FINAL else 1
+                tl.store(win_ptr + row, ((prefix << 12) + first).to(tl.int32))
+                tl.store(above_ptr + row, above + tl.sum(tl.where(d >= first + top, wsum, 0), axis=0))
+                if not FINAL:  # the next level's bins
+                    tl.store(wsum_ptr + row * NBINS + d, tl.zeros([NBINS], tl.int64))
 
 
 @triton.jit
@@ -146,7 +161,8 @@ def _window_kernel(
     HAS_K: tl.constexpr, HAS_P: tl.constexpr, HAS_M: tl.constexpr, SHIFT: tl.constexpr,
     BLOCK_V: tl.constexpr,  # the tile over the row
     NBINS: tl.constexpr,
-    SPREAD: tl.constexpr,  # _bins_kernel ran (CAND and keys of at most 20 bits: bf16, fp16)
+    SPREAD: tl.constexpr,  # _bins_kernel ran (CAND)
+    LEVELS: tl.constexpr,  # _bins_kernel's levels: 1, or 2 for 32-bit keys (SPREAD)
     CAND: tl.constexpr,  # kernels 1-3 ran with their workspace
     LISTED: tl.constexpr,  # as _bins_kernel's (CAND only)
     SPREAD_ROWS: tl.constexpr,
@@ -166,7 +182,7 @@ def _window_kernel(
         b, active, inv_t, k, use_k, top_p, min_p = _row_filters(row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
                                                                 HAS_K, HAS_P, HAS_M)
         KEY_BITS: tl.constexpr = 32 - SHIFT
-        BIN_SHIFT: tl.constexpr = KEY_BITS - 12
+        BIN_SHIFT: tl.constexpr = KEY_BITS - 12 * LEVELS  # the last level's bins
         row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
         d = tl.arange(0, WINDOW)
         spread = spread_call & ~use_k
@@ -239,8 +255,8 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     no candidates)."""
     b, r, v = target_logits.shape
     rows = b * r
-    # keys of at most 20 bits: a window holds whole bins
-    spread = state is not None and flags["SHIFT"] >= 12
+    spread = state is not None
+    levels = 1 if flags["SHIFT"] >= 12 else 2  # keys of at most 20 bits: a window holds whole bins
     ws = _spread_workspace(target_logits.device, rows) if spread else None
     ctr = counters(target_logits.device, rows) if spread else None
     spread = ws is not None and ctr is not None  # else one program a row (inside a capture that would allocate)
@@ -256,11 +272,13 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
         tiles = triton.cdiv(v, block_v)
         grid = (rows, triton.cdiv(tiles, triton.cdiv(tiles, max(1, min(tiles, SPREAD_PROGRAMS // rows))))
                 if spread else 1)
-    if spread:  # listed: spread rows only, at most SPREAD_ROWS (its splits need not match kernel 5's)
+    for level in range(levels if spread else 0):  # listed: spread rows only, at most SPREAD_ROWS (its splits
+        # need not match kernel 5's)
         _bins_kernel[(max(SPREAD_PROGRAMS, SPREAD_ROWS),) if listed else grid](
             target_logits, temperature, *filters, need, flagged, kmax, mass, wsum, ctr, win, above, *args,
-            BLOCK_V=block_v, NBINS=NBINS, LISTED=listed, SPREAD_ROWS=SPREAD_ROWS, **flags, **launch)
+            BLOCK_V=block_v, NBINS=NBINS, LISTED=listed, SPREAD_ROWS=SPREAD_ROWS, LEVEL=level,
+            FINAL=level == levels - 1, **flags, **launch)
     _window_kernel[grid](target_logits, temperature, *filters, tau, need, flagged, kmax, mass, hist, wsum,
                          ctr if spread else tau, win, above, wcnt, *args, BLOCK_V=block_v, NBINS=NBINS,
-                         SPREAD=spread, CAND=state is not None, LISTED=listed, SPREAD_ROWS=SPREAD_ROWS, **flags,
-                         **launch)
+                         SPREAD=spread, LEVELS=levels, CAND=state is not None, LISTED=listed,
+                         SPREAD_ROWS=SPREAD_ROWS, **flags, **launch)

@@ -169,21 +169,27 @@ CASES = {
         dict(num_warps=8, enable_fp_fusion=False)),
     # the rows the threshold kernel flags, searched whole, spread over programs up to 32 flagged rows:
     # B <= 2 (4096-entry tiles, each row its own programs) and beyond (2048, the rows shared out from
-    # the threshold kernel's list); fp32 logits take the one-program search in the window kernel only
+    # the threshold kernel's list); fp32 keys take two levels of bins
     "rej-bins": ("rejection_filter_whole", "_bins_kernel", _SPREAD, dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-bins-fp32-first": ("rejection_filter_whole", "_bins_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
+        HAS_K=False, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, LEVEL=0,
+        FINAL=False, PDL=1), dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-bins-fp32-second": ("rejection_filter_whole", "_bins_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
+        HAS_K=False, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, LEVEL=1,
+        FINAL=True, PDL=1), dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-small": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096,
-        SPREAD=True, CAND=True, LISTED=False, SPREAD_ROWS=32, PDL=2),
+        SPREAD=True, LEVELS=1, CAND=True, LISTED=False, SPREAD_ROWS=32, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096,
-        SPREAD=True, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
+        SPREAD=True, LEVELS=1, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-fp32": ("rejection_filter_whole", "_window_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096,
-        SPREAD=False, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
+        SPREAD=True, LEVELS=2, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,

@@ -159,14 +159,14 @@ def _candidates(x: torch.Tensor, temps: torch.Tensor, f: dict, cap: int, sup: in
 
 @pytest.mark.parametrize("programs, stats_block_v, dtype, shares", [
     # the whole-row search's flagged rows shared out from the threshold kernel's list (16 rows here)
-    (1024, 8192, torch.bfloat16, None),
+    (1024, 8192, torch.bfloat16, None), (1024, 8192, torch.float32, None),
     # (SPREAD_ROWS, SPREAD_PROGRAMS, STATIC_ROWS): each row its own programs; as many programs as
     # rows, the spread rows split as they allow; past SPREAD_ROWS flagged rows, one program each
-    (2, 64, torch.float16, (32, 256, 16)), (1024, 8192, torch.bfloat16, (32, 1, 8)),
-    (2, 64, torch.float16, (2, 1, 8))])
+    (2, 64, torch.float16, (32, 256, 16)), (2, 64, torch.float32, (32, 256, 16)),
+    (1024, 8192, torch.bfloat16, (32, 1, 8)), (2, 64, torch.float16, (2, 1, 8))])
 def test_thresholds_from_candidates_and_whole_rows(programs, stats_block_v, dtype, shares, monkeypatch):
     """Both ways to a row's threshold (its candidates, or its whole row when they overflow the
-    buffer: bf16 and fp16 keys take the search spread over programs, key bins then a window, up to
+    buffer: the search spread over programs, key bins (two levels of them for fp32) then a window, up to
     SPREAD_ROWS flagged rows) give the reference's bits in one batch; kernels 1 and 2 over one
     program per row or several; the shared workspaces are left as found. The rows flagged for the
     whole-row search are the overflowing ones, every flag rewritten on every call (stale ones here:
