@@ -2,7 +2,7 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Up to five launches, all but the third spread over many programs per row:
+Up to five launches (six for fp32 logits), all but the third spread over many programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
      each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
      One read of the row and no compaction: on the H200 a gather inside this streaming pass, in

@@ -4,9 +4,8 @@ of the row. Up to STATIC_ROWS rows, each row has programs of its own, one a spli
 both kernels run on at least SPREAD_PROGRAMS programs and at least one a row, and share the flagged
 rows out among them at run time from the threshold kernel's list: up to SPREAD_ROWS flagged rows,
 each is split over as many programs as divide among them; past that, one program takes each. So one
-flat row in a large batch still gets the spread search (before, from 8 rows on, one program searched
-each row: 1.6 ms against 0.27 at B = 64, H100), and a call that flags nothing costs two launches
-whose programs read one count and exit.
+flat row in a large batch still gets the spread search, and a call that flags nothing costs two
+launches whose programs read one count and exit.
   4. _bins_kernel, spread rows without top_k (top_p and min_p only): the row's entries weighed by
      key bin (NBINS bins); its last program picks the window of WINDOW keys that holds the
      threshold (top_p's crossing bin, or min_p's if higher). fp32 keys take two launches, the
