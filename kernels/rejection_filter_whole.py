@@ -47,7 +47,8 @@ STATIC_ROWS = 8  # up to this many rows (B = 2 at K = 3), each row has programs 
 def _share(flag_ptr, need_ptr, rows, V, LISTED: tl.constexpr, SPREAD: tl.constexpr, SPREAD_ROWS: tl.constexpr,
            BLOCK_V: tl.constexpr):
     """This program's share of the flagged rows, the same rule in kernels 4 and 5: (row, split,
-    splits, spread), row -1 for none. LISTED: from the threshold kernel's list (flag_ptr: count, then
+    splits, spread, first tile, end tile), row -1 for none; a split's tiles of BLOCK_V are
+    [first, end) of the row's. LISTED: from the threshold kernel's list (flag_ptr: count, then
     rows), split s of the f-th flagged row going to program f * splits + s; up to SPREAD_ROWS flagged
     rows are spread over the programs (SPREAD), each into as many splits as divide among them (at
     most one a tile of BLOCK_V). Else program (p, s) takes split s of row p if need_ptr flags it,
@@ -70,7 +71,9 @@ def _share(flag_ptr, need_ptr, rows, V, LISTED: tl.constexpr, SPREAD: tl.constex
         splits = tl.num_programs(1)
         spread = (p >= 0) & SPREAD
         row = tl.where(tl.load(need_ptr + p, mask=p < rows, other=0) != 0, p, -1)
-    return row.to(tl.int64), s, splits, spread
+    tiles = tl.cdiv(V, BLOCK_V)
+    per_split = tl.cdiv(tiles, splits)
+    return row.to(tl.int64), s, splits, spread, s * per_split, tl.minimum((s + 1) * per_split, tiles)
 
 
 @triton.jit
@@ -103,7 +106,7 @@ def _bins_kernel(
     Keys of at most 20 bits (bf16, fp16) need one level, whose bin starts the window of WINDOW
     keys kernel 5 counts; 32-bit keys (fp32) a second one inside that bin, whose bins are windows."""
     _pdl_wait(PDL)
-    row, s, splits, spread = _share(flag_ptr, need_ptr, rows, V, LISTED, True, SPREAD_ROWS, BLOCK_V)
+    row, s, splits, spread, t0, t1 = _share(flag_ptr, need_ptr, rows, V, LISTED, True, SPREAD_ROWS, BLOCK_V)
     if spread & (row >= 0):
         b, active, inv_t, k, use_k, top_p, min_p = _row_filters(row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
                                                                 HAS_K, HAS_P, HAS_M)
@@ -118,9 +121,7 @@ def _bins_kernel(
             x_max = _scaled(_key_value(tl.load(kmax_ptr + row).to(tl.int64), SHIFT), inv_t)
             row_ptr = logits_ptr + b * stride_lb + (row % R) * stride_lj
             offs0 = tl.arange(0, BLOCK_V)
-            tiles = tl.cdiv(V, BLOCK_V)
-            per_split = tl.cdiv(tiles, splits)
-            for t in range(s * per_split, tl.minimum((s + 1) * per_split, tiles)):
+            for t in range(t0, t1):
                 offs = t * BLOCK_V + offs0
                 raw = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
                 ukey = _keys(raw, SHIFT) + (1 << (KEY_BITS - 1))  # unsigned: bins in key order
@@ -176,7 +177,8 @@ def _window_kernel(
     whole row (_row_tau) instead. That program also leaves the row's workspace as the next call
     expects it."""
     _pdl_wait(PDL)
-    row, s, splits, spread_call = _share(flag_ptr, need_ptr, rows, V, LISTED, SPREAD, SPREAD_ROWS, BLOCK_V)
+    row, s, splits, spread_call, t0, t1 = _share(flag_ptr, need_ptr, rows, V, LISTED, SPREAD, SPREAD_ROWS,
+                                                 BLOCK_V)
     if row >= 0:
         b, active, inv_t, k, use_k, top_p, min_p = _row_filters(row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V,
                                                                 HAS_K, HAS_P, HAS_M)
@@ -191,9 +193,7 @@ def _window_kernel(
             key_lo = (tl.load(win_ptr + row, cache_modifier=".cg").to(tl.int64) << BIN_SHIFT) - (1 << (KEY_BITS - 1))
             offs0 = tl.arange(0, BLOCK_V)
             cnt = tl.zeros([WINDOW], tl.int32)
-            tiles = tl.cdiv(V, BLOCK_V)
-            per_split = tl.cdiv(tiles, splits)
-            for t in range(s * per_split, tl.minimum((s + 1) * per_split, tiles)):
+            for t in range(t0, t1):
                 offs = t * BLOCK_V + offs0
                 key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
                 cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
