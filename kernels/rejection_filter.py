@@ -233,15 +233,15 @@ def _group_candidates(smax_ptr, NS, gmax_ptr, NG, row_ptr, V, cand_ptr, ids_ptr,
 
 
 @triton.jit
-def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, BLOCK_V: tl.constexpr,
+def _candidate_draws(kept_ptr, vid_ptr, n, tau, rmax, x_max, inv_t, excl, seed, pos, BLOCK_V: tl.constexpr,
                      CHUNK: tl.constexpr, NC_POW2: tl.constexpr):
-    """What the sampler's row pass and its two-level race find on a row from the n entries its
-    filter keeps (kept_ptr: raw values in increasing vocab order, so the entries of a race chunk
-    are consecutive; vid_ptr: their vocab ids): (the lowest id of the raw max rmax (0 on a dead
-    row), the kept row's lse, the race's winner with excl left out and its x; x -inf: nothing to
-    race, the walk falls back to the argmax). x_max: the row's largest scaled logit. The race keys
-    are the whole-row race's, bit for bit (same ops, same counter-based bits by vocab id); the
-    entries the filter removes would only add -inf."""
+    """What the sampler's row pass and its two-level race find on a row from the n entries at
+    kept_ptr (raw values in increasing vocab order; vid_ptr: their vocab ids), of which the filter
+    keeps those at or over tau: (the lowest id of the raw max rmax (0 on a dead row), the kept row's
+    lse, the race's winner with excl left out and its x; x -inf: nothing to race, the walk falls
+    back to the argmax). x_max: the row's largest scaled logit. The race keys are the whole-row
+    race's, bit for bit (same ops, same counter-based bits by vocab id); the entries the filter
+    removes would only add -inf."""
     offs0 = tl.arange(0, BLOCK_V)
     cc = tl.arange(0, NC_POW2)
     s_row = tl.zeros([BLOCK_V], tl.float32)
@@ -252,12 +252,12 @@ def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, 
     s_c = tl.zeros([NC_POW2], tl.float32)
     for t in range(0, tl.cdiv(n, BLOCK_V)):
         slot = t * BLOCK_V + offs0
-        inb = slot < n
-        raw = tl.load(kept_ptr + slot, mask=inb, other=float("-inf"))
+        raw = tl.load(kept_ptr + slot, mask=slot < n, other=float("-inf"))
+        inb = (slot < n) & (raw >= tau)
         vid = tl.load(vid_ptr + slot, mask=inb, other=0)
-        x = _scaled(raw, inv_t)
+        x = tl.where(inb, _scaled(raw, inv_t), _NEG_INF)
         s_row += tl.exp(x - x_max)
-        amax = tl.minimum(amax, tl.where(raw == rmax, vid, _INT32_MAX))
+        amax = tl.minimum(amax, tl.where(inb & (raw == rmax), vid, _INT32_MAX))
         ch = vid // CHUNK
         xl = tl.where(vid != excl, x, _NEG_INF)
         new = tl.maximum(m_live, tl.max(xl, axis=0))
@@ -270,28 +270,18 @@ def _candidate_draws(kept_ptr, vid_ptr, n, rmax, x_max, inv_t, excl, seed, pos, 
     lse = x_max + tl.log(tl.sum(s_row, axis=0))
     # the first level: the row pass path's chunk race, on these log-masses
     kc, cw = _chunk_race(m_live + tl.log(s_c), seed, pos, NC_POW2)
-    # chunk cw's slots, counted in a pass of their own: a per-chunk histogram carried through the loop
-    # above cost ~35 registers (sm_90), enough to halve how many programs share an SM
-    below = tl.zeros([BLOCK_V], tl.int32)
-    inside = tl.zeros([BLOCK_V], tl.int32)
-    for t in range(0, tl.cdiv(n, BLOCK_V)):
-        slot = t * BLOCK_V + offs0
-        inb = slot < n
-        ch = tl.load(vid_ptr + slot, mask=inb, other=0) // CHUNK
-        below += (inb & (ch < cw)).to(tl.int32)
-        inside += (inb & (ch == cw)).to(tl.int32)
-    start = tl.sum(below, axis=0)
-    end = start + tl.sum(inside, axis=0)
-    # the second level over chunk cw's candidates only (a strict > per lane, then the lowest id)
+    # the second level over chunk cw's entries only (a strict > per lane, then the lowest id): one
+    # masked pass over the kept entries, usually one tile, where a pass to find the chunk's slots
+    # first cost a reload and two reductions
     rkey = tl_race_key(seed, pos)
     best = tl.full([BLOCK_V], _NEG_INF, tl.float32)
     best_i = tl.full([BLOCK_V], _INT32_MAX, tl.int32)
     best_x = tl.full([BLOCK_V], _NEG_INF, tl.float32)
-    for t in range(start // BLOCK_V, tl.cdiv(end, BLOCK_V)):
+    for t in range(0, tl.cdiv(n, BLOCK_V)):
         slot = t * BLOCK_V + offs0
-        inr = (slot >= start) & (slot < end)
-        raw = tl.load(kept_ptr + slot, mask=inr, other=float("-inf"))
-        vid = tl.load(vid_ptr + slot, mask=inr, other=0)
+        raw = tl.load(kept_ptr + slot, mask=slot < n, other=float("-inf"))
+        vid = tl.load(vid_ptr + slot, mask=slot < n, other=0)
+        inr = (slot < n) & (raw >= tau) & (vid // CHUNK == cw)
         x = _scaled(raw, inv_t)
         key = tl.where(inr & (vid != excl), x + tl_race_gumbel(rkey, vid), _NEG_INF)
         win = key > best
@@ -361,9 +351,9 @@ def _threshold_kernel(
                                       inv_t, x_max, SHIFT, CAND_BLOCK_V, GROUP, SUPER)
             if n <= CAP:
                 # the row's top k all reach key_bar (k entries do), so the k-th largest does too
-                tau, done = _row_tau(cand_ptr + row * CAP, n, key_bar, kmax, k, use_k,
-                                     top_p, min_p, inv_t, mass, gid_ptr + CAP // GROUP, kept_ptr + row * CAP,
-                                     kvid_ptr + row * CAP, True, SHIFT, CAND_BLOCK_V, KEPT_BLOCK_V, NP, GROUP)
+                tau, done, m = _row_tau(cand_ptr + row * CAP, n, key_bar, kmax, k, use_k,
+                                        top_p, min_p, inv_t, mass, gid_ptr + CAP // GROUP, kept_ptr + row * CAP,
+                                        kvid_ptr + row * CAP, True, SHIFT, CAND_BLOCK_V, KEPT_BLOCK_V, NP, GROUP)
                 if DRAW:
                     if done:  # every kept entry is a candidate: the sampler needs nothing else of this row
                         K = R - 1
@@ -375,10 +365,11 @@ def _threshold_kernel(
                         excl = tl.where((j < kb) & (d >= 0) & (d < V), d, -1)
                         raw_d = tl.load(row_ptr + tl.minimum(tl.maximum(d, 0), V - 1), mask=j < K, other=0.0)
                         x_d = _scaled(tl.where(raw_d.to(tl.float32) >= tau, raw_d.to(tl.float32), _NEG_INF), inv_t)
-                        m = _compact(cand_ptr + row * CAP, gid_ptr + CAP // GROUP, n, -_INT32_MAX, tau,
-                                     kept_ptr + row * CAP, kvid_ptr + row * CAP, SHIFT, CAND_BLOCK_V, GROUP)
+                        if m < 0:  # top_k's kept entries (m of them) already hold every entry over tau
+                            m = _compact(cand_ptr + row * CAP, gid_ptr + CAP // GROUP, n, -_INT32_MAX, tau,
+                                         kept_ptr + row * CAP, kvid_ptr + row * CAP, SHIFT, CAND_BLOCK_V, GROUP)
                         amax, lse, win, x_win = _candidate_draws(
-                            kept_ptr + row * CAP, kvid_ptr + row * CAP, m, rmax, x_max, inv_t, excl,
+                            kept_ptr + row * CAP, kvid_ptr + row * CAP, m, tau, rmax, x_max, inv_t, excl,
                             tl.load(seed_ptr + b), tl.load(pos_ptr + b) + j, KEPT_BLOCK_V, CHUNK, NC_POW2)
                         rows = tl.num_programs(0).to(tl.int64)
                         tl.store(dstat_i_ptr + rows + row, amax)

@@ -11,6 +11,7 @@ from graphrt.kernels.rejection_kernels import _INT32_MAX, _NEG_INF, _inv_tempera
 from graphrt.kernels.rejection_reference import LOG2E_F32, POLY, W_BITS
 
 _TL_W = tl.constexpr(W_BITS)
+TILE_NP = tl.constexpr(8)  # pivots per round of the searches held in registers (_select_tile)
 _TL_LOG2E_F32 = tl.constexpr(LOG2E_F32)
 _C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in POLY)
 
@@ -102,6 +103,22 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
 
 
 @triton.jit
+def _select_tile(key, w, lo, hi, target, NP: tl.constexpr):
+    """_select over a tile held in registers (key [T] int64, w [T] integer: 1 to count an entry, its
+    weight to weigh it, 0 to leave it out): the largest key v in [lo, hi] with S(v) >= target, given
+    S(lo) >= target. NP pivots a round, each round one reduction of the tile and no reload. Keys
+    are compared as int32 (they fit): as int64 the [T, NP] compare spilled (sm_90)."""
+    i = tl.arange(0, NP).to(tl.int64)
+    while lo < hi:
+        piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
+        acc = tl.sum(tl.where(key.to(tl.int32)[:, None] >= piv.to(tl.int32)[None, :], w[:, None], 0), axis=0)
+        ok = acc.to(tl.float64) >= target
+        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
+    return lo
+
+
+@triton.jit
 def _filters(temp_ptr, topk_ptr, topp_ptr, minp_ptr, R, V, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
              HAS_M: tl.constexpr, PDL: tl.constexpr):
     """The start of each filter kernel with a program a row: the PDL wait, then this program's row
@@ -169,20 +186,25 @@ def _compact(cand_ptr, gid_ptr, n, lo, tau, dst_ptr, dvid_ptr, SHIFT: tl.constex
 
 @triton.jit
 def _mass_tau(src_ptr, n, lo, tau_key, kmax, total, top_p, min_p, inv_t, x_max, SHIFT: tl.constexpr,
-              BLOCK_V: tl.constexpr, NP: tl.constexpr):
+              BLOCK_V: tl.constexpr, NP: tl.constexpr, TILE: tl.constexpr):
     """top_p's and min_p's part of _row_tau over the n entries at src_ptr, every entry with key >=
     lo among them: (tau_key raised to their cut, ok). total: the row's weight, or -1 for these
-    entries' own (the mass top-k kept); ok is False when they weigh less than top_p of total."""
+    entries' own (the mass top-k kept); ok is False when they weigh less than top_p of total.
+    TILE: n may fit one tile, then searched in registers (a few hundred candidates, not a row)."""
     offs0 = tl.arange(0, BLOCK_V)
     # the mass kept by top-k, the lowest key that weighs anything, min-p's lowest key
     thr = min_p.to(tl.float64) * 4294967296.0
     mass = tl.zeros([BLOCK_V], tl.int64)
     wmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
     mmin = tl.full([BLOCK_V], _INT32_MAX, tl.int64)
+    if TILE:
+        tile_key = tl.zeros([BLOCK_V], tl.int64)
     for t in range(0, tl.cdiv(n, BLOCK_V)):
         offs = t * BLOCK_V + offs0
         raw = tl.load(src_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
         key = _keys(raw, SHIFT)
+        if TILE:
+            tile_key = key
         w = tl.where((offs < n) & (key >= lo), _tl_weights(_scaled(raw, inv_t), x_max), 0)
         mass += w
         wmin = tl.minimum(wmin, tl.where(w > 0, key, _INT32_MAX))
@@ -194,8 +216,14 @@ def _mass_tau(src_ptr, n, lo, tau_key, kmax, total, top_p, min_p, inv_t, x_max, 
         target = top_p.to(tl.float64) * total.to(tl.float64)
         ok = kept.to(tl.float64) >= target
         if ok:
-            tau_key = _select(src_ptr, n, tl.maximum(lo, tl.min(wmin, axis=0)), kmax, target, x_max, inv_t, True,
-                              SHIFT, BLOCK_V, NP)
+            lo_w = tl.maximum(lo, tl.min(wmin, axis=0))
+            if TILE:
+                if n <= BLOCK_V:  # the loop's one tile is still in registers: mass holds its weights
+                    tau_key = _select_tile(tile_key, mass, lo_w, kmax, target, TILE_NP)
+                else:
+                    tau_key = _select(src_ptr, n, lo_w, kmax, target, x_max, inv_t, True, SHIFT, BLOCK_V, NP)
+            else:
+                tau_key = _select(src_ptr, n, lo_w, kmax, target, x_max, inv_t, True, SHIFT, BLOCK_V, NP)
     if min_p > 0.0:
         tau_key = tl.maximum(tau_key, tl.min(mmin, axis=0))
     return tau_key, ok
@@ -205,16 +233,18 @@ def _mass_tau(src_ptr, n, lo, tau_key, kmax, total, top_p, min_p, inv_t, x_max, 
 def _row_tau(src_ptr, n, kmin, kmax, k, use_k, top_p, min_p, inv_t, mass_total, gid_ptr, kept_ptr, kvid_ptr,
              CAND: tl.constexpr, SHIFT: tl.constexpr, BLOCK_V: tl.constexpr, KEPT_BLOCK_V: tl.constexpr,
              NP: tl.constexpr, GROUP: tl.constexpr):
-    """(tau, ok) of one row from its n entries at src_ptr, whose keys lie in [kmin, kmax] (those
+    """(tau, ok, m) of one row from its n entries at src_ptr, whose keys lie in [kmin, kmax] (those
     at or over the row's top-k cut do), kmax the row's largest: the whole row, or (CAND) its
     candidates (fp32, n >= 0, whole groups, gid_ptr: their groups), a superset of what the filters
     keep; use_k: 0 < k < the row's V. With CAND and top_p without top_k the kept mass is
     mass_total, the row's; ok is False when the candidates weigh less than top_p of it (the caller
     then passes the whole row). n = 0: a dead row. CAND with top_k and top_p or min_p: what top-k
-    keeps is copied to kept_ptr / kvid_ptr first (_compact), and top_p and min_p read only that."""
+    keeps is copied to kept_ptr / kvid_ptr first (_compact; m entries, else m = -1), and top_p and
+    min_p read only that."""
     x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
     tau = tl.zeros_like(inv_t) + _NEG_INF
     ok = n >= 0
+    m = tl.zeros_like(n) - 1
     if (n > 0) & (x_max > _NEG_INF):  # a dead row keeps -inf
         lo = kmin
         if use_k:
@@ -225,15 +255,15 @@ def _row_tau(src_ptr, n, kmin, kmax, k, use_k, top_p, min_p, inv_t, mass_total, 
                 if use_k:
                     m = _compact(src_ptr, gid_ptr, n, lo, _NEG_INF, kept_ptr, kvid_ptr, SHIFT, BLOCK_V, GROUP)
                     tau_key, ok = _mass_tau(kept_ptr, m, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p,
-                                            min_p, inv_t, x_max, SHIFT, KEPT_BLOCK_V, NP)
+                                            min_p, inv_t, x_max, SHIFT, KEPT_BLOCK_V, NP, True)
                 else:
                     tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, mass_total, top_p, min_p, inv_t, x_max,
-                                            SHIFT, BLOCK_V, NP)
+                                            SHIFT, BLOCK_V, NP, False)
             else:
                 tau_key, ok = _mass_tau(src_ptr, n, lo, tau_key, kmax, tl.zeros_like(mass_total) - 1, top_p, min_p,
-                                        inv_t, x_max, SHIFT, BLOCK_V, NP)
+                                        inv_t, x_max, SHIFT, BLOCK_V, NP, False)
         tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
-    return tau, ok
+    return tau, ok, m
 
 
 @triton.jit

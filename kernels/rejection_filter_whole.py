@@ -226,7 +226,7 @@ def _window_kernel(
                 tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
             if ~found:
                 kmin, kmax_w = _key_range(row_ptr, V, SHIFT, BLOCK_V)
-                tau, _ = _row_tau(row_ptr, V, kmin, kmax_w, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1,
+                tau, _, _ = _row_tau(row_ptr, V, kmin, kmax_w, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1,
                                   tau_ptr, tau_ptr, need_ptr, False, SHIFT, BLOCK_V, BLOCK_V, NP, 1)
             tl.store(tau_ptr + row, tau)
             if CAND:
