@@ -98,15 +98,18 @@ def _filter_stats_kernel(
     if (row == 0) & (tl.program_id(1) == 0):  # the last call's kernels 4 and 5 have read it
         tl.store(flag_ptr, 0)
     if active:
-        NSB: tl.constexpr = BLOCK_V // (GROUP * SUPER)
-        sg = tl.program_id(1) * NSB + tl.arange(0, NSB)
-        g = sg[:, None] * SUPER + tl.arange(0, SUPER)[None, :]
-        offs = g[:, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+        # a flat tile reshaped into groups: loaded as [supergroups, groups, GROUP] offsets it ran 8-11%
+        # slower (H200, B = 64 and 256)
+        offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)
-        m = tl.max(tl.where(raw != raw, _NEG_INF, raw), axis=2)  # one of the group's values: exact in its dtype
+        # one of the group's values: exact in its dtype
+        m = tl.max(tl.reshape(tl.where(raw != raw, _NEG_INF, raw), [BLOCK_V // GROUP, GROUP]), axis=1)
+        g = tl.program_id(1) * (BLOCK_V // GROUP) + tl.arange(0, BLOCK_V // GROUP)
         tl.store(gmax_ptr + row * NG + g, m.to(gmax_ptr.dtype.element_ty), mask=g < NG)
-        ms = tl.max(m, axis=1)
+        NSB: tl.constexpr = BLOCK_V // (GROUP * SUPER)
+        ms = tl.max(tl.reshape(m, [NSB, SUPER]), axis=1)
+        sg = tl.program_id(1) * NSB + tl.arange(0, NSB)
         tl.store(smax_ptr + row * NS + sg, ms.to(smax_ptr.dtype.element_ty), mask=sg < NS)
         tl.atomic_max(kmax_ptr + row, tl.max(_keys32(ms) >> SHIFT, axis=0))
 
