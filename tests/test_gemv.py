@@ -150,8 +150,16 @@ def test_gated_epilogue_on_the_dot_path_is_the_unfused_pair(case, dtype):
     unfused = silu_and_mul(gemv_triton(x, w, **kw))
     assert fused.shape == (m, inter) and fused.dtype == dtype
     err = (fused.float() - unfused.float()).abs()
-    tol = 4 * torch.finfo(dtype).eps * (unfused.float().abs() + 1e-3)
-    assert bool((err <= tol).all()), f"seed={seed} case={case} {dtype}: {err.max()}"
+    eps = torch.finfo(dtype).eps
+    # The fused launch's tiles hold half the unfused one's rows, and the interpreter's tl.dot is
+    # numpy's matmul, whose order of summation may follow the shape: the two differ by the dot's own
+    # rounding (k eps sum |x w| for gate g and up u), carried through silu(g) * u, besides the
+    # epilogue's few ulps of the result.
+    y, mag = F.linear(x.double(), w.double()), F.linear(x.double().abs(), w.double().abs())
+    g, u = y[:, :inter], y[:, inter:]
+    dot_err = k * eps * (1.1 * u.abs() * mag[:, :inter] + (g.abs() + 0.3) * mag[:, inter:])
+    tol = 4 * eps * (unfused.float().abs() + 1e-3) + dot_err.float()
+    assert bool((err <= tol).all()), f"seed={seed} case={case} {dtype}: {(err - tol).max()} over"
     ref = silu_and_mul_reference(F.linear(x, w))
     torch.testing.assert_close(fused, ref, rtol=2e-2, atol=2e-2, msg=lambda m: f"seed={seed}: {m}")
 
