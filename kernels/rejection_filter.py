@@ -98,8 +98,8 @@ def _filter_stats_kernel(
     if (row == 0) & (tl.program_id(1) == 0):  # the last call's kernels 4 and 5 have read it
         tl.store(flag_ptr, 0)
     if active:
-        # a flat tile reshaped into groups: loaded as [supergroups, groups, GROUP] offsets it ran 8-11%
-        # slower (H200, B = 64 and 256)
+        # a flat tile reshaped into groups: loaded through [supergroups, groups, GROUP] offsets it
+        # ran slower (RESULTS.md, the filtered sampler on the H200)
         offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)
