@@ -51,6 +51,20 @@ def _key_value(key, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _pivots(lo, hi, NP: tl.constexpr):
+    """A pivot round's NP keys over [lo, hi]: lo + 1 ... hi, non-decreasing."""
+    return lo + 1 + ((hi - lo - 1) * tl.arange(0, NP).to(tl.int64)) // (NP - 1)
+
+
+@triton.jit
+def _narrow(piv, ok, lo, hi):
+    """[lo, hi] after a pivot round (ok: S at each pivot reaches the target): from the highest pivot
+    that reaches it to below the lowest that does not."""
+    return tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0)), tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1),
+                                                                                         axis=0))
+
+
+@triton.jit
 def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT: tl.constexpr,
             BLOCK_V: tl.constexpr, NP: tl.constexpr):
     """The largest key v in [lo, hi] with S(v) >= target, given S(lo) >= target; S(v) = the count
@@ -62,7 +76,6 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
     single keys, so MASS first narrows a wider range by pivots (S summed at NP keys per pass, the
     gap between two of them kept) until it spans at most 256 keys. above = S(hi + 1), carried."""
     d = tl.arange(0, 256)
-    i = tl.arange(0, NP).to(tl.int64)
     offs0 = tl.arange(0, BLOCK_V)
     above = tl.zeros_like(lo)
     while lo < hi:
@@ -70,7 +83,7 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
         if MASS:
             wide = hi - lo >= 256
         if wide:
-            piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
+            piv = _pivots(lo, hi, NP)
             acc = tl.zeros([NP], tl.int64)
             for t in range(0, tl.cdiv(V, BLOCK_V)):
                 offs = t * BLOCK_V + offs0
@@ -79,8 +92,7 @@ def _select(row_ptr, V, lo, hi, target, x_max, inv_t, MASS: tl.constexpr, SHIFT:
                 acc += tl.sum(tl.where(ge, _tl_weights(_scaled(raw, inv_t), x_max)[:, None], 0), axis=0)
             ok = acc.to(tl.float64) >= target
             above = tl.max(tl.where(ok, above, acc), axis=0)  # S at the lowest failing pivot
-            lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
+            lo, hi = _narrow(piv, ok, lo, hi)
         else:
             sh = tl.zeros_like(lo)
             while ((hi - lo) >> sh) >= 256:
@@ -108,13 +120,10 @@ def _select_tile(key, w, lo, hi, target, NP: tl.constexpr):
     weight to weigh it, 0 to leave it out): the largest key v in [lo, hi] with S(v) >= target, given
     S(lo) >= target. NP pivots a round, each round one reduction of the tile and no reload. Keys
     are compared as int32 (they fit): as int64 the [T, NP] compare spilled (sm_90)."""
-    i = tl.arange(0, NP).to(tl.int64)
     while lo < hi:
-        piv = lo + 1 + ((hi - lo - 1) * i) // (NP - 1)  # lo + 1 ... hi, non-decreasing
+        piv = _pivots(lo, hi, NP)
         acc = tl.sum(tl.where(key.to(tl.int32)[:, None] >= piv.to(tl.int32)[None, :], w[:, None], 0), axis=0)
-        ok = acc.to(tl.float64) >= target
-        lo = tl.maximum(lo, tl.max(tl.where(ok, piv, lo), axis=0))
-        hi = tl.minimum(hi, tl.min(tl.where(ok, hi, piv - 1), axis=0))
+        lo, hi = _narrow(piv, acc.to(tl.float64) >= target, lo, hi)
     return lo
 
 
