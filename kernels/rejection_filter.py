@@ -2,7 +2,8 @@
 its reference, thresholds_reference, are in kernels/rejection_reference.py. No [rows, V] buffer and
 no sort; rows that filter nothing return at once in every kernel.
 
-Up to five launches (six for fp32 logits), all but the third spread over many programs per row:
+Up to six launches (seven for fp16 logits, nine for fp32), all but the third spread over many
+programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
      each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
      One read of the row and no compaction: on the H200 a gather inside this streaming pass, in
@@ -27,9 +28,9 @@ Up to five launches (six for fp32 logits), all but the third spread over many pr
      those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
      two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
      id) need nothing else of the row.
-  4. and 5. The whole-row search of the flagged rows, shared out at run time over a fixed grid:
-     up to SPREAD_ROWS of them, each spread over programs (key bins, then the window of keys
-     holding the threshold); else, or where that does not apply, one program's _row_tau over the row
+  4. and 5. The whole-row search of the flagged rows, shared out at run time over a fixed grid,
+     each row spread over programs (passes of pivots, then the window of keys holding the
+     threshold); where that does not apply (top_k), one program's _row_tau over the row
      (kernels/rejection_filter_whole.py). The exact search itself is kernels/rejection_filter_select.py.
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,

@@ -29,7 +29,7 @@ _FILTER = dict(_REJ, topk_ptr="*i64", topp_ptr="*fp32", minp_ptr="*fp32", tau_pt
                mass_ptr="*i64", hist_ptr="*i32", cand_ptr="*fp32", ids_ptr="*i32", kept_ptr="*fp32", kvid_ptr="*i32",
                need_ptr="*i32", flag_ptr="*i32", dstat_i_ptr="*i32",
                dstat_f_ptr="*fp32")
-_SPREAD = dict(_FILTER, wsum_ptr="*i64", ctr_ptr="*i32", win_ptr="*i32", above_ptr="*i64",
+_SPREAD = dict(_FILTER, part_ptr="*i64", state_ptr="*i32", above_ptr="*i64", mins_ptr="*i32", ctr_ptr="*i32",
                wcnt_ptr="*i32")
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
@@ -167,29 +167,26 @@ CASES = {
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16,
         CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
-    # the rows the threshold kernel flags, searched whole, spread over programs up to 32 flagged rows:
-    # B <= 2 (4096-entry tiles, each row its own programs) and beyond (2048, the rows shared out from
-    # the threshold kernel's list); fp32 keys take two levels of bins
-    "rej-bins": ("rejection_filter_whole", "_bins_kernel", _SPREAD, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, PDL=2),
+    # the rows the threshold kernel flags, searched whole, spread over programs: B <= 2 (4096-entry
+    # tiles, each row its own programs) and beyond (2048, the rows shared out from the threshold
+    # kernel's list); bf16 keys take two passes of 16 pivots, fp32 five of 32
+    "rej-pivots": ("rejection_filter_whole", "_pivot_kernel", _SPREAD, dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=2048, LISTED=True, NP=16, PASS=0, STEP=512, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
-    "rej-bins-fp32-first": ("rejection_filter_whole", "_bins_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
-        HAS_K=False, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, LEVEL=0,
-        FINAL=False, PDL=1), dict(num_warps=8, enable_fp_fusion=False)),
-    "rej-bins-fp32-second": ("rejection_filter_whole", "_bins_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
-        HAS_K=False, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096, LISTED=True, SPREAD_ROWS=32, LEVEL=1,
-        FINAL=True, PDL=1), dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-pivots-fp32-later": ("rejection_filter_whole", "_pivot_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
+        HAS_K=False, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, LISTED=True, NP=32, PASS=4, STEP=256, PDL=1),
+        dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-small": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096, NBINS=4096,
-        SPREAD=True, LEVELS=1, CAND=True, LISTED=False, SPREAD_ROWS=32, PDL=2),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=16, BLOCK_V=4096,
+        SPREAD=True, PASSES=2, NP_SPREAD=16, CAND=True, LISTED=False, PDL=2),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window": ("rejection_filter_whole", "_window_kernel", _SPREAD, dict(
-        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048, NBINS=4096,
-        SPREAD=True, LEVELS=1, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048,
+        SPREAD=True, PASSES=2, NP_SPREAD=16, CAND=True, LISTED=True, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-window-fp32": ("rejection_filter_whole", "_window_kernel", dict(_SPREAD, logits_ptr="*fp32"), dict(
-        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048, NBINS=4096,
-        SPREAD=True, LEVELS=2, CAND=True, LISTED=True, SPREAD_ROWS=32, PDL=1),
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048,
+        SPREAD=True, PASSES=5, NP_SPREAD=32, CAND=True, LISTED=True, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
