@@ -305,15 +305,16 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     kmax, mass, hist, flagged = state if state is not None else (tau,) * 4
     args = (target_logits.stride(0), target_logits.stride(1), r, v, rows)
     np_, passes = search_plan(flags["SHIFT"])
+    # the interpreter runs programs one after another: on the CPU a few serve as well as many
+    programs = SPREAD_PROGRAMS if target_logits.is_cuda else min(SPREAD_PROGRAMS, 16)
     # a few rows: each its own programs (a split of the row each), as many as the flagged ones could
     # use; more: the flagged rows shared out at run time (a list read first: ~6 us at B = 1, H100)
     listed = spread and rows > STATIC_ROWS
     if listed:
-        grid = (max(SPREAD_PROGRAMS, rows),)  # no fewer than rows: one program a row at least
+        grid = (max(programs, rows),)  # no fewer than rows: one program a row at least
     else:
         tiles = triton.cdiv(v, block_v)
-        grid = (rows, triton.cdiv(tiles, triton.cdiv(tiles, max(1, min(tiles, MAX_SPLITS.value,
-                                                                         SPREAD_PROGRAMS // rows))))
+        grid = (rows, triton.cdiv(tiles, triton.cdiv(tiles, max(1, min(tiles, MAX_SPLITS.value, programs // rows))))
                 if spread else 1)
     for p in range(passes if spread else 0):
         _pivot_kernel[grid](target_logits, temperature, *filters, need, flagged, kmax, mass, part, ranges, above,
