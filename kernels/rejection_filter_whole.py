@@ -306,7 +306,7 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     args = (target_logits.stride(0), target_logits.stride(1), r, v, rows)
     np_, passes = search_plan(flags["SHIFT"])
     # the interpreter runs programs one after another: on the CPU a few serve as well as many
-    programs = SPREAD_PROGRAMS if target_logits.is_cuda else min(SPREAD_PROGRAMS, 16)
+    programs = SPREAD_PROGRAMS if target_logits.is_cuda else min(SPREAD_PROGRAMS, 64)
     # a few rows: each its own programs (a split of the row each), as many as the flagged ones could
     # use; more: the flagged rows shared out at run time (a list read first: ~6 us at B = 1, H100)
     listed = spread and rows > STATIC_ROWS
