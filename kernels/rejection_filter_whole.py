@@ -48,11 +48,11 @@ _LIVE_Z = tl.constexpr(W_BITS + 1.0)  # under x_max by this many log2 units noth
 _TL_LOG2E = tl.constexpr(LOG2E_F32)
 
 
-def search_plan(shift: int) -> tuple[int, int]:
-    """(pivots a pass, passes) for keys of 32 - shift bits: the passes narrow a row's live keys
-    (those that weigh anything) to WINDOW. bf16 rows span at most ~35k live keys, fp16 ~80k,
-    fp32 ~2.6e9 (more only at temperatures past 1e30, which the one-program search then takes)."""
-    return {16: (16, 2), 13: (16, 3)}.get(shift, (32, 5))
+# (pivots a pass, passes) by the keys' low zero bits (bf16, fp16, fp32): the passes narrow a row's
+# live keys (those that weigh anything) to WINDOW. bf16 rows span at most ~35k live keys, fp16 ~80k,
+# fp32 ~2.6e9 (more only at temperatures past 1e30, which the one-program search then takes)
+SEARCH_PLANS = {16: (16, 2), 13: (16, 3), 0: (32, 5)}
+_MAX_NP = max(n for n, _ in SEARCH_PLANS.values())
 
 
 @triton.jit
@@ -278,13 +278,13 @@ _spread_workspaces: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 def _spread_workspace(dev: torch.device, rows: int) -> tuple[torch.Tensor, ...] | None:
     """The spread search's state (kernels 4 and 5): the splits' sums at the pivots [rows', 2 *
-    MAX_SPLITS * 32] int64, the ranges [rows', 4] int32, the weights over them [rows', 2] int64, the
+    MAX_SPLITS * _MAX_NP] int64, the ranges [rows', 4] int32, the weights over them [rows', 2] int64, the
     splits' lowest keys for min_p [rows', MAX_SPLITS] int32 (each written before it is read), and
     the window's counts [rows', WINDOW] int32 zeros (each row's last program zeroes what it used);
     one per device, rows' >= rows (counters.shared_workspace: None inside a capture that would have
     to grow it)."""
     return shared_workspace(_spread_workspaces, dev, rows, lambda n: (
-        torch.empty((n, 2 * MAX_SPLITS.value * 32), dtype=torch.int64, device=dev),
+        torch.empty((n, 2 * MAX_SPLITS.value * _MAX_NP), dtype=torch.int64, device=dev),
         torch.empty((n, 4), dtype=torch.int32, device=dev), torch.empty((n, 2), dtype=torch.int64, device=dev),
         torch.empty((n, MAX_SPLITS.value), dtype=torch.int32, device=dev),
         torch.zeros((n, WINDOW.value), dtype=torch.int32, device=dev)))
@@ -304,7 +304,7 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     part, ranges, above, mins, wcnt = ws if spread else (tau,) * 5  # valid pointers, unused
     kmax, mass, hist, flagged = state if state is not None else (tau,) * 4
     args = (target_logits.stride(0), target_logits.stride(1), r, v, rows)
-    np_, passes = search_plan(flags["SHIFT"])
+    np_, passes = SEARCH_PLANS[flags["SHIFT"]]
     # the interpreter runs programs one after another: on the CPU a few serve as well as many
     programs = SPREAD_PROGRAMS if target_logits.is_cuda else min(SPREAD_PROGRAMS, 64)
     # a few rows: each its own programs (a split of the row each), as many as the flagged ones could
