@@ -131,7 +131,6 @@ def _pivot_kernel(
         if ~use_k:
             kmax = tl.load(kmax_ptr + row).to(tl.int64)
             x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
-            target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
             if PASS == 0:  # nothing under the lowest live key weighs anything: S there is the row's weight
                 floor = x_max - _LIVE_Z / _TL_LOG2E - tl.abs(x_max) * 1e-6  # margins over fp32's rounding
                 floor = (floor / inv_t).to(tl.float32)
@@ -142,6 +141,7 @@ def _pivot_kernel(
                     lo = kmax
                 above = tl.zeros_like(kmax)
             else:
+                target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
                 lo, hi, above = _narrowed(row, (PASS - 1) % 2, state_ptr, above_ptr, part_ptr, splits, target, NP)
             slot: tl.constexpr = PASS % 2
             if s == 0:
