@@ -33,6 +33,12 @@ SHAPES = [  # (name, N, K)
     ("1b.lm_head", 128256, 2048),
     # SmolLM2-135M: latency-bound, where a verify step's 4 rows run one program per row (per_row)
     ("135m.qkv", 960, 576), ("135m.o", 576, 576), ("135m.gate_up", 3072, 576), ("135m.down", 576, 1536),
+    # llama-8b-shape at TP = 2, one rank's slices (column-parallel qkv, gate_up and LM head; row-parallel o, down)
+    ("8b-tp2.qkv", 3072, 4096), ("8b-tp2.o", 4096, 2048), ("8b-tp2.gate_up", 14336, 4096),
+    ("8b-tp2.down", 4096, 7168), ("8b-tp2.lm_head", 64128, 4096),
+    # ... and at TP = 4
+    ("8b-tp4.qkv", 1536, 4096), ("8b-tp4.o", 4096, 1024), ("8b-tp4.gate_up", 7168, 4096),
+    ("8b-tp4.down", 4096, 3584), ("8b-tp4.lm_head", 32064, 4096),
 ]
 MS = [1, 2, 4, 8, 16]
 
