@@ -31,6 +31,8 @@ SHAPES = [  # (name, N, K)
     ("1b.qkv", 3072, 2048), ("1b.o", 2048, 2048), ("1b.gate_up", 16384, 2048), ("1b.down", 2048, 8192),
     ("8b.qkv", 6144, 4096), ("8b.o", 4096, 4096), ("8b.gate_up", 28672, 4096), ("8b.down", 4096, 14336),
     ("1b.lm_head", 128256, 2048),
+    # EAGLE-3 heads' 32000-row LM heads (a draft step's one row)
+    ("1b.draft_head", 32000, 2048), ("8b.draft_head", 32000, 4096),
     # SmolLM2-135M: latency-bound, where a verify step's 4 rows run one program per row (per_row)
     ("135m.qkv", 960, 576), ("135m.o", 576, 576), ("135m.gate_up", 3072, 576), ("135m.down", 576, 1536),
     # llama-8b-shape at TP = 2, one rank's slices (column-parallel qkv, gate_up and LM head; row-parallel o, down)
