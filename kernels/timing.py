@@ -14,6 +14,24 @@ from collections.abc import Callable, Sequence
 import torch
 
 
+def graph_of_calls(fn: Callable[..., object], arg_sets: Sequence[tuple], *, per_graph: int,
+                   warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of per_graph `fn(*args)` calls, args taken round-robin from arg_sets, after
+    `warmup` eager calls on a side stream (compiles, autotuning and allocations stay out of it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(warmup):
+            fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(per_graph):
+            fn(*arg_sets[i % len(arg_sets)])
+    return graph
+
+
 def time_in_graph(
     fn: Callable[..., object], arg_sets: Sequence[tuple], *, per_graph: int = 20, replays: int = 30, warmup: int = 3
 ) -> float:
@@ -24,17 +42,7 @@ def time_in_graph(
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_in_graph needs CUDA")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(warmup):  # compile, autotune and allocate outside the capture
-            fn(*arg_sets[i % len(arg_sets)])
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(per_graph):
-            fn(*arg_sets[i % len(arg_sets)])
+    graph = graph_of_calls(fn, arg_sets, per_graph=per_graph, warmup=warmup)
     graph.replay()
     torch.cuda.synchronize()
     times = []

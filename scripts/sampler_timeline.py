@@ -11,21 +11,12 @@ import sys
 import torch
 from graphrt.kernels.bench import filter_cases, rejection_sets
 from graphrt.kernels.rejection import rejection_sample_triton
+from graphrt.kernels.timing import graph_of_calls
 from torch.profiler import ProfilerActivity, profile
 
 
 def timeline(fn, sets, tag: str, per_graph: int = 8) -> None:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile and allocate outside the capture
-        for i in range(3):
-            fn(*sets[i % len(sets)])
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(per_graph):
-            fn(*sets[i % len(sets)])
+    graph = graph_of_calls(fn, sets, per_graph=per_graph)
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
