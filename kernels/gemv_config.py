@@ -44,8 +44,9 @@ _M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 # M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
-# above: on the H100 the llama-1b o and down projections run faster without the per-step reduction;
-# on the H200 the llama-1b and -8b projections and the 8b's slices at TP = 2 take the tiles
+# above: on the H100 the llama-1b o and down and the llama-8b qkv and o projections run faster
+# without the per-step reduction; on the H200 the llama-1b and -8b projections and the 8b's slices
+# at TP = 2 take the tiles
 # scripts/gemv_sweep.py --ms 1 found fastest for them, each set kept only where the decode graph
 # measured faster too (RESULTS.md, "GEMV tiles at one row"; the sweep's picks for SmolLM2-135M's
 # matrices and for the 8b's slices at TP = 4 were not: the former slowed its decode graph, the
@@ -53,7 +54,8 @@ _M1_OVERRIDES: dict[tuple[int, int], dict] = {
 _NO_REDUCE = dict(reduce_each=False)
 _WIDE4 = dict(reduce_each=False, block_n=4, block_k=1024)
 _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
-    "H100": {(2048, 2048): _NO_REDUCE, (2048, 8192): _NO_REDUCE},
+    "H100": {(2048, 2048): _NO_REDUCE, (2048, 8192): _NO_REDUCE,
+             (6144, 4096): _NO_REDUCE, (4096, 4096): _NO_REDUCE},  # the 8b's qkv and o
     "H200": {
         (3072, 2048): _WIDE4, (2048, 2048): _NO_REDUCE, (16384, 2048): dict(block_n=4, block_k=1024),
         (2048, 8192): _NO_REDUCE,  # llama-1b: qkv, o, gate_up, down
