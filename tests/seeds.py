@@ -22,3 +22,9 @@ def fresh_seed() -> int:
     _drawn[test] += 1
     digest = hashlib.blake2b(f"{BASE}/{test}/{n}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
+
+
+def named_seed(label: str) -> int:
+    """fresh_seed's rule under a fixed name, for code that runs outside any one test (a module
+    fixture, whichever test needs it first) or before any runs (a hypothesis test's seed)."""
+    return int.from_bytes(hashlib.blake2b(f"{BASE}/{label}".encode(), digest_size=4).digest(), "little")

@@ -6,7 +6,9 @@ variants repeat every property at real sizes (V = 128256, B up to 64) with more 
 
 Each example is a small *spec* (shapes, dtype, a generator seed, which hazards to plant, launch
 overrides); the tensors are built from it deterministically, so the falsifying example hypothesis
-prints is enough to rebuild the failing input (`build_*(spec)`).
+prints is enough to rebuild the failing input (`build_*(spec)`). Each test's hypothesis seed comes
+from the run's base seed (tests/seeds.py, printed in pytest's header), so `GRAPHRT_TEST_SEED=<base>`
+replays a run's examples too.
 
 Properties, beyond "Triton == reference":
   argmax            identical indices and value bits; index in [0, V) for NaN / -inf rows.
@@ -28,8 +30,10 @@ import torch
 from graphrt.kernels.argmax import argmax_reference, argmax_triton
 from graphrt.kernels.attention import paged_attention_reference, paged_attention_triton
 from graphrt.kernels.rejection import launch_config, rejection_sample_reference, rejection_sample_triton
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+
+from tests.seeds import named_seed
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _FAST = dict(deadline=None, database=None, print_blob=True, derandomize=False,
@@ -140,6 +144,7 @@ def check_argmax(spec, device="cpu"):
 
 @cpu_settings(80)
 @given(argmax_specs())
+@seed(named_seed("test_fuzz_argmax"))
 def test_fuzz_argmax(spec):
     check_argmax(spec)
 
@@ -147,6 +152,7 @@ def test_fuzz_argmax(spec):
 @pytest.mark.gpu
 @gpu_settings(300)
 @given(argmax_specs(max_b=64, real=True))
+@seed(named_seed("test_fuzz_argmax_gpu"))
 def test_fuzz_argmax_gpu(spec):
     check_argmax(spec, "cuda")
 
@@ -313,6 +319,7 @@ def check_rejection(spec, device="cpu"):
 
 @cpu_settings(30)
 @given(rejection_specs(max_v=160))  # the interpreter's cost grows with V; 160 still splits into many tiles
+@seed(named_seed("test_fuzz_rejection_sample"))
 def test_fuzz_rejection_sample(spec):
     check_rejection(spec)
 
@@ -320,6 +327,7 @@ def test_fuzz_rejection_sample(spec):
 @pytest.mark.gpu
 @gpu_settings(300)
 @given(rejection_specs(max_b=64, max_k=4, real=True))
+@seed(named_seed("test_fuzz_rejection_sample_gpu"))
 def test_fuzz_rejection_sample_gpu(spec):
     check_rejection(spec, "cuda")
 
@@ -409,6 +417,7 @@ def check_attention(spec, device="cpu"):
 
 @cpu_settings(60)
 @given(attention_specs())
+@seed(named_seed("test_fuzz_paged_attention"))
 def test_fuzz_paged_attention(spec):
     check_attention(spec)
 
@@ -416,5 +425,6 @@ def test_fuzz_paged_attention(spec):
 @pytest.mark.gpu
 @gpu_settings(150)
 @given(attention_specs(max_b=16, max_len=2048, real=True))
+@seed(named_seed("test_fuzz_paged_attention_gpu"))
 def test_fuzz_paged_attention_gpu(spec):
     check_attention(spec, "cuda")

@@ -32,3 +32,11 @@ def test_the_environment_sets_the_base():
     out = subprocess.run([sys.executable, "-c", "import tests.seeds as s; print(s.BASE)"], cwd=root, check=True,
                          capture_output=True, text=True, env={**os.environ, "GRAPHRT_TEST_SEED": "4242"})
     assert out.stdout.strip() == "4242"
+
+
+def test_named_seeds_follow_the_base(monkeypatch):
+    monkeypatch.setattr(seeds, "BASE", 77)
+    a, b = seeds.named_seed("fuzz"), seeds.named_seed("other")
+    assert a == seeds.named_seed("fuzz") and a != b and 0 <= a < 2**32
+    monkeypatch.setattr(seeds, "BASE", 78)
+    assert seeds.named_seed("fuzz") != a

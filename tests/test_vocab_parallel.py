@@ -14,7 +14,6 @@ results on the full logits.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 import sys
 import time
@@ -220,12 +219,6 @@ _SAMPLER_CASES = {
 }
 
 
-def _fixture_seed(label: str) -> int:
-    """fresh_seed's rule under a fixed name: the module fixture runs inside whichever test needs it
-    first, so its seed must not depend on which one that is."""
-    return int.from_bytes(hashlib.blake2b(f"{seeds.BASE}/{label}".encode(), digest_size=4).digest(), "little")
-
-
 def _gloo_cases(world: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
     cases = {}
@@ -316,7 +309,7 @@ def _run_ranks(world: int, fn, *args, timeout_s: float, start_method: str) -> No
 def gloo_results(tmp_path_factory):
     results = {}
     for world in (2, 4):
-        seed = _fixture_seed(f"gloo{world}")
+        seed = seeds.named_seed(f"gloo{world}")
         d = tmp_path_factory.mktemp(f"gloo{world}")
         cases = _gloo_cases(world, seed)
         torch.save(cases, d / "cases.pt")
