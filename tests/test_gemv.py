@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
 from graphrt.kernels.gemv import ROWS_MAX_M, gemv_triton, linear, linear_reference, linear_silu_mul, select_config
@@ -85,6 +86,20 @@ def test_dot_path_matches_reference(case, dtype, bias):
     x, w, b = _case(m, n, k, dtype, gen, bias=bias, x_pad=5)
     y = gemv_triton(x, w, b, use_dot=True, block_n=bn, block_k=bk, split_k=split, fused=fused)
     _check(y, x, w, b, f"seed={seed} case={case} {dtype}")
+
+
+@pytest.mark.parametrize("kind", sorted(gemv_config._M1_DEVICE_OVERRIDES))
+def test_device_tables_tiles_compute_the_product(kind):
+    """Every one-row entry of a device kind's table (kernels/gemv_config.py) is a launch the kernel
+    takes and computes right: its tiles on a small product, two row tiles and a ragged K tail."""
+    for (n, k), change in gemv_config._M1_DEVICE_OVERRIDES[kind].items():
+        cfg = gemv_config._fma_config(k, gemv_config._M1_OVERRIDES.get((n, k), {}), change)
+        seed = fresh_seed()
+        cfg.pop("programs_per_sm")  # the dispatcher's, not a launch keyword
+        x, w, b = _case(1, 2 * cfg["block_n"] - 1, cfg["block_k"] + 5, torch.bfloat16,
+                        torch.Generator().manual_seed(seed), bias=False)
+        y = gemv_triton(x, w, **cfg)
+        _check(y, x, w, b, f"seed={seed} {kind} ({n}, {k}): {change}")
 
 
 def test_fused_and_unfused_split_agree_bitwise():
