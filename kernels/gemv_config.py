@@ -44,24 +44,23 @@ _M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 # M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
-# above: on the H100 the llama-1b o and down and the llama-8b qkv and o projections run faster
-# without the per-step reduction; on the H200 the llama-1b and -8b projections and the 8b's slices
-# at TP = 2 take the tiles
-# scripts/gemv_sweep.py --ms 1 found fastest for them, each set kept only where the decode graph
+# above. H100: the llama-1b o and down and the llama-8b qkv and o projections run faster without the
+# per-step reduction. H200: the llama-1b and -8b projections and the 8b's slices at TP = 2 take the
+# tiles scripts/gemv_sweep.py --ms 1 found fastest for them, each kept only where the decode graph
 # measured faster too (RESULTS.md, "GEMV tiles at one row"; the sweep's picks for SmolLM2-135M's
-# matrices and for the 8b's slices at TP = 4 were not: the former slowed its decode graph, the
-# latter were not run in one).
+# matrices slowed its decode graph, and those for the 8b's slices at TP = 4 were not run in one).
 _NO_REDUCE = dict(reduce_each=False)
-_WIDE4 = dict(reduce_each=False, block_n=4, block_k=1024)
+_4X1024 = dict(block_n=4, block_k=1024)
+_4X1024_NO_REDUCE = dict(_4X1024, reduce_each=False)
 _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
     "H100": {(2048, 2048): _NO_REDUCE, (2048, 8192): _NO_REDUCE,
              (6144, 4096): _NO_REDUCE, (4096, 4096): _NO_REDUCE},  # the 8b's qkv and o
     "H200": {
-        (3072, 2048): _WIDE4, (2048, 2048): _NO_REDUCE, (16384, 2048): dict(block_n=4, block_k=1024),
+        (3072, 2048): _4X1024_NO_REDUCE, (2048, 2048): _NO_REDUCE, (16384, 2048): _4X1024,
         (2048, 8192): _NO_REDUCE,  # llama-1b: qkv, o, gate_up, down
         (32000, 2048): dict(block_n=8, block_k=256, num_warps=1),  # llama-1b's EAGLE-3 head: its LM head
-        (6144, 4096): _WIDE4, (4096, 4096): _NO_REDUCE,  # llama-8b: qkv, o
-        (3072, 4096): _WIDE4, (4096, 2048): dict(block_n=4, block_k=1024), (14336, 4096): _WIDE4,
+        (6144, 4096): _4X1024_NO_REDUCE, (4096, 4096): _NO_REDUCE,  # llama-8b: qkv, o
+        (3072, 4096): _4X1024_NO_REDUCE, (4096, 2048): _4X1024, (14336, 4096): _4X1024_NO_REDUCE,
         (4096, 7168): _NO_REDUCE,  # llama-8b at TP = 2: qkv, o, gate_up, down
     },
 }
@@ -129,8 +128,12 @@ def select_config(m: int, n: int, k: int) -> dict | None:
     return dict(_DOT_DEFAULT)
 
 
-def _m1_config(n: int, k: int) -> dict:
-    return _fma_config(k, _M1_OVERRIDES.get((n, k), {}), _current_device_overrides().get((n, k), {}))
+def _m1_config(n: int, k: int, device_overrides: dict[tuple[int, int], dict] | None = None) -> dict:
+    """The one-row configuration: the FMA default, the shape's exception, then the device kind's
+    (device_overrides: a kind's table of _M1_DEVICE_OVERRIDES; the current device's by default)."""
+    if device_overrides is None:
+        device_overrides = _current_device_overrides()
+    return _fma_config(k, _M1_OVERRIDES.get((n, k), {}), device_overrides.get((n, k), {}))
 
 
 def _fma_config(k: int, *changes: dict) -> dict:

@@ -20,11 +20,11 @@ def fresh_seed() -> int:
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     n = _drawn[test]
     _drawn[test] += 1
-    digest = hashlib.blake2b(f"{BASE}/{test}/{n}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
+    return named_seed(f"{test}/{n}")
 
 
 def named_seed(label: str) -> int:
-    """fresh_seed's rule under a fixed name, for code that runs outside any one test (a module
-    fixture, whichever test needs it first) or before any runs (a hypothesis test's seed)."""
+    """A 32-bit seed for label, determined by the run's base seed: fresh_seed's draws, and code that
+    runs outside any one test (a module fixture, whichever test needs it first) or before any runs
+    (a hypothesis test's seed)."""
     return int.from_bytes(hashlib.blake2b(f"{BASE}/{label}".encode(), digest_size=4).digest(), "little")

@@ -92,8 +92,9 @@ def test_dot_path_matches_reference(case, dtype, bias):
 def test_device_tables_tiles_compute_the_product(kind):
     """Every one-row entry of a device kind's table (kernels/gemv_config.py) is a launch the kernel
     takes and computes right: its tiles on a small product, two row tiles and a ragged K tail."""
-    for (n, k), change in gemv_config._M1_DEVICE_OVERRIDES[kind].items():
-        cfg = gemv_config._fma_config(k, gemv_config._M1_OVERRIDES.get((n, k), {}), change)
+    table = gemv_config._M1_DEVICE_OVERRIDES[kind]
+    for (n, k), change in table.items():
+        cfg = gemv_config._m1_config(n, k, table)
         seed = fresh_seed()
         cfg.pop("programs_per_sm")  # the dispatcher's, not a launch keyword
         x, w, b = _case(1, 2 * cfg["block_n"] - 1, cfg["block_k"] + 5, torch.bfloat16,
