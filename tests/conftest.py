@@ -9,6 +9,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each of pytest-xdist's workers has a core of its own: a second OpenMP thread would only
+    # spin against the other worker (the suite ran 2x slower on 2 cores with it).
+    torch.set_num_threads(1)
+
 
 def _look_up_interpreter_builtins_once():
     """Triton's interpreter finds the builtins of triton.language with inspect.getmembers at every
@@ -40,8 +45,74 @@ def _look_up_interpreter_builtins_once():
     interpreter._patch_builtin = patch_builtin
 
 
+def _patch_language_once_a_launch():
+    """Every call of a nested jit helper makes Triton's interpreter patch triton.language again
+    (scanning the helper module's globals for it, then setting some hundred attributes) and never
+    restores that scope: the launch's own patches, restored when it ends, already serve it. So a
+    helper whose language modules the running launch patched is called inside that launch's scope.
+    Its numpy dtype table is also rebuilt at every lookup; it is kept by dtype name instead. Both
+    are the same wrappers and dtypes as before, looked up once: about a fifth of the interpreter's
+    time in the sampler's tests."""
+    import functools
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    real_patch, real_np_dtype = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_get_np_dtype", None)
+    if not callable(real_patch) or not callable(real_np_dtype) or not hasattr(interpreter, "_LangPatchScope"):
+        return
+
+    @functools.cache
+    def languages(fn) -> frozenset:
+        return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+
+    running: list[set] = []  # the language modules the running launch has patched so far
+
+    def patch_lang(fn):
+        if running:  # a helper inside a launch: Triton drops this scope without restoring it, so
+            # what it patches stays patched until the launch ends (triton.language.core, first
+            # patched for one of the standard library's helpers, included)
+            if languages(fn) <= running[-1]:
+                return interpreter._LangPatchScope()
+            running[-1] |= languages(fn)
+            return real_patch(fn)
+        scope = real_patch(fn)
+        running.append(set(languages(fn)))
+        restore = scope.restore
+
+        def restore_and_end():
+            running.pop()
+            restore()
+
+        scope.restore = restore_and_end
+        return scope
+
+    by_name: dict[str, np.dtype] = {}
+
+    def np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return np.dtype(np.uint64)
+        found = by_name.get(scalar.name)
+        if found is None:
+            found = by_name[scalar.name] = real_np_dtype(scalar)
+        return found
+
+    interpreter._patch_lang = patch_lang
+    interpreter._get_np_dtype = np_dtype
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _look_up_interpreter_builtins_once()
+    _patch_language_once_a_launch()
+
+
+def pytest_configure(config):
+    from tests.seeds import BASE
+
+    # pytest-xdist's workers inherit the environment: one base seed for the whole run.
+    os.environ.setdefault("GRAPHRT_TEST_SEED", str(BASE))
 
 
 def pytest_report_header(config):
@@ -50,7 +121,29 @@ def pytest_report_header(config):
     return f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run's random cases)"
 
 
+# The files that take longest on a 2-core CPU machine, slowest first (one `--durations` run).
+_SLOWEST_FILES = ("test_rejection_filter.py", "test_smollm2.py", "test_vocab_parallel.py", "test_fuzz_kernels.py",
+                  "test_tensor_parallel.py", "test_gemv.py", "test_rejection.py")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.seeds import BASE
+
+    # also under -q, which leaves the header out: what a failing run needs to be replayed
+    terminalreporter.write_line(f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run)")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """pyproject's `-n auto`: without CUDA a worker a core (at most 4: the slowest file bounds the
+    run); with CUDA none, so that the GPU tests neither share the device nor time each other."""
+    return 0 if torch.cuda.is_available() else min(os.cpu_count() or 1, 4)
+
+
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist hands whole files to its workers in this order (`--dist loadfile
+    # --no-loadscope-reorder`): the slowest first, so that no worker starts one near the end.
+    order = {name: i for i, name in enumerate(_SLOWEST_FILES)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

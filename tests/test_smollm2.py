@@ -5,6 +5,7 @@ transformers' copy are each loaded once per session."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -41,7 +42,29 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="session")
-def smollm2_file() -> Path:
+def gguf_parsed_once():
+    """gguf's reader parses every metadata field of the file when it opens it (3-4 s for this
+    vocabulary of 49152 tokens on the CI machine), and transformers opens it anew for the config,
+    the tokenizer and twice for the model, and rebuilds gguf's name map for each of its 272 tensors:
+    here each file is parsed once and each name map built once, the same objects for every reader."""
+    import gguf
+
+    real_reader, real_names = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.abspath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(real_names)
+    yield
+    gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_names
+
+
+@pytest.fixture(scope="session")
+def smollm2_file(gguf_parsed_once) -> Path:
     return model_path("smollm2")
 
 
