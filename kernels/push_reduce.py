@@ -29,8 +29,7 @@ Several rows (push_reduce_tile: the GEMV's FMA path at two rows, its DOT path at
 same words, a tile's rows one after another; there every tile's program waits for its own tile's
 words and advances their counts itself. The vocab-parallel embedding lookup of one token
 (embedding_pushed) sums like a one-row product: the rank holding the token's row pushes it, the
-others push zeros. The vocab-parallel samplers' one all-gather a call (their per-row statistics)
-takes the same words in buffers of its own (gather_pushed): a word an int32, no NCCL launch.
+others push zeros.
 
 CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 """
@@ -45,7 +44,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["PushTarget", "push_reduce_row", "push_reduce_tile", "no_push_args", "embedding_pushed",
-           "embedding_pushed_reference", "gather_pushed", "MAX_ROWS"]
+           "embedding_pushed_reference", "MAX_ROWS"]
 
 MAX_ROWS = 16  # rows of a product the buffers take: the GEMV's DOT path (3-16 tokens)
 
@@ -246,36 +245,3 @@ def embedding_pushed(tokens: torch.Tensor, table: torch.Tensor, vocab_start: int
     _embedding_push_kernel[(triton.cdiv(h, _EMBED_BLOCK),)](
         tokens, table, y, vocab_start, table.shape[0], h, *push.kernel_args(), BLOCK_N=_EMBED_BLOCK, W=push.world)
     return y
-
-
-_GATHER_BLOCK = 256  # elements a program of gather_pushed (each its own words: no program waits for another)
-
-
-@triton.jit
-def _gather_push_kernel(src_ptr, out_ptr, n, tab_ptr, seq_ptr, rank, words, W: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    s = tl.load(seq_ptr + i, mask=ok, other=0, cache_modifier=".cg") + 1
-    word = (s.to(tl.int64) << 32) | (tl.load(src_ptr + i, mask=ok, other=0).to(tl.int64) & 0xFFFFFFFF)
-    for q in tl.static_range(W):
-        base = tl.load(tab_ptr + q).to(tl.pointer_type(tl.int64))
-        _store_word(base + ((s % 2) * W + rank) * words + i, word, ok)
-    mine = tl.load(tab_ptr + rank).to(tl.pointer_type(tl.int64))
-    for q in tl.static_range(W):
-        got = _wait_word(mine + ((s % 2) * W + q) * words + i, s, ok)
-        tl.store(out_ptr + q * n + i, (got & 0xFFFFFFFF).to(tl.int32), mask=ok)
-    tl.store(seq_ptr + i, s, mask=ok)
-
-
-def gather_pushed(src: torch.Tensor, push: PushTarget) -> torch.Tensor:
-    """src [n] int32 (contiguous, n <= push.words) -> [W, n] int32: every rank's src in rank order,
-    an all-gather in one launch of the rank's own. Each element is one word (its push number in the
-    high half, its bits in the low), stored to every rank and read back from this rank's buffer
-    once every rank's carries the number. The buffers must be this call's alone (the group's second
-    PushTarget): word w's pushes are numbered here only. Launched without PDL: it starts after the
-    launch before has finished, which the buffers' reuse rule (module docstring) asks of every push."""
-    n = src.numel()
-    out = torch.empty((push.world, n), dtype=torch.int32, device=src.device)
-    _gather_push_kernel[(triton.cdiv(n, _GATHER_BLOCK),)](src, out, n, *push.kernel_args(), W=push.world,
-                                                          BLOCK=_GATHER_BLOCK)
-    return out

@@ -24,8 +24,7 @@ statistics, and a finishing step on the gathered statistics decides identically 
   equal rejection_sample_reference's on the full logits with race_chunk = vocab_race_chunk(V, W).
 
 Capturable in a CUDA graph: no host sync, no data-dependent shape; the collective is a plain
-torch.distributed.all_gather_into_tensor on the given group (NCCL; gloo on CPU), or on GPUs whose
-group has push buffers (route_gathers) kernels/push_reduce.py's gather_pushed. Every rank must
+torch.distributed.all_gather_into_tensor on the given group (NCCL; gloo on CPU). Every rank must
 call with the same replicated arguments (drafts, temperature, seed, position, ...).
 """
 
@@ -40,7 +39,6 @@ import torch.distributed as dist
 import triton
 from graphrt.kernels.argmax import argmax_reference, argmax_triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
-from graphrt.kernels.push_reduce import PushTarget, gather_pushed
 from graphrt.kernels.rejection import LaunchConfig, _on_gpu, launch_config, rejection_sample_triton
 from graphrt.kernels.rejection_kernels import _NUM_FPLANES, _chunk_splits, _row_stats_kernel, _walk_kernel
 from graphrt.kernels.rejection_reference import RACE_CHUNK, RejectionOutput, _validate, rejection_sample_reference
@@ -54,8 +52,8 @@ from graphrt.kernels.vocab_parallel_kernels import (
     walk_reference,
 )
 
-__all__ = ["VocabPlan", "argmax_vocab_parallel", "rejection_sample_vocab_parallel", "route_gathers",
-           "single_gpu_config", "vocab_plan", "vocab_race_chunk", "vocab_shard"]
+__all__ = ["VocabPlan", "argmax_vocab_parallel", "rejection_sample_vocab_parallel", "single_gpu_config",
+           "vocab_plan", "vocab_race_chunk", "vocab_shard"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,28 +117,9 @@ def _group_layout(group) -> tuple[int, int]:
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-# Process groups (by name) whose all-gathers on CUDA go through push buffers (graphrt/parallel/group.py
-# registers them with route_gathers), and those buffers.
-_PUSHED_GATHERS: dict[str, PushTarget] = {}
-
-
-def route_gathers(group, push: PushTarget | None) -> None:
-    """Collective-free: this group's all-gathers of int32 statistics here take push (gather_pushed:
-    one launch of their own, about a third of NCCL's small all-gather inside a graph) where they
-    fit its words, NCCL elsewhere; None: NCCL for all."""
-    if push is None:
-        _PUSHED_GATHERS.pop(group.group_name, None)
-    else:
-        _PUSHED_GATHERS[group.group_name] = push
-
-
 def _all_gather(send: torch.Tensor, group, world: int) -> torch.Tensor:
     """send [n, ...] -> [W, n, ...] in rank order: the one collective of each call. The output is
     allocated as the concatenation [W * n, ...], the one form gloo accepts (NCCL takes both)."""
-    push = _PUSHED_GATHERS.get(getattr(group, "group_name", None))
-    if (push is not None and send.is_cuda and send.dtype == torch.int32 and send.is_contiguous()
-            and send.numel() <= push.words):
-        return gather_pushed(send.view(-1), push).view(world, *send.shape)
     out = torch.empty((world * send.shape[0], *send.shape[1:]), dtype=send.dtype, device=send.device)
     _gather_single(out, send, group=group)
     return out.view(world, *send.shape)

@@ -22,14 +22,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.gemv import gemv_triton, linear, linear_pushed
-from graphrt.kernels.push_reduce import (
-    PushTarget,
-    _pack,
-    _unpack,
-    embedding_pushed,
-    embedding_pushed_reference,
-    gather_pushed,
-)
+from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks
 from tests.seeds import fresh_seed
@@ -138,31 +131,6 @@ def _words(row: torch.Tensor, number: int) -> torch.Tensor:
     """A [H] 16-bit row as the LL words a rank pushes with that number (the test's stand-in peer)."""
     low = row.view(torch.int16).to(torch.int64) & 0xFFFF
     return (number << 32) | low[0::2] | (low[1::2] << 16)
-
-
-@pytest.mark.parametrize("world,n", [(2, 6), (4, 300)])
-def test_gather_in_one_process_stacks_every_rank(world, n):
-    """The samplers' all-gather through push buffers, W ranks simulated in one process (rank 0
-    this one; the others' push 1 already in its buffer): every rank's int32s come back in rank order
-    bit for bit, extremes and negatives included, over one program or two; rank 0's reach every
-    other rank with number 1, the counts of the words used move to 1 and nothing else is written."""
-    gen = torch.Generator().manual_seed(fresh_seed())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    srcs = torch.randint(-(2**31), 2**31, (world, n), generator=gen, dtype=torch.int64).to(torch.int32)
-    srcs[0, :4] = torch.tensor([-1, 0, -(2**31), 2**31 - 1], dtype=torch.int32)[:n]
-    srcs = srcs.to(device)
-    words = n + 5
-    target, data = _local_target(world, words, device)
-    for q in range(1, world):
-        data[0][1, q, :n] = (1 << 32) | (srcs[q].to(torch.int64) & 0xFFFFFFFF)
-    src = srcs[0].clone()
-    out = gather_pushed(src, target)
-    assert torch.equal(out, srcs) and torch.equal(src, srcs[0])
-    mine = (1 << 32) | (srcs[0].to(torch.int64) & 0xFFFFFFFF)
-    for r in range(1, world):
-        assert torch.equal(data[r][1, 0, :n], mine)
-        assert not data[r][0].any() and not data[r][1, 1:].any() and not data[r][1, 0, n:].any()
-    assert torch.equal(target.seq.cpu(), (torch.arange(words) < n).to(torch.int32))
 
 
 @pytest.mark.parametrize("owner", [0, 1])

@@ -19,11 +19,6 @@ import torch.distributed as dist
 
 from graphrt.errors import ConfigMismatchError, ParallelError
 from graphrt.kernels.push_reduce import MAX_ROWS, PushTarget
-from graphrt.kernels.vocab_parallel import route_gathers
-
-# int32 elements an all-gather of the vocab-parallel samplers takes through push buffers (more: NCCL):
-# argmax's 8 bytes a row, and the sampler's statistics of a verify step at small batches
-GATHER_WORDS = 16384
 
 
 class _OneShotAllReduce:
@@ -76,7 +71,6 @@ class TensorParallel:
     world_size: int
     one_shot: _OneShotAllReduce | None = None
     push: PushTarget | None = None  # row-parallel products of 1-16 tokens (kernels/push_reduce.py)
-    gather: PushTarget | None = None  # the vocab-parallel samplers' all-gathers (push_reduce.gather_pushed)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks (a row-parallel projection's partial products): the returned
@@ -104,11 +98,8 @@ class TensorParallel:
             if dtype in (torch.bfloat16, torch.float16) and 2 <= self.world_size <= 4:
                 self.push = _push_target(self.group, self.rank, self.world_size, device, dtype,
                                          MAX_ROWS * hidden)
-                self.gather = _push_target(self.group, self.rank, self.world_size, device, dtype, 2 * GATHER_WORDS)
-                route_gathers(self.group, self.gather)
         except Exception as exc:  # noqa: BLE001 - an older torch or GPUs without P2P: NCCL does it all
-            self.one_shot = self.push = self.gather = None
-            route_gathers(self.group, None)
+            self.one_shot = self.push = None
             return f"nccl ({type(exc).__name__}: {exc})"
         return self.symmetric_path
 
