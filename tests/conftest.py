@@ -108,6 +108,17 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_language_once_a_launch()
 
 
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("xdist"):
+        # pyproject's addopts name pytest-xdist's options: without the plugin (not installed, or
+        # `-p no:xdist`) they are accepted and the suite runs in this one process.
+        ignored, group = "(pytest-xdist absent: ignored)", parser.getgroup("xdist")
+        # _addoption: pytest keeps lowercase short options for plugins, whose way (xdist's own) this is
+        group._addoption("-n", "--numprocesses", dest="numprocesses", default=None, help=ignored)
+        group.addoption("--dist", dest="dist", default="no", help=ignored)
+        group.addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false", help=ignored)
+
+
 def pytest_configure(config):
     from tests.seeds import BASE
 
@@ -133,6 +144,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run)")
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, unknown without it
 def pytest_xdist_auto_num_workers(config):
     """pyproject's `-n auto`: without CUDA a worker a core (at most 4: the slowest file bounds the
     run); with CUDA none, so that the GPU tests neither share the device nor time each other."""
