@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each of pytest-xdist's workers has a core of its own: a second OpenMP thread would only
-    # spin against the other worker (the suite ran 2x slower on 2 cores with it).
+    # spin against the other worker (on 2 cores the suite took 390 s with two threads a worker, 247 s with one).
     torch.set_num_threads(1)
 
 
@@ -132,11 +132,6 @@ def pytest_report_header(config):
     return f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run's random cases)"
 
 
-# The files that take longest on a 2-core CPU machine, slowest first (one `--durations` run).
-_SLOWEST_FILES = ("test_rejection_filter.py", "test_smollm2.py", "test_vocab_parallel.py", "test_fuzz_kernels.py",
-                  "test_tensor_parallel.py", "test_gemv.py", "test_rejection.py")
-
-
 def pytest_terminal_summary(terminalreporter):
     from tests.seeds import BASE
 
@@ -149,6 +144,11 @@ def pytest_xdist_auto_num_workers(config):
     """pyproject's `-n auto`: without CUDA a worker a core (at most 4: the slowest file bounds the
     run); with CUDA none, so that the GPU tests neither share the device nor time each other."""
     return 0 if torch.cuda.is_available() else min(os.cpu_count() or 1, 4)
+
+
+# The files that take longest on a 2-core CPU machine, slowest first (one `--durations` run).
+_SLOWEST_FILES = ("test_rejection_filter.py", "test_smollm2.py", "test_vocab_parallel.py", "test_fuzz_kernels.py",
+                  "test_tensor_parallel.py", "test_gemv.py", "test_rejection.py")
 
 
 def pytest_collection_modifyitems(config, items):
