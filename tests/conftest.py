@@ -67,22 +67,22 @@ def _patch_language_once_a_launch():
     def languages(fn) -> frozenset:
         return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
 
-    running: list[set] = []  # the language modules the running launch has patched so far
+    patched: set = set()  # the language modules the running launch has patched so far (empty: none runs)
 
     def patch_lang(fn):
-        if running:  # a helper inside a launch: Triton drops this scope without restoring it, so
+        if patched:  # a helper inside a launch: Triton drops this scope without restoring it, so
             # what it patches stays patched until the launch ends (triton.language.core, first
             # patched for one of the standard library's helpers, included)
-            if languages(fn) <= running[-1]:
+            if languages(fn) <= patched:
                 return interpreter._LangPatchScope()
-            running[-1] |= languages(fn)
+            patched.update(languages(fn))
             return real_patch(fn)
         scope = real_patch(fn)
-        running.append(set(languages(fn)))
+        patched.update(languages(fn))
         restore = scope.restore
 
         def restore_and_end():
-            running.pop()
+            patched.clear()
             restore()
 
         scope.restore = restore_and_end
@@ -126,16 +126,10 @@ def pytest_configure(config):
     os.environ.setdefault("GRAPHRT_TEST_SEED", str(BASE))
 
 
-def pytest_report_header(config):
-    from tests.seeds import BASE
-
-    return f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run's random cases)"
-
-
 def pytest_terminal_summary(terminalreporter):
     from tests.seeds import BASE
 
-    # also under -q, which leaves the header out: what a failing run needs to be replayed
+    # at the end, where a failing run's output ends too, and under -q as well (which hides the header)
     terminalreporter.write_line(f"graphrt test seed: {BASE} (GRAPHRT_TEST_SEED={BASE} replays this run)")
 
 

@@ -1,6 +1,6 @@
 """Fresh random seeds that a failing run can replay.
 
-Each run draws one base seed (printed in pytest's header); every `fresh_seed()` call derives its
+Each run draws one base seed (printed at the end of the run); every `fresh_seed()` call derives its
 seed from the base, the test's id and how many seeds that test drew before, so
 `GRAPHRT_TEST_SEED=<base> pytest ...` replays any test exactly, alone or in the whole suite.
 """

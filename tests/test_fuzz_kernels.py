@@ -7,7 +7,7 @@ variants repeat every property at real sizes (V = 128256, B up to 64) with more 
 Each example is a small *spec* (shapes, dtype, a generator seed, which hazards to plant, launch
 overrides); the tensors are built from it deterministically, so the falsifying example hypothesis
 prints is enough to rebuild the failing input (`build_*(spec)`). Each test's hypothesis seed comes
-from the run's base seed (tests/seeds.py, printed in pytest's header), so `GRAPHRT_TEST_SEED=<base>`
+from the run's base seed (tests/seeds.py, printed at the end of the run), so `GRAPHRT_TEST_SEED=<base>`
 replays a run's examples too.
 
 Properties, beyond "Triton == reference":
