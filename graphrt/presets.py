@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import torch
@@ -25,21 +26,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GRAPHRT_CACHE", Path.home() / ".cache" / "graphrt"))
 
 
-def _once(path: Path, write) -> Path:
-    """path, written by write(tmp) into a temporary sibling first unless it holds a checkpoint already,
-    so an interrupted write never leaves a folder that looks complete."""
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        write(tmp)
-        tmp.rename(path)
+def write_once(path: Path, write, done: str = "config.json") -> Path:
+    """path, written by write(tmp) into a temporary sibling and renamed into place unless it holds
+    `done` already, so an interrupted write never leaves a folder that looks complete. Each writer
+    has a sibling of its own: processes that start on an empty cache at once (test workers, two
+    benches) each write one, the first rename wins and the others' copies are dropped."""
+    if not (path / done).exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            write(tmp)
+            try:
+                tmp.rename(path)
+            except OSError:  # another writer's copy is there (a rename never replaces a full folder)
+                if not (path / done).exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
 def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0, layers: int | None = None) -> Path:
     """layers: keep only the first N layers (a shape too large for the disk, timed per layer)."""
     cut = f"-{layers}l" if layers else ""
-    return _once(cache_dir() / f"{name}{cut}-{_DTYPES[dtype]}-seed{seed}",
+    return write_once(cache_dir() / f"{name}{cut}-{_DTYPES[dtype]}-seed{seed}",
                  lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed, num_layers=layers))
 
 
@@ -48,14 +58,14 @@ def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
         path = cache_dir() / f"{target.stem}-{target.stat().st_size}-selfdraft-{kind}{num_layers}"
     else:
         path = target.with_name(f"{target.name}-selfdraft-{kind}{num_layers}")
-    return _once(path, lambda tmp: self_draft(target, tmp, num_layers, kind=kind))
+    return write_once(path, lambda tmp: self_draft(target, tmp, num_layers, kind=kind))
 
 
 def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0) -> Path:
     """A random EAGLE-3 head for `target` in the published layout: one layer over [norm(embedding);
     hidden_norm(fc(low, mid, high))], fc 3H -> H, a 32000-token draft vocabulary (V // 2 for small
     vocabularies) with d2t/t2d, the target's layers (2, L // 2, L - 3) as aux states."""
-    return _once(target.with_name(f"{target.name}-eagle3-seed{seed}"), lambda tmp: write_random_checkpoint(
+    return write_once(target.with_name(f"{target.name}-eagle3-seed{seed}"), lambda tmp: write_random_checkpoint(
         tmp, load_config(target), kind="eagle3", target=target, dtype=dtype, seed=seed))
 
 
@@ -99,7 +109,7 @@ def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, al
                     tensors[key] = (tensors[key].float() * alpha).to(tensors[key].dtype)
             save_file(tensors, file, metadata={"format": "pt"})
 
-    return _once(base.with_name(f"{base.name}-damped{draft_layers}x{alpha:g}"), write)
+    return write_once(base.with_name(f"{base.name}-damped{draft_layers}x{alpha:g}"), write)
 
 
 def default_checkpoints(target, draft, dtype: torch.dtype, *, no_draft: bool = False, draft_layers=None,

@@ -4,15 +4,25 @@ The runtime works on token ids; these helpers are for callers (and the CLI) who 
 tokenizer is the checkpoint's: tokenizer.json and friends in an HF folder, or the vocabulary, merges
 and chat template in a GGUF file's metadata (transformers converts it; that needs the gguf package).
 Nothing is downloaded and no code from the checkpoint runs.
+
+Converting a GGUF vocabulary takes seconds (about 10 s for SmolLM2's 49152 tokens on 2 cores), every
+time a process starts, so the converted tokenizer is kept in the cache folder ($GRAPHRT_CACHE,
+graphrt/presets.cache_dir) under a key of the file's metadata bytes and the converting libraries'
+versions, and loaded from there (about 0.5 s) whenever the same file comes again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
+from pathlib import Path
 
 from graphrt.errors import GraphrtError
 from graphrt.gguf_checkpoint import find_gguf
 from graphrt.params import Generation
+from graphrt.presets import cache_dir, write_once
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -26,14 +36,43 @@ def load_tokenizer(path: str | os.PathLike):
     gguf_file = find_gguf(path)
     try:
         if gguf_file is not None:
-            gguf_file = os.path.abspath(gguf_file)
-            return AutoTokenizer.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
-                                                 local_files_only=True, trust_remote_code=False)
+            return _gguf_tokenizer(os.path.abspath(gguf_file), AutoTokenizer)
         return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure means the same thing here
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise GraphrtError(f"no usable tokenizer in {path} ({exc.__class__.__name__}: {first[:200]}); "
                            "pass token ids instead") from None
+
+
+_HEAD_BYTES = 64 << 20  # a GGUF file's metadata (the tokenizer among it) comes first
+
+
+def converted_tokenizer_dir(gguf_file: str | os.PathLike) -> Path:
+    """Where the tokenizer converted from this GGUF file is kept: named by the file's size, its first
+    64 MiB (every key of its metadata for any vocabulary in use) and the versions of transformers and
+    tokenizers, which do the conversion; not by its path, so that a copy of the file finds it too."""
+    import tokenizers
+    import transformers
+
+    h = hashlib.sha256(f"{os.path.getsize(gguf_file)}|{transformers.__version__}|{tokenizers.__version__}".encode())
+    with open(gguf_file, "rb") as f:
+        h.update(f.read(_HEAD_BYTES))
+    return cache_dir() / "tokenizers" / h.hexdigest()[:32]
+
+
+def _gguf_tokenizer(gguf_file: str, auto):
+    """The tokenizer in a GGUF file's metadata, from the cache where an earlier process converted it."""
+    kept = converted_tokenizer_dir(gguf_file)
+    if kept.is_dir():
+        try:
+            return auto.from_pretrained(kept, local_files_only=True, trust_remote_code=False)
+        except Exception:  # noqa: BLE001 - a damaged copy: convert again, and replace it
+            shutil.rmtree(kept, ignore_errors=True)
+    tokenizer = auto.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
+                                     local_files_only=True, trust_remote_code=False)
+    with contextlib.suppress(OSError):  # a read-only cache: the next process converts again
+        write_once(kept, tokenizer.save_pretrained, done="tokenizer.json")
+    return tokenizer
 
 
 def encode(tokenizer, text: str, *, chat: bool = False) -> list[int]:

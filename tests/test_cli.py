@@ -120,3 +120,22 @@ def test_break_even_interpolates():
     rows = [{"K": 3, "batch_size": 1, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
     rows += [{"K": 3, "batch_size": 8, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.5), (1.5, 0.9))]
     assert break_even(rows) == {(3, 1): pytest.approx(1.75), (3, 8): None}
+
+
+def test_converted_tokenizer_key_follows_the_file_contents(tmp_path, monkeypatch):
+    """The cache key of a GGUF file's converted tokenizer: the same for a copy at another path, another
+    for a file whose metadata differs by one byte, and under $GRAPHRT_CACHE."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    from graphrt.tokenizer import converted_tokenizer_dir
+
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    data = bytearray(b"GGUF" + bytes(range(256)) * 64)
+    paths = [tmp_path / "a.gguf", tmp_path / "sub" / "b.gguf", tmp_path / "c.gguf"]
+    paths[1].parent.mkdir()
+    for path in paths[:2]:
+        path.write_bytes(data)
+    data[100] ^= 1
+    paths[2].write_bytes(data)
+    a, b, c = map(converted_tokenizer_dir, paths)
+    assert a == b != c and a.parent == tmp_path / "cache" / "tokenizers"

@@ -74,8 +74,17 @@ def smollm2(smollm2_file):
 
 
 @pytest.fixture(scope="session")
-def tokenizer(smollm2_file):
-    return load_tokenizer(smollm2_file)
+def converted_cache(tmp_path_factory) -> Path:
+    """A cache folder of the session's own, which the tokenizer fixture fills."""
+    return tmp_path_factory.mktemp("graphrt-cache")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_file, converted_cache):
+    """Converted from the file's metadata (the cache is empty), and kept in converted_cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAPHRT_CACHE", str(converted_cache))
+        return load_tokenizer(smollm2_file)
 
 
 @pytest.fixture(scope="session")
@@ -147,6 +156,44 @@ def test_gguf_and_safetensors_give_the_same_logits(tmp_path, smollm2, tokenizer,
     with torch.no_grad():
         c = hf_model(ids[None]).logits[0]
     assert (a - c).abs().max() <= 1e-4 * c.abs().max()
+
+
+def _same_tokenizer(a, b):
+    assert a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
+    assert (a.bos_token_id, a.eos_token_id, a.chat_template) == (b.bos_token_id, b.eos_token_id, b.chat_template)
+    texts = [text for text, _, _ in CASES] + ["<|im_start|>user\nhi<|im_end|>", "Ça va? 🙂 日本語", "  two  spaces\n"]
+    for text in texts:
+        for chat in (False, True):
+            assert encode(a, text, chat=chat) == encode(b, text, chat=chat), (text, chat)
+    ids = torch.randint(0, len(a), (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    assert decode(a, ids) == decode(b, ids)
+
+
+def test_the_converted_tokenizer_is_kept_and_loads_alike(monkeypatch, smollm2_file, tokenizer, converted_cache):
+    """The tokenizer fixture converted the file and kept the result: a second load reads it back
+    without converting, and encodes, decodes and templates alike. A damaged copy is converted again
+    and replaced."""
+    from graphrt.tokenizer import converted_tokenizer_dir
+
+    monkeypatch.setenv("GRAPHRT_CACHE", str(converted_cache))
+    kept = converted_tokenizer_dir(smollm2_file)
+    assert kept.parent == converted_cache / "tokenizers" and (kept / "tokenizer.json").is_file()
+    real = transformers.AutoTokenizer.from_pretrained
+    conversions = []
+
+    def from_pretrained(*args, **kwargs):
+        if "gguf_file" in kwargs:  # a conversion: answered by the fixture's, which took seconds once
+            conversions.append(kwargs["gguf_file"])
+            return tokenizer
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    _same_tokenizer(load_tokenizer(smollm2_file), tokenizer)
+    assert conversions == []
+    (kept / "tokenizer.json").write_text("{not json")
+    assert load_tokenizer(smollm2_file) is tokenizer and conversions == [smollm2_file.name]
+    _same_tokenizer(load_tokenizer(smollm2_file), tokenizer)  # the replaced copy
+    assert len(conversions) == 1
 
 
 def test_text_stream_keeps_multi_token_characters_whole(tokenizer):
