@@ -224,46 +224,48 @@ def _window_kernel(
         target = top_p.to(tl.float64)
         above = row * 0
         key_lo = row * 0
-        if spread:
-            kmax = tl.load(kmax_ptr + row).to(tl.int64)
-            target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
-            lo, hi, above = _narrowed(row, (PASSES - 1) % 2, state_ptr, above_ptr, part_ptr, splits, target,
-                                      NP_SPREAD)
-            fits = (top_p < 1.0) & (hi - lo < WINDOW)
-            key_lo = hi - WINDOW + 1  # the window ends at hi, whose weight above is known
-            if fits:
-                offs0 = tl.arange(0, BLOCK_V)
-                cnt = tl.zeros([WINDOW], tl.int32)
-                for t in range(t0, t1):
-                    offs = t * BLOCK_V + offs0
-                    key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
-                    cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
-                                        mask=(offs < V) & (key >= key_lo) & (key <= hi))
-                tl.atomic_add(wcnt_ptr + row * WINDOW + d, cnt, mask=cnt > 0, sem="relaxed")
-            # every split, counting or not: the last has read kmax and mass in all of them before it resets them
-            last = last_to_finish(ctr_ptr + row, splits)
+        if SPREAD:  # compiled out without the search's buffers (placeholders then)
+            if spread:
+                kmax = tl.load(kmax_ptr + row).to(tl.int64)
+                target = top_p.to(tl.float64) * tl.load(mass_ptr + row).to(tl.float64)
+                lo, hi, above = _narrowed(row, (PASSES - 1) % 2, state_ptr, above_ptr, part_ptr, splits, target,
+                                          NP_SPREAD)
+                fits = (top_p < 1.0) & (hi - lo < WINDOW)
+                key_lo = hi - WINDOW + 1  # the window ends at hi, whose weight above is known
+                if fits:
+                    offs0 = tl.arange(0, BLOCK_V)
+                    cnt = tl.zeros([WINDOW], tl.int32)
+                    for t in range(t0, t1):
+                        offs = t * BLOCK_V + offs0
+                        key = _keys(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), SHIFT)
+                        cnt += tl.histogram((key - key_lo).to(tl.int32), WINDOW,
+                                            mask=(offs < V) & (key >= key_lo) & (key <= hi))
+                    tl.atomic_add(wcnt_ptr + row * WINDOW + d, cnt, mask=cnt > 0, sem="relaxed")
+                # every split, counting or not: the last has read kmax and mass in all of them before it resets them
+                last = last_to_finish(ctr_ptr + row, splits)
         if last:
             tau = tl.zeros_like(inv_t) + _NEG_INF
             found = row < 0
-            if spread:
-                found = row >= 0
-                tau_key = tl.zeros_like(kmax) - _INT32_MAX
-                if top_p < 1.0:  # the largest key v with the weight from v up >= top_p of the row's
-                    found = fits
-                    if fits:
-                        x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
-                        wcnt = tl.load(wcnt_ptr + row * WINDOW + d, cache_modifier=".cg").to(tl.int64)
-                        val = wcnt * _tl_weights(_scaled(_key_value(key_lo + d, SHIFT), inv_t), x_max)
-                        s_from = above + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val
-                        tau_key = key_lo + tl.max(tl.where(s_from.to(tl.float64) >= target, d, -1), axis=0)
-                        tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
-                if min_p > 0.0:  # the lowest key present that weighs min_p's bar (the row's max does)
-                    sp = tl.arange(0, MAX_SPLITS)
-                    low = tl.min(tl.load(mins_ptr + row * MAX_SPLITS + sp, mask=sp < splits, other=_INT32_MAX),
-                                 axis=0).to(tl.int64)
-                    found = found & (low < _INT32_MAX)
-                    tau_key = tl.maximum(tau_key, low)
-                tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
+            if SPREAD:
+                if spread:
+                    found = row >= 0
+                    tau_key = tl.zeros_like(kmax) - _INT32_MAX
+                    if top_p < 1.0:  # the largest key v with the weight from v up >= top_p of the row's
+                        found = fits
+                        if fits:
+                            x_max = _scaled(_key_value(kmax, SHIFT), inv_t)
+                            wcnt = tl.load(wcnt_ptr + row * WINDOW + d, cache_modifier=".cg").to(tl.int64)
+                            val = wcnt * _tl_weights(_scaled(_key_value(key_lo + d, SHIFT), inv_t), x_max)
+                            s_from = above + tl.sum(val, axis=0) - tl.cumsum(val, axis=0) + val
+                            tau_key = key_lo + tl.max(tl.where(s_from.to(tl.float64) >= target, d, -1), axis=0)
+                            tl.store(wcnt_ptr + row * WINDOW + d, tl.zeros([WINDOW], tl.int32))
+                    if min_p > 0.0:  # the lowest key present that weighs min_p's bar (the row's max does)
+                        sp = tl.arange(0, MAX_SPLITS)
+                        low = tl.min(tl.load(mins_ptr + row * MAX_SPLITS + sp, mask=sp < splits, other=_INT32_MAX),
+                                     axis=0).to(tl.int64)
+                        found = found & (low < _INT32_MAX)
+                        tau_key = tl.maximum(tau_key, low)
+                    tau = _key_value(tl.minimum(tau_key, kmax), SHIFT)
             if ~found:
                 kmin, kmax_w = _key_range(row_ptr, V, SHIFT, BLOCK_V)
                 tau, _, _ = _row_tau(row_ptr, V, kmin, kmax_w, k, use_k, top_p, min_p, inv_t, tl.zeros_like(k) - 1,

@@ -188,6 +188,20 @@ CASES = {
         HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048,
         SPREAD=True, PASSES=5, NP_SPREAD=32, CAND=True, LISTED=True, PDL=1),
         dict(num_warps=8, enable_fp_fusion=False)),
+    # no spread search (no workspace: state None, or a capture that would have to grow it):
+    # whole_row_search passes tau (fp32) for every buffer the search does not use
+    "rej-window-unspread": ("rejection_filter_whole", "_window_kernel", dict(
+        _SPREAD, logits_ptr="*fp32", part_ptr="*fp32", state_ptr="*fp32", above_ptr="*fp32", mins_ptr="*fp32",
+        ctr_ptr="*fp32", wcnt_ptr="*fp32"), dict(
+        HAS_K=True, HAS_P=True, HAS_M=True, SHIFT=0, BLOCK_V=2048,
+        SPREAD=False, PASSES=5, NP_SPREAD=32, CAND=True, LISTED=False, PDL=1),
+        dict(num_warps=8, enable_fp_fusion=False)),
+    "rej-window-no-candidates": ("rejection_filter_whole", "_window_kernel", dict(
+        _SPREAD, part_ptr="*fp32", state_ptr="*fp32", above_ptr="*fp32", mins_ptr="*fp32", ctr_ptr="*fp32",
+        wcnt_ptr="*fp32", kmax_ptr="*fp32", mass_ptr="*fp32", hist_ptr="*fp32", flag_ptr="*fp32"), dict(
+        HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, BLOCK_V=2048,
+        SPREAD=False, PASSES=2, NP_SPREAD=16, CAND=False, LISTED=False, PDL=0),
+        dict(num_warps=8, enable_fp_fusion=False)),
     "rej-row-stats-filter": ("rejection_kernels", "_row_stats_kernel", dict(_REJ, tau_ptr="*fp32"), dict(
         HAS_ND=True, FULL_Q=False, FUSE_RACE=True, BLOCK_V=1024, VEC=8, PRUNE=False, FAST=True, PDL=2,
         XSUM=True, FILTER=True), _NO_FUSION),
