@@ -48,8 +48,10 @@ for step in $steps; do
   echo "=== $step" | log
   case $step in
     tests)    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | log | tail -30 ;;
-    # the whole GPU suite runs close to a 10-minute call limit: two halves, the sampler and fuzz
-    # files (the heaviest) in the second
+    # pytest-xdist workers share the GPU (tests/conftest.py; its wheels must be on the machine:
+    # `pip download --no-deps -d .gpu-carry/whl pytest-xdist execnet`, else one process). On a
+    # 16-core H200 machine the whole suite took 217 s with Triton's cache warm and about ten
+    # minutes cold, near a call's limit: two halves, the sampler and fuzz files (the heaviest) in the second
     tests1)   python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_rejection.py \
                 --ignore=tests/test_fuzz_kernels.py 2>&1 | log | tail -30 ;;
     tests2)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection.py tests/test_fuzz_kernels.py \
