@@ -163,7 +163,10 @@ CASES = {
     "rej-threshold-draw": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
         HAS_K=True, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16, PDL=2,
         DRAW=True, HAS_ND=True, CHUNK=8192, NC_POW2=16), dict(num_warps=8, enable_fp_fusion=False)),
-    "rej-threshold-no-candidates": ("rejection_filter", "_threshold_kernel", _FILTER, dict(
+    # no candidate workspace: thresholds_triton passes tau (fp32) for every buffer of it
+    "rej-threshold-no-candidates": ("rejection_filter", "_threshold_kernel", dict(
+        _FILTER, **dict.fromkeys(("kmax_ptr", "mass_ptr", "hist_ptr", "gmax_ptr", "smax_ptr", "cand_ptr", "ids_ptr",
+                                  "kept_ptr", "kvid_ptr", "flag_ptr"), "*fp32")), dict(
         HAS_K=False, HAS_P=True, HAS_M=False, SHIFT=16, CAND_BLOCK_V=1024, KEPT_BLOCK_V=256, GROUP=16, SUPER=16,
         CAND=False, PDL=0),
         dict(num_warps=8, enable_fp_fusion=False)),
