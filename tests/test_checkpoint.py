@@ -661,3 +661,33 @@ def test_self_draft_eagle(tmp_path, tiny_target, fc_init):
     assert bool((d.weights["layers.0.mlp.down_proj.weight"] == 0).all()) == zeroed
     assert bool((d.weights["layers.0.self_attn.o_proj.weight"] == 0).all()) == zeroed
     check_draft_compatible(t, d)
+
+
+def test_cache_writers_on_one_folder_do_not_trip_each_other(tmp_path):
+    """Two writers of one cache folder at once (test workers, two benches on an empty cache): each
+    writes its own temporary copy, the first to finish is renamed into place and the other's copy is
+    dropped; a writer that fails leaves nothing behind."""
+    from graphrt.presets import write_once
+
+    path = tmp_path / "cache" / "entry"
+
+    def write(tag):
+        def run(tmp):
+            tmp.mkdir()
+            if tag == "slow":  # the other writer starts and finishes while this one writes
+                assert write_once(path, write("fast")) == path
+            (tmp / "config.json").write_text(tag)
+        return run
+
+    assert write_once(path, write("slow")) == path
+    assert (path / "config.json").read_text() == "fast"
+    assert [p.name for p in path.parent.iterdir()] == ["entry"]  # no temporary copy left
+    assert write_once(path, write("again")) == path and (path / "config.json").read_text() == "fast"
+
+    def fail(tmp):
+        tmp.mkdir()
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_once(tmp_path / "cache" / "other", fail)
+    assert [p.name for p in path.parent.iterdir()] == ["entry"]
