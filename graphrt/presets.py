@@ -50,7 +50,7 @@ def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int =
     """layers: keep only the first N layers (a shape too large for the disk, timed per layer)."""
     cut = f"-{layers}l" if layers else ""
     return write_once(cache_dir() / f"{name}{cut}-{_DTYPES[dtype]}-seed{seed}",
-                 lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed, num_layers=layers))
+                      lambda tmp: write_random_checkpoint(tmp, name, dtype=dtype, seed=seed, num_layers=layers))
 
 
 def ensure_self_draft(target: Path, num_layers: int, kind: str = "lm") -> Path:
