@@ -15,6 +15,7 @@ from tests.seeds import fresh_seed
 
 
 def chi2_sf(stat: float, df: int) -> float:
+    """Survival function of the chi-squared law (scipy is not a dependency)."""
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
                                          torch.tensor(stat / 2.0, dtype=torch.float64)))
 

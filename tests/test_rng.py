@@ -8,13 +8,7 @@ import triton.language as tl
 from graphrt.kernels import rng
 
 from tests.seeds import fresh_seed
-from tests.test_rejection import CHI2_ALPHA
-
-
-def chi2_sf(stat: float, df: int) -> float:
-    """Survival function of the chi-squared law (scipy is not a dependency)."""
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+from tests.test_rejection import CHI2_ALPHA, chi2_sf
 
 
 def chi2_uniform(counts: torch.Tensor) -> float:
