@@ -507,7 +507,8 @@ def _paged_attn_merge_kernel(
     )
 
 
-# Heuristics (see choose_num_splits), tuned with kernels/attention_bench.py (figures in RESULTS.md).
+# Heuristics (see choose_num_splits), tuned with kernels/attention_bench.py (figures in
+# docs/notes/benchmarks-history.md).
 _MAX_SPLITS = 64
 # Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
 # D = 128. Programs per SM to aim for when splitting: 2, except for single-token queries on a grid

@@ -340,7 +340,7 @@ def _gemv_kernel(
     if USE_DOT:
         # y^T tile [BLOCK_N, BLOCK_M] = w tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]: with the
         # weight rows on the product's M side Hopper runs it on warpgroup MMA, which x on that side
-        # (16 padded rows) never reached (RESULTS.md has the 4-row timings).
+        # (16 padded rows) never reached (docs/notes/benchmarks-history.md has the 4-row timings).
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)

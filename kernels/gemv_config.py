@@ -109,7 +109,7 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
       it is bound by L1 and ALU, not DRAM; so did [BLOCK_M, BLOCK_N] outputs per program with
       per-thread partial sums. The DOT path with the norm in its prologue lost to norm + cuBLAS:
-      the normalised x tile breaks the dot's load pipelining. RESULTS.md has the figures.)
+      the normalised x tile breaks the dot's load pipelining. docs/notes/benchmarks-history.md has the figures.)
     """
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         if m == 1:

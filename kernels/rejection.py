@@ -115,7 +115,7 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - The threshold kernel draws the filtered rows from what their filters keep (filter_draw) from 8
       rows (B = 2 at K = 3), where the row pass it spares costs more than the draw (H100, top_k 50 +
       top_p 0.9: 27.9 against 30.6 us at B = 2); at B = 1 the row pass spread over many programs
-      is faster (25.3 against 27.4 us; RESULTS.md, the filters' table).
+      is faster (25.3 against 27.4 us; docs/notes/benchmarks-history.md).
     - From 512 rows the threshold kernel runs 2 warps on 256-entry tiles (128 over what the filters
       keep): its programs then share SMs, and a small program per row beat a wide one (H100, B = 256,
       top_k 50 + top_p 0.9: 189.5 against 234.4 us for the filtered sampler); at 256 rows and below

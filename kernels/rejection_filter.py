@@ -100,7 +100,7 @@ def _filter_stats_kernel(
         tl.store(flag_ptr, 0)
     if active:
         # a flat tile reshaped into groups: loaded through [supergroups, groups, GROUP] offsets it
-        # ran slower (RESULTS.md, the filtered sampler on the H200)
+        # ran slower (docs/notes/benchmarks-history.md)
         offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)

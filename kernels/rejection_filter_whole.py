@@ -18,7 +18,7 @@ that flags nothing costs launches whose programs read one count and exit.
      whole row in one program instead.
 Apart from the threshold kernel, which every filtered row runs, so that their tiles over the row
 do not set its registers. Before the pivots, a weight histogram by key bin (int64 atomics per
-entry) did kernel 4's part; the atomics contended as flagged rows grew (RESULTS.md).
+entry) did kernel 4's part; the atomics contended as flagged rows grew (docs/notes/benchmarks-history.md).
 """
 
 import torch

@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b realpair plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain goal8b realpair plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -61,6 +61,11 @@ for step in $steps; do
                 --png "$OUT/sweep1b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
     sweep8b)  python3 -m graphrt bench --sweep-accept --preset llama-8b-shape --max-new-tokens 64 \
                 --json "$OUT/sweep8b.json" --png "$OUT/sweep8b.png" 2>&1 | grep -v '^bench' | log | tail -60 ;;
+    # plain decoding on both shapes (the results page's floor table), and issue 19's 8b goal at B = 1
+    plain)    for p in llama-1b-shape llama-8b-shape; do python3 -m graphrt bench --preset $p --no-draft \
+                --batch-sizes 1,8,64 --max-new-tokens 128 2>&1 | grep -v '^bench' | log; done ;;
+    goal8b)   python3 -m graphrt bench --preset llama-8b-shape --accept-len 3 --batch-sizes 1 --max-new-tokens 256 \
+                2>&1 | grep -v '^bench' | log ;;
     # this tree against abtmp/old (an older checkout, carried), alternating, each with its own checkpoint
     # cache: "nothing measured today gets slower", by A/B in one run. plainab: plain decode at B = 1 and 64;
     # specab: EAGLE-3 at simulated L = 3 and plain decode, B = 1, 4, 8
