@@ -10,6 +10,11 @@ would read uninitialised indices; a recorded graph never runs. Worker processes 
 variants into Triton's disk cache (JITFunction.preload) and build their launchers, and the
 warm-up that follows finds every one there.
 
+The workers are forked from one process that imports torch, Triton and the kernels while the
+recording pass runs. Sixteen processes that each imported them were still importing, all at once,
+seconds after the recording had ended. That process is started, not forked from this one, so it
+and its workers have no CUDA state and each worker initialises its own.
+
 Best effort: any failure leaves the remaining kernels to the ordinary warm-up, which compiles
 whatever is missing, so capture never depends on this step. Once it has run for a configuration,
 a marker in Triton's cache folder says so, and later captures (whose kernels Triton's disk cache
@@ -27,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 import warnings
 
 import torch
@@ -144,13 +150,12 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     if os.path.exists(marker):
         return 0
     variants: dict[str, tuple[str, str]] = {}
-    jobs, procs, error = [], [], None
+    jobs, error, server = [], None, None
+    log = tempfile.TemporaryFile()
     try:
-        # The workers start first, so that their imports overlap the recording pass.
-        for _ in range(workers or _default_workers()):
-            log = tempfile.TemporaryFile()
-            procs.append((subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"],
-                                           stdin=subprocess.PIPE, stderr=log, text=True, env=_worker_env()), log))
+        # The workers' parent starts first, so that its imports overlap the recording pass.
+        server = subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"], stdin=subprocess.PIPE,
+                                  stderr=log, text=True, env=_worker_env())
         with _recording_variants(variants):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="relaxed"):
@@ -162,18 +167,17 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - an optimisation only; the warm-up compiles the rest
         error, jobs = e, []
     try:
-        shares = _balanced(jobs, len(procs))
+        shares = [share for share in _balanced(jobs, workers or _default_workers()) if share]
     except Exception as e:  # noqa: BLE001 - as above
-        error, shares = error or e, [[] for _ in procs]
-    for (p, _), share in zip(procs, shares):
+        error, shares = error or e, []
+    if server is not None:
         with contextlib.suppress(OSError):
-            p.stdin.write(json.dumps({"modules": modules, "jobs": share}))
-            p.stdin.close()
-    for p, log in procs:
-        if p.wait() != 0 and error is None:
-            log.seek(0)
-            error = RuntimeError(log.read()[-2000:].decode(errors="replace"))
-        log.close()
+            server.stdin.write(json.dumps({"modules": modules, "shares": shares}))
+            server.stdin.close()
+    if server is not None and server.wait() != 0 and error is None:
+        log.seek(0)
+        error = RuntimeError(log.read()[-2000:].decode(errors="replace"))
+    log.close()
     if error is not None:
         warnings.warn(f"graphrt: parallel kernel precompile failed ({error}); the warm-up compiles serially",
                       stacklevel=2)
@@ -184,20 +188,36 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     return len(jobs)
 
 
-def _worker() -> None:
-    """Compile the variants read from stdin ({"modules": [...], "jobs": [(module, name,
-    specialisation)]}) into Triton's disk cache, each with its launcher (a cached shared library)
-    built too."""
+def _serve() -> None:
+    """The workers' parent: read {"modules": [...], "shares": [[(module, name, specialisation)],
+    ...]} from stdin, then fork one worker a share, each compiling its variants into Triton's disk
+    cache with their launchers (cached shared libraries) built too. Exits 1 if any worker failed."""
     import graphrt.kernels  # noqa: F401 - the slow imports, done while the parent records
 
     work = json.load(sys.stdin)
-    stable_cache_keys(work["modules"])
-    for module, name, spec in work["jobs"]:
-        kernel = getattr(importlib.import_module(module), name).preload(spec)
-        init = getattr(kernel, "_init_handles", None)
-        if init is not None:
-            init()
+    stable_cache_keys(work["modules"])  # once, for every worker
+    pids = []
+    for share in work["shares"]:
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for module, name, spec in share:
+                    kernel = getattr(importlib.import_module(module), name).preload(spec)
+                    init = getattr(kernel, "_init_handles", None)
+                    if init is not None:
+                        init()
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported to the parent, which warns
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    failed = [pid for pid in pids if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0]
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
-    _worker()
+    _serve()
