@@ -10,10 +10,13 @@ would read uninitialised indices; a recorded graph never runs. Worker processes 
 variants into Triton's disk cache (JITFunction.preload) and build their launchers, and the
 warm-up that follows finds every one there.
 
-The workers are forked from one process that imports torch, Triton and the kernels while the
-recording pass runs. Sixteen processes that each imported them were still importing, all at once,
-seconds after the recording had ended. That process is started, not forked from this one, so it
-and its workers have no CUDA state and each worker initialises its own.
+The workers are forked from one process that imports torch, Triton and the kernels while this one
+gets ready: Runtime.from_pretrained starts it before loading the checkpoint (start_early), else
+precompile does before its recording pass. Sixteen processes that each imported them were still
+importing, all at once, seconds after the recording had ended. That process is started, not forked
+from this one, so it and its workers have no CUDA state. A worker compiles and builds launchers
+but loads nothing onto the GPU: sixteen CUDA contexts created at once took about 2 s each, and
+this process loads every kernel into its own context anyway.
 
 Best effort: any failure leaves the remaining kernels to the ordinary warm-up, which compiles
 whatever is missing, so capture never depends on this step. Once it has run for a configuration,
@@ -128,15 +131,47 @@ def _default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 32) // _ranks_on_host())
 
 
-def _worker_env() -> dict:
-    """A worker loads what it compiles onto a GPU (its launcher): onto this process's GPU, not
-    every rank's workers onto device 0."""
-    env = dict(os.environ)
-    if torch.cuda.is_available():
-        dev = torch.cuda.current_device()
-        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        env["CUDA_VISIBLE_DEVICES"] = visible[dev] if dev < len(visible) else str(dev)
-    return env
+def _worker_gpu() -> str:
+    """A worker loads what it compiles onto a GPU (its launcher): onto this process's GPU (its
+    CUDA_VISIBLE_DEVICES entry), not every rank's workers onto device 0."""
+    dev = torch.cuda.current_device()
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[dev] if dev < len(visible) else str(dev)
+
+
+_early: tuple | None = None  # (server, its stderr): started by start_early, not yet taken
+
+
+def start_early() -> None:
+    """Start the workers' parent now, so that its imports overlap what this process does before it
+    captures (loading a checkpoint); the next precompile takes it, or stops it if Triton's cache
+    already holds everything. At most one waits at a time."""
+    global _early
+    if _early is None:
+        with contextlib.suppress(Exception):  # an optimisation only
+            _early = _start_server()
+
+
+def _start_server() -> tuple:
+    log = tempfile.TemporaryFile()
+    return subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"], stdin=subprocess.PIPE,
+                            stderr=log, text=True), log
+
+
+def _take_server() -> tuple:
+    """The server start_early started, else a new one."""
+    global _early
+    early, _early = _early, None
+    return early or _start_server()
+
+
+def _stop_early() -> None:
+    global _early
+    if _early is not None:
+        _early[0].kill()
+        _early[0].wait()
+        _early[1].close()
+        _early = None
 
 
 def precompile(run_all, configuration: str, workers: int | None = None) -> int:
@@ -148,14 +183,13 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
     stable_cache_keys(modules)
     marker = _marker(f"{configuration}|{torch.cuda.get_device_name()}")
     if os.path.exists(marker):
+        _stop_early()  # nothing to compile
         return 0
     variants: dict[str, tuple[str, str]] = {}
-    jobs, error, server = [], None, None
-    log = tempfile.TemporaryFile()
+    jobs, error, server, log = [], None, None, None
     try:
-        # The workers' parent starts first, so that its imports overlap the recording pass.
-        server = subprocess.Popen([sys.executable, "-m", "graphrt.capture.precompile"], stdin=subprocess.PIPE,
-                                  stderr=log, text=True, env=_worker_env())
+        # The workers' parent first (if start_early has not), so that its imports overlap the recording pass.
+        server, log = _take_server()
         with _recording_variants(variants):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="relaxed"):
@@ -172,12 +206,12 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
         error, shares = error or e, []
     if server is not None:
         with contextlib.suppress(OSError):
-            server.stdin.write(json.dumps({"modules": modules, "shares": shares}))
+            server.stdin.write(json.dumps({"modules": modules, "shares": shares, "gpu": _worker_gpu()}))
             server.stdin.close()
-    if server is not None and server.wait() != 0 and error is None:
-        log.seek(0)
-        error = RuntimeError(log.read()[-2000:].decode(errors="replace"))
-    log.close()
+        if server.wait() != 0 and error is None:
+            log.seek(0)
+            error = RuntimeError(log.read()[-2000:].decode(errors="replace"))
+        log.close()
     if error is not None:
         warnings.warn(f"graphrt: parallel kernel precompile failed ({error}); the warm-up compiles serially",
                       stacklevel=2)
@@ -190,11 +224,16 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
 
 def _serve() -> None:
     """The workers' parent: read {"modules": [...], "shares": [[(module, name, specialisation)],
-    ...]} from stdin, then fork one worker a share, each compiling its variants into Triton's disk
-    cache with their launchers (cached shared libraries) built too. Exits 1 if any worker failed."""
-    import graphrt.kernels  # noqa: F401 - the slow imports, done while the parent records
+    ...], "gpu": its CUDA_VISIBLE_DEVICES} from stdin, then fork one worker a share, each compiling
+    its variants into Triton's disk cache with their launchers (cached shared libraries) built too,
+    none loaded onto the GPU. Exits 1 if any worker failed; nothing to read (its parent gone) is nothing to do."""
+    import graphrt.kernels  # noqa: F401 - the slow imports, done while the parent gets ready
+    from triton.runtime import driver
 
-    work = json.load(sys.stdin)
+    text = sys.stdin.read()
+    if not text:
+        return
+    work = json.loads(text)
     stable_cache_keys(work["modules"])  # once, for every worker
     pids = []
     for share in work["shares"]:
@@ -202,12 +241,15 @@ def _serve() -> None:
         pid = os.fork()
         if pid == 0:
             code = 1
+            os.environ["CUDA_VISIBLE_DEVICES"] = work["gpu"]  # before this process initialises CUDA
             try:
                 for module, name, spec in share:
                     kernel = getattr(importlib.import_module(module), name).preload(spec)
-                    init = getattr(kernel, "_init_handles", None)
-                    if init is not None:
-                        init()
+                    launcher = getattr(driver.active, "launcher_cls", None)
+                    if launcher is not None:
+                        launcher(kernel.src, kernel.metadata)  # its launcher built and cached, nothing on the GPU
+                    elif callable(getattr(kernel, "_init_handles", None)):
+                        kernel._init_handles()
                 code = 0
             except BaseException:  # noqa: BLE001 - reported to the parent, which warns
                 traceback.print_exc()

@@ -230,6 +230,10 @@ class Runtime:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" and kwargs.get("use_cuda_graphs", True):
+            from graphrt.capture.precompile import start_early
+
+            start_early()  # a cold capture's compile workers, importing while the checkpoint loads
         error = None
         try:
             if isinstance(target, (str, Path)):

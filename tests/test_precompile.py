@@ -86,3 +86,30 @@ def test_jobs_are_split_longest_first_each_once():
     assert sorted(j for s in shares for j in s) == sorted(jobs)
     assert all(s[0][1] == long[1] for s in shares)  # each worker starts on one of the slow kernels
     assert _balanced([], 2) == [[], []]
+
+
+def test_server_runs_its_workers_and_reports_a_failure():
+    """The workers' parent with nothing to read (its parent gone) or no shares exits cleanly; a
+    worker that fails makes it exit 1 with the worker's traceback."""
+    run = lambda text: subprocess.run([sys.executable, "-m", "graphrt.capture.precompile"], input=text,
+                                      capture_output=True, text=True, timeout=300)
+    assert run("").returncode == 0
+    bad = run(json.dumps({"modules": [], "gpu": "0", "shares": [[], [["graphrt.kernels.no_such_module", "k", "{}"]]]}))
+    assert bad.returncode == 1 and "No module named 'graphrt.kernels.no_such_module'" in bad.stderr
+
+
+def test_an_early_server_is_taken_once_or_stopped():
+    from graphrt.capture import precompile
+
+    precompile.start_early()
+    server, _ = precompile._early
+    precompile.start_early()  # one waits at a time
+    assert precompile._early[0] is server and server.poll() is None
+    precompile._stop_early()
+    assert precompile._early is None and server.returncode is not None
+    precompile.start_early()
+    taken = precompile._take_server()
+    assert precompile._early is None and taken[0].poll() is None
+    taken[0].stdin.close()  # nothing to do: it exits once its imports are done
+    assert taken[0].wait(timeout=300) == 0
+    taken[1].close()
