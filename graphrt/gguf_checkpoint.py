@@ -23,11 +23,20 @@ so the permutation is undone here. Qwen2/Qwen3 are converted without it.
 
 Every problem is a CheckpointError naming the file and the metadata key or tensor, raised before any
 tensor is dequantized.
+
+gguf's reader parses every metadata field when it opens a file (4.4 s for SmolLM2-135M's 49152-token
+vocabulary on a 2-core machine), where graphrt needs only the scalar fields and the tensor table. So
+those are kept in $GRAPHRT_CACHE/gguf-index, one JSON file per GGUF file (named by gguf_file_key),
+and later loads read the tensors from their offsets without the reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.metadata
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +93,19 @@ def gguf_module():
     return gguf
 
 
+_HEAD_BYTES = 64 << 20  # a GGUF file's header (metadata, tokenizer included, then the tensor table) comes first
+
+
+def gguf_file_key(file: str | os.PathLike, *versions: str) -> str:
+    """A cache key for what is read from a GGUF file's header: its size, its first 64 MiB (the whole
+    header, for any vocabulary in use) and the versions of the packages that read it; not its path,
+    so that a copy of the file finds the same entry."""
+    h = hashlib.sha256("|".join((str(os.path.getsize(file)), *versions)).encode())
+    with open(file, "rb") as f:
+        h.update(f.read(_HEAD_BYTES))
+    return h.hexdigest()[:32]
+
+
 def canonical_gguf_name(name: str) -> str | None:
     """llama.cpp tensor name -> canonical name; None when graphrt has no place for it."""
     if name in _GLOBAL_NAMES:
@@ -115,15 +137,50 @@ class _Tensor:
     canonical: str
     shape: tuple[int, ...]  # PyTorch order: GGUF lists dims innermost first
     type_name: str
-    raw: Any  # gguf.ReaderTensor
+    data: tuple[int, str, tuple[int, ...]]  # its bytes' offset in the file, numpy dtype and shape, as gguf reads them
+
+
+def _index_of(reader) -> dict:
+    """What graphrt reads of a file through gguf's reader: each metadata field's value (a scalar),
+    length (an array) or error, and the tensor table."""
+    fields = {}
+    for key, field in reader.fields.items():
+        try:
+            value = field.contents()
+        except Exception as exc:  # noqa: BLE001 - reported if the field is asked for
+            fields[key] = {"error": str(exc)}
+            continue
+        fields[key] = {"length": len(value)} if isinstance(value, list) else {"value": value}
+    tensors = [[t.name, [int(x) for x in t.shape.tolist()], t.tensor_type.name, int(t.data_offset), t.data.dtype.str,
+                list(t.data.shape)] for t in reader.tensors]
+    return {"byte_order": reader.byte_order, "fields": fields, "tensors": tensors}
 
 
 @functools.lru_cache(maxsize=4)
-def _reader(file: str, size: int, mtime_ns: int):
-    """gguf's reader of a file, kept for the file's size and modification time: it parses every
-    metadata field up front (seconds for a vocabulary of 50k tokens), and a config read followed by
-    a load, or a target and its self-draft from one file, would parse it again."""
-    return gguf_module().GGUFReader(file)
+def _index(file: str, size: int, mtime_ns: int) -> dict:
+    """The file's index: from the cache, else parsed by gguf's reader and kept (best effort: a
+    read-only cache parses again next time). Remembered in this process for the file's size and
+    modification time: a config read followed by a load, or a target and its self-draft from one
+    file, read it once."""
+    from graphrt.presets import cache_dir
+
+    gguf = gguf_module()
+    try:
+        version = importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:  # importable but not installed as a distribution
+        version = "?"
+    kept = cache_dir() / "gguf-index" / f"{gguf_file_key(file, version)}.json"
+    with contextlib.suppress(OSError, ValueError):
+        index = json.loads(kept.read_text())
+        if isinstance(index, dict) and {"byte_order", "fields", "tensors"} <= index.keys():
+            return index
+    index = _index_of(gguf.GGUFReader(file))
+    with contextlib.suppress(OSError):
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index))
+        os.replace(tmp, kept)  # whole or not at all, whoever writes last
+    return index
 
 
 class GGUFFile:
@@ -140,7 +197,9 @@ class GGUFFile:
             raise CheckpointError(f"{file}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         try:
             st = os.stat(file)
-            self.reader = _reader(os.path.abspath(file), st.st_size, st.st_mtime_ns)
+            self.index = _index(os.path.abspath(file), st.st_size, st.st_mtime_ns)
+        except GraphrtError:
+            raise
         except ValueError as exc:
             if "GGMLQuantizationType" in str(exc):
                 raise CheckpointError(f"{file}: a tensor has a GGML type this gguf package does not know ({exc}); "
@@ -148,8 +207,9 @@ class GGUFFile:
             raise self._unreadable(exc) from exc
         except Exception as exc:  # the reader indexes its memory map without bounds checks
             raise self._unreadable(exc) from exc
-        if self.reader.byte_order != "I":
+        if self.index["byte_order"] != "I":
             raise CheckpointError(f"{file}: a big-endian GGUF file; graphrt reads little-endian ones")
+        self._map = None
 
     def _unreadable(self, exc: Exception) -> CheckpointError:
         size = os.path.getsize(self.file)
@@ -158,33 +218,44 @@ class GGUFFile:
 
     def get(self, key: str, kind: type | tuple, *, default: Any = ..., positive: bool = False) -> Any:
         """Metadata value `key`, checked to be of `kind` (int excludes bool)."""
-        field = self.reader.fields.get(key)
+        field = self.index["fields"].get(key)
         if field is None:
             if default is ...:
                 raise CheckpointError(f"{self.file}: metadata key {key!r} is missing")
             return default
-        try:
-            value = field.contents()
-        except Exception as exc:
-            raise CheckpointError(f"{self.file}: metadata key {key!r} is unreadable ({exc})") from exc
-        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float, (int, float)))
+        if "error" in field:
+            raise CheckpointError(f"{self.file}: metadata key {key!r} is unreadable ({field['error']})")
+        value = field.get("value", f"an array of {field.get('length')}")
+        ok = "value" in field and isinstance(value, kind) and not (
+            isinstance(value, bool) and kind in (int, float, (int, float)))
         if not ok or (positive and value <= 0):
             raise CheckpointError(f"{self.file}: metadata key {key!r} must be a {'positive ' if positive else ''}"
                                   f"{getattr(kind, '__name__', 'number')}, found {value!r}")
         return value
 
+    def length(self, key: str) -> int | None:
+        """The length of array field `key`, None without one."""
+        return self.index["fields"].get(key, {}).get("length")
+
     def tensors(self) -> list[_Tensor]:
         out = []
-        for t in self.reader.tensors:
-            canonical = canonical_gguf_name(t.name)
+        for name, dims, type_name, offset, dtype, shape in self.index["tensors"]:
+            canonical = canonical_gguf_name(name)
             if canonical is None:
-                if t.name == "rope_freqs.weight":
+                if name == "rope_freqs.weight":
                     raise CheckpointError(f"{self.file}: tensor 'rope_freqs.weight' (llama3-style RoPE frequency "
                                           "factors) is not supported from GGUF; load the model's HF folder instead")
-                raise CheckpointError(f"{self.file}: unexpected tensor {t.name!r}: graphrt has no place for it")
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            out.append(_Tensor(t.name, canonical, shape, t.tensor_type.name, t))
+                raise CheckpointError(f"{self.file}: unexpected tensor {name!r}: graphrt has no place for it")
+            out.append(_Tensor(name, canonical, tuple(reversed(dims)), type_name, (offset, dtype, tuple(shape))))
         return out
+
+    def data(self, t: _Tensor) -> np.ndarray:
+        """t's stored bytes as gguf's reader gives them (a read-only view of the file)."""
+        if self._map is None:
+            self._map = np.memmap(self.file, dtype=np.uint8, mode="r")
+        offset, dtype, shape = t.data
+        dt = np.dtype(dtype)
+        return self._map[offset:offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize].view(dt).reshape(shape)
 
 
 def _shortest(x: float) -> float:
@@ -222,8 +293,7 @@ def read_config(g: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
              "rotates whole heads")
     vocab = g.get(p + "vocab_size", int, default=None, positive=True)
     if vocab is None:  # older files carry no vocab_size: the tokenizer's list, else the embedding's rows
-        tokens = g.reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else shapes.get("embed_tokens.weight", (None,))[0]
+        vocab = g.length("tokenizer.ggml.tokens") or shapes.get("embed_tokens.weight", (None,))[0]
     eos = [g.get(k, int, default=None) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                                   "tokenizer.ggml.eom_token_id")]
     d = dict(architectures=[GGUF_ARCHITECTURES[arch]], model_type=arch, vocab_size=vocab, hidden_size=hidden,
@@ -288,7 +358,7 @@ def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device:
 def _dequantize(g: GGUFFile, t: _Tensor) -> torch.Tensor:
     gguf = gguf_module()
     try:
-        arr = gguf.quants.dequantize(t.raw.data, t.raw.tensor_type).reshape(t.shape)
+        arr = gguf.quants.dequantize(g.data(t), gguf.GGMLQuantizationType[t.type_name]).reshape(t.shape)
     except Exception as exc:
         raise CheckpointError(f"{g.file}: cannot dequantize tensor {t.name!r} ({t.type_name}): {exc}") from exc
     if not arr.flags.writeable:  # F32 comes back as a view of the read-only memory map

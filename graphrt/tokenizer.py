@@ -14,13 +14,12 @@ versions, and loaded from there (about 0.5 s) whenever the same file comes again
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from graphrt.errors import GraphrtError
-from graphrt.gguf_checkpoint import find_gguf
+from graphrt.gguf_checkpoint import find_gguf, gguf_file_key
 from graphrt.params import Generation
 from graphrt.presets import cache_dir, write_once
 
@@ -44,9 +43,6 @@ def load_tokenizer(path: str | os.PathLike):
                            "pass token ids instead") from None
 
 
-_HEAD_BYTES = 64 << 20  # a GGUF file's metadata (the tokenizer among it) comes first
-
-
 def converted_tokenizer_dir(gguf_file: str | os.PathLike) -> Path:
     """Where the tokenizer converted from this GGUF file is kept: named by the file's size, its first
     64 MiB (every key of its metadata for any vocabulary in use) and the versions of transformers and
@@ -54,10 +50,7 @@ def converted_tokenizer_dir(gguf_file: str | os.PathLike) -> Path:
     import tokenizers
     import transformers
 
-    h = hashlib.sha256(f"{os.path.getsize(gguf_file)}|{transformers.__version__}|{tokenizers.__version__}".encode())
-    with open(gguf_file, "rb") as f:
-        h.update(f.read(_HEAD_BYTES))
-    return cache_dir() / "tokenizers" / h.hexdigest()[:32]
+    return cache_dir() / "tokenizers" / gguf_file_key(gguf_file, transformers.__version__, tokenizers.__version__)
 
 
 def _gguf_tokenizer(gguf_file: str, auto):

@@ -4,6 +4,7 @@ CheckpointError, before any tensor is dequantized, for every kind of broken file
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 import sys
@@ -49,6 +50,12 @@ def _hf_model(config):
         for p in hf.parameters():
             p.normal_(0, 0.2)
     return hf
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """The files' indexes (gguf_checkpoint's cache) go to a folder of the session's, not the user's."""
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path_factory.getbasetemp() / "graphrt-cache"))
 
 
 @pytest.fixture
@@ -296,3 +303,30 @@ def test_self_draft_and_transformers_peer_of_a_gguf_target(tmp_path, tiny_gguf):
     peer = hf_from_pretrained(tiny_gguf, dtype=torch.float32)
     assert (peer.config.hidden_size, peer.config.num_hidden_layers) == (64, 2)
     assert torch.equal(peer.model.embed_tokens.weight, target.weights["embed_tokens.weight"])
+
+
+def test_a_second_load_reads_the_kept_index_not_the_file_header(tmp_path, tiny_gguf, monkeypatch):
+    """The first load keeps the header's index; a later process (here: the in-process memo cleared)
+    and a copy of the file at another path load from it without gguf's reader, to the same
+    checkpoint. A damaged index is parsed again and replaced."""
+    import importlib.metadata
+
+    from graphrt import gguf_checkpoint
+    from graphrt.presets import cache_dir
+
+    first = load_checkpoint(tiny_gguf)
+    key = gguf_checkpoint.gguf_file_key(tiny_gguf, importlib.metadata.version("gguf"))
+    index = cache_dir() / "gguf-index" / f"{key}.json"
+    assert index.is_file()
+    copy = shutil.copy(tiny_gguf, tmp_path / "copy.gguf")
+    real, parsed = gguf.GGUFReader, []
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: parsed.append(a) or real(*a, **k))
+    for path in (tiny_gguf, copy):
+        gguf_checkpoint._index.cache_clear()
+        again = load_checkpoint(path)
+        assert again.config == first.config and all(torch.equal(again.weights[k], v) for k, v in first.weights.items())
+    assert parsed == []
+    index.write_text("{not json")
+    gguf_checkpoint._index.cache_clear()
+    assert torch.equal(load_checkpoint(tiny_gguf).weights["norm.weight"], first.weights["norm.weight"])
+    assert len(parsed) == 1 and json.loads(index.read_text())["tensors"]
