@@ -227,6 +227,10 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
 
     on_cuda = device.type == "cuda"
     Ks = args.sweep_k or ([3, 5] if on_cuda else [3])
+    if on_cuda and graphs:
+        from graphrt.capture.precompile import start_early
+
+        start_early()  # as Runtime.from_pretrained does: the compile workers import while the checkpoints load
     shard = None
     if tp is not None:
         from graphrt.checkpoint_config import load_config
