@@ -132,8 +132,9 @@ def _default_workers() -> int:
 
 
 def _worker_gpu() -> str:
-    """A worker loads what it compiles onto a GPU (its launcher): onto this process's GPU (its
-    CUDA_VISIBLE_DEVICES entry), not every rank's workers onto device 0."""
+    """The GPU a worker sees (this process's CUDA_VISIBLE_DEVICES entry): a worker initialises CUDA,
+    since Triton asks the device for its compile target, and every rank's workers would otherwise
+    open contexts on device 0."""
     dev = torch.cuda.current_device()
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return visible[dev] if dev < len(visible) else str(dev)
