@@ -246,11 +246,7 @@ def _serve() -> None:
             try:
                 for module, name, spec in share:
                     kernel = getattr(importlib.import_module(module), name).preload(spec)
-                    launcher = getattr(driver.active, "launcher_cls", None)
-                    if launcher is not None:
-                        launcher(kernel.src, kernel.metadata)  # its launcher built and cached, nothing on the GPU
-                    elif callable(getattr(kernel, "_init_handles", None)):
-                        kernel._init_handles()
+                    driver.active.launcher_cls(kernel.src, kernel.metadata)  # built and cached, nothing on the GPU
                 code = 0
             except BaseException:  # noqa: BLE001 - reported to the parent, which warns
                 traceback.print_exc()

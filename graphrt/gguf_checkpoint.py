@@ -26,7 +26,7 @@ tensor is dequantized.
 
 gguf's reader parses every metadata field when it opens a file (4.4 s for SmolLM2-135M's 49152-token
 vocabulary on a 2-core machine), where graphrt needs only the scalar fields and the tensor table. So
-those are kept in $GRAPHRT_CACHE/gguf-index, one JSON file per GGUF file (named by gguf_file_key),
+those are kept in $GRAPHRT_CACHE/gguf-index/<gguf_file_key>/index.json, one per GGUF file,
 and later loads read the tensors from their offsets without the reader.
 """
 
@@ -38,7 +38,9 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,24 +164,28 @@ def _index(file: str, size: int, mtime_ns: int) -> dict:
     read-only cache parses again next time). Remembered in this process for the file's size and
     modification time: a config read followed by a load, or a target and its self-draft from one
     file, read it once."""
-    from graphrt.presets import cache_dir
+    from graphrt.presets import cache_dir, write_once
 
     gguf = gguf_module()
     try:
         version = importlib.metadata.version("gguf")
     except importlib.metadata.PackageNotFoundError:  # importable but not installed as a distribution
         version = "?"
-    kept = cache_dir() / "gguf-index" / f"{gguf_file_key(file, version)}.json"
-    with contextlib.suppress(OSError, ValueError):
-        index = json.loads(kept.read_text())
-        if isinstance(index, dict) and {"byte_order", "fields", "tensors"} <= index.keys():
-            return index
+    kept = cache_dir() / "gguf-index" / gguf_file_key(file, version)
+    if kept.is_dir():
+        with contextlib.suppress(OSError, ValueError):
+            index = json.loads((kept / "index.json").read_text())
+            if isinstance(index, dict) and {"byte_order", "fields", "tensors"} <= index.keys():
+                return index
+        shutil.rmtree(kept, ignore_errors=True)  # a damaged copy: parse again, and replace it
+
+    def write(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "index.json").write_text(json.dumps(index))
+
     index = _index_of(gguf.GGUFReader(file))
-    with contextlib.suppress(OSError):
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(index))
-        os.replace(tmp, kept)  # whole or not at all, whoever writes last
+    with contextlib.suppress(OSError):  # a read-only cache: the next process parses again
+        write_once(kept, write, done="index.json")
     return index
 
 

@@ -230,7 +230,7 @@ class Runtime:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        if device.type == "cuda" and kwargs.get("use_cuda_graphs", True):
+        if device.type == "cuda" and kwargs.get("use_cuda_graphs") is not False:
             from graphrt.capture.precompile import start_early
 
             start_early()  # a cold capture's compile workers, importing while the checkpoint loads

@@ -494,9 +494,7 @@ def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_
         *(sample or (tau,) * 6), *dstrides, *strides, ng, ns, cap, CAND=ws is not None,
         CAND_BLOCK_V=cand_block_v, KEPT_BLOCK_V=min(kept_block_v, cand_block_v), GROUP=GROUP, SUPER=sup, **flags,
         **draw, **dict(launch, num_warps=cand_warps or num_warps))
-    # its launches release their dependents at once (PDL 1): most calls flag no row, and those
-    # launches are empty programs whose exit would otherwise hold up the next launch
     whole_row_search(target_logits, temperature, filters, tau, need,
                      (kmax, mass, hist, flagged) if ws is not None else None,
-                     block_v=block_v, flags=dict(flags, PDL=min(pdl, 1)), launch=launch)
+                     block_v=block_v, flags=flags, launch=launch)
     return tau

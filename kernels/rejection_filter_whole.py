@@ -300,6 +300,9 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     no candidates)."""
     b, r, v = target_logits.shape
     rows = b * r
+    # these launches release their dependents as they start (PDL 1, where PDL is on): most calls flag
+    # no row, and an empty program's exit would otherwise hold up the next launch
+    flags = dict(flags, PDL=min(flags["PDL"], 1))
     ws = _spread_workspace(target_logits.device, rows) if state is not None else None
     ctr = counters(target_logits.device, rows) if state is not None else None
     spread = ws is not None and ctr is not None  # else one program a row (inside a capture that would allocate)

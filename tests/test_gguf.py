@@ -316,7 +316,7 @@ def test_a_second_load_reads_the_kept_index_not_the_file_header(tmp_path, tiny_g
 
     first = load_checkpoint(tiny_gguf)
     key = gguf_checkpoint.gguf_file_key(tiny_gguf, importlib.metadata.version("gguf"))
-    index = cache_dir() / "gguf-index" / f"{key}.json"
+    index = cache_dir() / "gguf-index" / key / "index.json"
     assert index.is_file()
     copy = shutil.copy(tiny_gguf, tmp_path / "copy.gguf")
     real, parsed = gguf.GGUFReader, []
