@@ -28,7 +28,8 @@ def cli_main(args) -> int:
         target, draft, desc = default_checkpoints(args.checkpoint, args.draft, dtype, no_draft=args.no_draft)
     rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens, device="cuda",
                                  dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-                                 use_cuda_graphs=True, tensor_parallel_size=args.tp)
+                                 use_cuda_graphs=True, tensor_parallel_size=args.tp,
+                                 draft_quantization=args.draft_quantization if draft else None)
     phases = [p for p, _ in rt.cycle.phases()]
     print(f"graphrt capture: target {target}; draft: {desc}; K = {rt.K}; buckets {list(rt.buckets)}")
     t0 = time.perf_counter()

@@ -70,7 +70,7 @@ def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
     tp = rt.tp.world_size if rt.tp is not None else 1
     return {phase: nbytes / (bandwidth_gbs * 1e3)
             for phase, nbytes in phase_bytes(rt.target_ckpt.config, draft, rt.K, dtype_bytes, tp,
-                                             bool(_draft_split(rt))).items()}
+                                             bool(_draft_split(rt)), 1 if rt.draft_quantization else None).items()}
 
 
 def _draft_split(rt) -> bool | None:
@@ -96,6 +96,8 @@ def main(args) -> list[dict]:
                                                         draft_layers=args.draft_layers, preset=args.preset,
                                                         damped=args.damped, draft_kind=draft_kind,
                                                         preset_layers=getattr(args, "layers", None))
+    if draft and args.draft_quantization:
+        draft_desc += f"; {args.draft_quantization.upper()} weights"
     if getattr(args, "sweep_accept", False):
         if not draft:
             raise GraphrtError("--sweep-accept needs a draft")
@@ -110,14 +112,16 @@ def main(args) -> list[dict]:
     simulated = getattr(args, "accept_len", None)
     if draft:
         spec = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
-                                       use_cuda_graphs=graphs, simulate_acceptance_length=simulated, **kw)
+                                       use_cuda_graphs=graphs, simulate_acceptance_length=simulated,
+                                       draft_quantization=args.draft_quantization, **kw)
         runtimes.append(("spec-graphs" if graphs else "spec-eager", spec))
         base = spec.target_ckpt
         if graphs:  # the same cycle without graphs, for the graph speed-up
             runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
                                                    num_draft_tokens=args.num_draft_tokens, device=device,
                                                    max_batch_size=max_bs, max_seq_len=seq,
-                                                   simulate_acceptance_length=simulated, tensor_parallel=tp)))
+                                                   simulate_acceptance_length=simulated, tensor_parallel=tp,
+                                                   draft_quantization=args.draft_quantization)))
     else:
         base = target
     plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
@@ -249,7 +253,8 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
         base[b] = run_decode(plain, b, **run)
     rows = []
     for K in Ks:
-        spec = Runtime(tckpt, dckpt, num_draft_tokens=K, simulate_acceptance_length=1.0, **kw)
+        spec = Runtime(tckpt, dckpt, num_draft_tokens=K, simulate_acceptance_length=1.0,
+                       draft_quantization=args.draft_quantization, **kw)
         for b in batch_sizes:
             run_decode(spec, b, prompt_len=args.prompt_len, max_new_tokens=min(8, max_new))
             for L in [1.0 + i / 2 for i in range(2 * K + 1)]:

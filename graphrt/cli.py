@@ -15,6 +15,9 @@ from graphrt.named_models import NAMED_MODELS, model_path
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft checkpoint directory (standalone LM, EAGLE or EAGLE-3 head)")
     p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per cycle (K)")
+    p.add_argument("--draft-quantization", choices=["fp8"],
+                   help="read the draft's projections as FP8 (e4m3, a power-of-two scale per row): half the bytes "
+                        "of a draft step; the target stays in --dtype")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--tp", type=int, default=1, metavar="N",
@@ -126,6 +129,7 @@ def cmd_generate(args) -> int:
     else:
         prompt = args.prompt_ids
     rt = Runtime.from_pretrained(target, args.draft, num_draft_tokens=args.num_draft_tokens,
+                                 draft_quantization=args.draft_quantization,
                                  device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
                                  max_seq_len=len(prompt) + args.max_new_tokens + 1, tensor_parallel_size=args.tp)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,

@@ -8,6 +8,9 @@ Counted from the configs (graphrt.checkpoint.expected_shapes), per launch of the
   - an EAGLE-3 head's fc (3 H_target -> H) runs only on the target's features, in DRAFT_EXTEND;
     each DRAFT_DECODE step reads its layers, norm and own (draft-vocabulary) LM head;
   - DRAFT_DECODE is K - 1 such steps;
+  - a draft quantized to FP8 (graphrt.models.quantize_draft) reads one byte per weight of its own
+    (draft_weight_bytes), its per-row scales (under 0.1%) left out, a borrowed target LM head at
+    the target's width;
   - under tensor parallelism over W ranks, per rank: the target's bytes (and an EAGLE-1/2 head's
     share of its LM head) / W, an EAGLE-3 head's split weights / W and its fc whole (when the
     ranks divide it: graphrt/parallel/shard.draft_shard_rule), any other draft's whole (the
@@ -35,24 +38,26 @@ def lm_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
 
 
 def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft_tokens: int = 3,
-                dtype_bytes: int = 2, tensor_parallel: int = 1, draft_split: bool = False) -> dict[str, int]:
+                dtype_bytes: int = 2, tensor_parallel: int = 1, draft_split: bool = False,
+                draft_weight_bytes: int | None = None) -> dict[str, int]:
     """{phase: weight bytes per launch (per rank)} for the phases a runtime with this target and
-    draft runs. draft_split: the ranks hold slices of an EAGLE-3 head."""
+    draft runs. draft_split: the ranks hold slices of an EAGLE-3 head. draft_weight_bytes: the
+    draft's bytes per weight (default dtype_bytes; 1 for an FP8 draft)."""
     t = lm_bytes(target, dtype_bytes) // tensor_parallel
     out = {"TARGET_DECODE": t}
     if draft is None:
         return out
     out["TARGET_VERIFY"] = t
     names = [n for n in expected_shapes(draft) if n != "embed_tokens.weight" or draft.tie_word_embeddings]
+    db = dtype_bytes if draft_weight_bytes is None else draft_weight_bytes
     if draft.kind == "lm":
-        extend = step = lm_bytes(draft, dtype_bytes)
+        extend = step = lm_bytes(draft, db)
     elif draft.kind == "eagle":
         head = dtype_bytes * target.vocab_size * target.hidden_size // tensor_parallel
-        extend = step = _bytes(draft, names, dtype_bytes) + head
+        extend = step = _bytes(draft, names, db) + head
     else:  # eagle3
-        step = _bytes(draft, [n for n in names if n != "fc.weight"], dtype_bytes) // (
-            tensor_parallel if draft_split else 1)
-        extend = step + _bytes(draft, ["fc.weight"], dtype_bytes)
+        step = _bytes(draft, [n for n in names if n != "fc.weight"], db) // (tensor_parallel if draft_split else 1)
+        extend = step + _bytes(draft, ["fc.weight"], db)
     out["DRAFT_EXTEND"] = extend
     if num_draft_tokens > 1:
         out["DRAFT_DECODE"] = (num_draft_tokens - 1) * step

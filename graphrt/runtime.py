@@ -24,7 +24,7 @@ from graphrt.checkpoint_config import load_config
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
-from graphrt.models import build_draft, build_target
+from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
 from graphrt.params import Generation, SamplingParams
 from graphrt.profiling.phases import PREFILL
@@ -90,7 +90,7 @@ class Runtime:
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
-                 tensor_parallel=None):
+                 draft_quantization: str | None = None, tensor_parallel=None):
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
@@ -104,7 +104,11 @@ class Runtime:
             raise ValueError("max_batch_size, max_seq_len and block_size must be positive")
         if draft is not None:
             check_draft_compatible(target.config, draft.config, draft.kind)
+        if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
+            raise ValueError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
+                             f"{draft_quantization!r}{'' if draft is not None else ' without a draft'}")
         self.device = device
+        self.draft_quantization = draft_quantization
         self.K = num_draft_tokens if draft is not None else 0
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
@@ -137,6 +141,8 @@ class Runtime:
         self.draft = None
         if draft is not None:
             self.draft = build_draft(draft, self.target, max_positions, device, self.tp if draft.parallel else None)
+            if draft_quantization is not None:
+                quantize_draft(self.draft, draft_quantization)
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())

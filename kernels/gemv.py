@@ -46,6 +46,7 @@ import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -214,21 +215,23 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
-    masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros).
+    masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros);
+    FP8 weight tiles are widened to x's dtype (exactly) before each product.
     kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for k in range(k0, k_full, BLOCK_K):
         xt = tl.load(xt_ptrs + k)
-        acc = tl.dot(tl.load(w_ptrs + k), xt, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(tl.load(w_ptrs + k).to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
         if GATED:
-            acc_u = tl.dot(tl.load(u_ptrs + k), xt, acc_u, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(tl.load(u_ptrs + k).to(xt.dtype), xt, acc_u, input_precision=DOT_PRECISION)
     if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
         kmask = (k_full + offs_k) < k_end
         xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
-        acc = tl.dot(tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0), xt, acc, input_precision=DOT_PRECISION)
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
+        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
         if GATED:
-            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0)
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
             acc_u = tl.dot(u, xt, acc_u, input_precision=DOT_PRECISION)
     return acc, acc_u
 
@@ -240,6 +243,18 @@ def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     else:
         out = tl.sum(acc, axis=1)
     return out
+
+
+@triton.jit
+def _row_scaled(acc, scale_ptr, rows, HAS_SCALE: tl.constexpr):
+    # An FP8 matrix's per-row scales (powers of two: exact) on sums of shape [BLOCK_N] or
+    # [BLOCK_N, X], rows: their weight rows.
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + rows)
+        if len(acc.shape) == 2:
+            s = s[:, None]
+        acc = acc * s
+    return acc
 
 
 @triton.jit
@@ -285,7 +300,8 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
 @triton.jit(do_not_specialize_on_alignment=["M"])
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
-    w_ptr,  # [N, K] same dtype, contiguous
+    w_ptr,  # [N, K] same dtype, or float8_e4m3fn (HAS_SCALE), contiguous
+    scale_ptr,  # [N] fp32 (HAS_SCALE only; GATED: [2N]): output row n is scaled by scale[n]
     bias_ptr,  # [N] (HAS_BIAS only)
     y_ptr,  # [M, N] x's dtype, last dim contiguous (row stride stride_ym)
     ws_ptr,  # [SPLIT_K, M, N] fp32 partials (SPLIT only)
@@ -317,6 +333,7 @@ def _gemv_kernel(
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
     PUSH_W: tl.constexpr = 0,  # FMA unsplit at BLOCK_M <= 2, or DOT unsplit or FUSED; not GATED, no bias: y
     # summed over W ranks (kernels/push_reduce.py)
+    HAS_SCALE: tl.constexpr = False,  # w is FP8 with per-row scales (kernels/fp8_weight.py)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -349,6 +366,8 @@ def _gemv_kernel(
         # GATED: acc_u sums the up rows, N below the gate rows
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
                                  BLOCK_K, GATED, DOT_PRECISION)
+        acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
+        acc_u = _row_scaled(acc_u, scale_ptr + N, rows, HAS_SCALE and GATED)
         offs_m2 = offs_m[None, :]
         mask = (offs_m2 < M) & (offs_n[:, None] < N)
         if SPLIT:
@@ -371,6 +390,11 @@ def _gemv_kernel(
         a0, a1, a2, a3, c0 = _fma_k_loop(w_ptrs, w_ptrs + N * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
                                          k_end, K, stride_xm, offs_k, pid_n, BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH,
                                          GATED, NORM, NORM_RES, BLOCK_H, USE_PDL)
+        a0 = _row_scaled(a0, scale_ptr, rows, HAS_SCALE)
+        a1 = _row_scaled(a1, scale_ptr, rows, HAS_SCALE and BLOCK_M > 1)
+        a2 = _row_scaled(a2, scale_ptr, rows, HAS_SCALE and BLOCK_M > 2)
+        a3 = _row_scaled(a3, scale_ptr, rows, HAS_SCALE and BLOCK_M > 3)
+        c0 = _row_scaled(c0, scale_ptr + N, rows, HAS_SCALE and GATED)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty
@@ -424,9 +448,9 @@ def _gemv_reduce_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-def _validate(x, w, bias, out) -> None:
+def _validate(x, w, scale, bias, out) -> None:
     if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        raise ValueError("x and w must be torch.Tensors")
+        raise ValueError("x and w must be torch.Tensors (or w an Fp8Weight)")
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got shape {tuple(x.shape)}")
     if w.dim() != 2:
@@ -441,8 +465,11 @@ def _validate(x, w, bias, out) -> None:
         raise ValueError(f"gemv_triton takes M <= {_MAX_KERNEL_M} rows, got {m} (use F.linear)")
     if x.dtype not in _SUPPORTED:
         raise ValueError(f"x dtype must be bf16/fp16/fp32, got {x.dtype}")
-    if w.dtype != x.dtype:
+    if w.dtype != (FP8 if scale is not None else x.dtype):
         raise ValueError(f"w dtype {w.dtype} differs from x dtype {x.dtype}")
+    if scale is not None and (scale.shape != (n,) or scale.dtype != torch.float32 or not scale.is_contiguous()
+                              or scale.device != w.device):
+        raise ValueError(f"an FP8 matrix's scales must be a contiguous [{n}] fp32 vector on {w.device}")
     if x.device != w.device:
         raise ValueError(f"x on {x.device}, w on {w.device}")
     if x.stride(1) != 1:
@@ -482,7 +509,8 @@ def gemv_triton(
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
     bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
-    M <= 4).
+    M <= 4). w may be a kernels/fp8_weight.Fp8Weight: the kernel then reads its e4m3 matrix and
+    scales each output row, for the result of w.dense up to summation order.
     out: optional preallocated [M, N] (last dim contiguous). The split-K workspace ([split_k, M, N]
     fp32) comes from torch's caching allocator, i.e. from the graph's pool under capture.
     use_dot / reduce_each / block_n / block_k / split_k / num_warps / num_stages override the
@@ -506,7 +534,8 @@ def gemv_triton(
     per_row; or the DOT path, split K only with the counters; no bias, not gated). A collective:
     every rank makes the same call.
     """
-    _validate(x, w, bias, out)
+    w, scale = weight_and_scale(w)
+    _validate(x, w, scale, bias, out)
     m, k = x.shape
     n = w.shape[0]
     cfg = select_config(m, n, k) if m <= gemv_config.MAX_M else None
@@ -579,14 +608,14 @@ def gemv_triton(
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     tp_args = push.kernel_args() if push is not None else no_push_args(x)
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
-        x, w, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
+        x, w, scale if scale is not None else y, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
         m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
-        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, num_warps=num_warps, num_stages=num_stages,
-        **pdl_launch(pdl),
+        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, HAS_SCALE=scale is not None,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)
@@ -598,7 +627,8 @@ def gemv_triton(
     return y
 
 
-def _triton_ok(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None) -> bool:
+    w = dense(w)  # an FP8 matrix goes where its dense form would
     return (
         x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= gemv_config.MAX_M and x.dtype in _FAST_DTYPES
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
@@ -659,13 +689,14 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
     return None
 
 
-def linear(x, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (or a PendingNorm of one), w [N, K], bias [N] or None -> [M, N] in x's dtype.
+def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (or a PendingNorm of one), w [N, K] (or an Fp8Weight), bias [N] or None -> [M, N] in
+    x's dtype.
 
     CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
     configuration -> gemv_triton, with a PendingNorm's norm in its prologue where the product runs
     one row per program; anything else (CPU, fp32, prefill-sized M, strided weights, shapes where
-    cuBLAS measured as fast) -> [the norm,] F.linear, unchanged.
+    cuBLAS measured as fast) -> [the norm,] F.linear, unchanged (an Fp8Weight's dense matrix).
     """
     if isinstance(x, PendingNorm):
         if norm_fusable(x) and _triton_ok(x.x, w, bias) and row_fma_config(x.x.shape[0], *w.shape) is not None:
@@ -673,4 +704,4 @@ def linear(x, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor
         x = x.materialize()
     if _triton_ok(x, w, bias):
         return gemv_triton(x, w, bias)
-    return F.linear(x, w, bias)
+    return F.linear(x, dense(w), bias)

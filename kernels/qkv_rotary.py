@@ -26,10 +26,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.fp8_weight import FP8, dense, weight_and_scale
 from graphrt.kernels.gemv import (
     _dot_k_loop,
     _fma_final,
     _fma_k_loop,
+    _row_scaled,
     linear,
     materialized,
     norm_fusable,
@@ -64,7 +66,8 @@ def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_c
 @triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
 def _qkv_rotary_kernel(
     x_ptr,  # [M, K] model dtype, contiguous
-    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
+    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous, x's dtype or float8_e4m3fn (HAS_SCALE)
+    scale_ptr,  # [(Hq + 2 Hkv) * D] fp32 (HAS_SCALE only): per-row scales of an FP8 w
     bias_ptr,  # [(Hq + 2 Hkv) * D] (HAS_BIAS only)
     pos_ptr,  # [M] int64
     cos_ptr,  # [max_positions, D] fp32, contiguous
@@ -94,6 +97,7 @@ def _qkv_rotary_kernel(
     NORM: tl.constexpr = False,  # x is the input of an RMSNorm (g_ptr, eps), applied in the prologue
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K
+    HAS_SCALE: tl.constexpr = False,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
@@ -127,8 +131,8 @@ def _qkv_rotary_kernel(
     a1, _, _, _, a2 = _fma_k_loop(w1_ptrs, w1_ptrs + HALF * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, 0,
                                   (K // BLOCK_K) * BLOCK_K, K, K, 0, offs_k, tile, BLOCK_N, BLOCK_K, 1, REDUCE_EACH,
                                   True, NORM, NORM_RES, BLOCK_H, USE_PDL)
-    y1 = _fma_final(a1, REDUCE_EACH)
-    y2 = _fma_final(a2, REDUCE_EACH)
+    y1 = _row_scaled(_fma_final(a1, REDUCE_EACH), scale_ptr, r1, HAS_SCALE)
+    y2 = _row_scaled(_fma_final(a2, REDUCE_EACH), scale_ptr, r1 + HALF, HAS_SCALE)
     if HAS_BIAS:
         y1 += tl.load(bias_ptr + r1).to(tl.float32)
         y2 += tl.load(bias_ptr + r1 + HALF).to(tl.float32)
@@ -161,7 +165,8 @@ def _qkv_rotary_kernel(
 @triton.jit(do_not_specialize=["pos_ptr", "slot_ptr"])
 def _qkv_rotary_dot_kernel(
     x_ptr,  # [M, K] model dtype, contiguous
-    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous
+    w_ptr,  # [(Hq + 2 Hkv) * D, K] contiguous, x's dtype or float8_e4m3fn (HAS_SCALE)
+    scale_ptr,  # [(Hq + 2 Hkv) * D] fp32 (HAS_SCALE only): per-row scales of an FP8 w
     bias_ptr,  # [(Hq + 2 Hkv) * D] (HAS_BIAS only)
     pos_ptr,  # [M] int64
     cos_ptr,  # [max_positions, D] fp32, contiguous
@@ -185,6 +190,7 @@ def _qkv_rotary_dot_kernel(
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests)
+    HAS_SCALE: tl.constexpr = False,
 ):
     """The 3-16-token form (a verify step at batch 1 to 4): all tokens in one program, the weight
     tile on the MMA's M side as in kernels/gemv.py's DOT path. The tile interleaves each pair's two
@@ -215,6 +221,7 @@ def _qkv_rotary_dot_kernel(
         wait_for_producer()
     acc, _ = _dot_k_loop(w_ptrs, w_ptrs, xt_ptrs, 0, (K // BLOCK_K) * BLOCK_K, K, offs_k, 2 * BLOCK_N, BLOCK_M,
                          BLOCK_K, False, DOT_PRECISION)
+    acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
     if HAS_BIAS:
         y1 += tl.load(bias_ptr + r1).to(tl.float32)[:, None]
@@ -249,8 +256,9 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
     operands, a one-row-per-program FMA or an unsplit DOT configuration for this many tokens."""
     return (
         x.is_cuda and x.dim() == 2 and not has_qk_norm
-        and x.dtype in (torch.bfloat16, torch.float16) and w_qkv.dtype == x.dtype and k_cache.dtype == x.dtype
-        and (bias is None or bias.dtype == x.dtype) and x.stride(1) == 1 and w_qkv.is_contiguous()
+        and x.dtype in (torch.bfloat16, torch.float16) and dense(w_qkv).dtype == x.dtype
+        and k_cache.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.stride(1) == 1
+        and dense(w_qkv).is_contiguous()
         and (row_fma_config(x.shape[0], *w_qkv.shape) is not None
              or (x.is_contiguous() and dot_rotary_config(x.shape[0], *w_qkv.shape) is not None))
     )
@@ -269,8 +277,12 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     m = x.shape[0]
     d = k_cache.shape[-1]
     n_out = (num_q_heads + 2 * num_kv_heads) * d
-    if w_qkv.dim() != 2 or w_qkv.shape != (n_out, x.shape[1]) or w_qkv.dtype != x.dtype:
-        raise ValueError(f"w_qkv must be [{n_out}, {x.shape[1]}] {x.dtype}, got {tuple(w_qkv.shape)} {w_qkv.dtype}")
+    w_qkv, scale = weight_and_scale(w_qkv)
+    if w_qkv.dim() != 2 or w_qkv.shape != (n_out, x.shape[1]) or w_qkv.dtype != (x.dtype if scale is None else FP8):
+        raise ValueError(f"w_qkv must be [{n_out}, {x.shape[1]}] {x.dtype} (or an Fp8Weight), got "
+                         f"{tuple(w_qkv.shape)} {w_qkv.dtype}")
+    if scale is not None and (scale.shape != (n_out,) or scale.dtype != torch.float32 or not scale.is_contiguous()):
+        raise ValueError(f"an FP8 w_qkv's scales must be a contiguous [{n_out}] fp32 vector")
     if bias is not None and (bias.shape != (n_out,) or bias.dtype != x.dtype or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
     if norm is not None and (norm.x is not x or not norm.fusable()):
@@ -291,27 +303,28 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
         _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
-            x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
-            m, x.shape[1], cos.shape[0], num_blocks * page,
+            x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin,
+            q_out, k_cache, v_cache, slot_mapping, m, x.shape[1], cos.shape[0], num_blocks * page,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
             BLOCK_K=dot["block_k"], BLOCK_M=max(16, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-            USE_PDL=pdl, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            USE_PDL=pdl, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_SCALE=scale is not None,
             num_warps=dot["num_warps"], num_stages=dot["num_stages"], **pdl_launch(pdl),
         )  # fmt: skip
         return q_out
     block_n = cfg["block_n"]
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
-        x, w_qkv, bias if bias is not None else x, positions, cos, sin, q_out, k_cache, v_cache, slot_mapping,
-        res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
+        x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin, q_out,
+        k_cache, v_cache, slot_mapping, res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
         BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
         HAS_BIAS=bias is not None, USE_PDL=pdl, NORM=norm is not None, NORM_RES=has_res,
-        BLOCK_H=triton.next_power_of_2(x.shape[1]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        BLOCK_H=triton.next_power_of_2(x.shape[1]), HAS_SCALE=scale is not None, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
         **pdl_launch(pdl),
     )  # fmt: skip
     return q_out

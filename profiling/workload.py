@@ -51,7 +51,9 @@ class Workload:
         self.rt = Runtime.from_pretrained(target, draft, num_draft_tokens=getattr(args, "num_draft_tokens", 3),
                                           device=self.device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
                                           kv_budget_tokens=max_bs * (seq + 64), buckets=tuple(self.batch_sizes),
-                                          use_cuda_graphs=graphs, tensor_parallel_size=tp_size)
+                                          use_cuda_graphs=graphs, tensor_parallel_size=tp_size,
+                                          draft_quantization=getattr(args, "draft_quantization", None) if draft
+                                          else None)
         self.graph_nodes: dict[tuple[str, int], int] = {}
         if graphs:
             if cupti_warmup:

@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain goal8b realpair plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 goal8b realpair plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -64,6 +64,11 @@ for step in $steps; do
     # plain decoding on both shapes (the results page's floor table), and issue 19's 8b goal at B = 1
     plain)    for p in llama-1b-shape llama-8b-shape; do python3 -m graphrt bench --preset $p --no-draft \
                 --batch-sizes 1,8,64 --max-new-tokens 128 2>&1 | grep -v '^bench' | log; done ;;
+    # the EAGLE-3 head read as FP8 (--draft-quantization fp8) against bf16, same call, both shapes
+    fp8)      python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_weight.py 2>&1 | log | tail -5
+              for p in llama-8b-shape llama-1b-shape; do for q in "" "--draft-quantization fp8"; do
+                echo "$p ${q:-bf16}" | log; python3 -m graphrt bench --preset $p --accept-len 3 --batch-sizes 1,8,64 \
+                  --max-new-tokens 128 $q 2>&1 | grep -E '^(spec-graphs|plain-graphs) ' | log; done; done ;;
     goal8b)   python3 -m graphrt bench --preset llama-8b-shape --accept-len 3 --batch-sizes 1 --max-new-tokens 256 \
                 2>&1 | grep -v '^bench' | log ;;
     # this tree against abtmp/old (an older checkout, carried), alternating, each with its own checkpoint

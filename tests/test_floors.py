@@ -29,6 +29,10 @@ def test_llama_1b_shape_with_eagle3_head():
     assert split == {"TARGET_DECODE": target // 4, "TARGET_VERIFY": target // 4, "DRAFT_EXTEND": step // 4 + fc,
                      "DRAFT_DECODE": 2 * (step // 4)}
     assert phase_bytes(t, d, 3, tensor_parallel=4)["DRAFT_DECODE"] == 2 * step
+    # an FP8 head: one byte per weight of its own, the target's bytes unchanged
+    fp8 = phase_bytes(t, d, 3, draft_weight_bytes=1)
+    assert fp8 == {"TARGET_DECODE": target, "TARGET_VERIFY": target, "DRAFT_EXTEND": (step + fc) // 2,
+                   "DRAFT_DECODE": step}
 
 
 def test_llama_8b_shape_with_eagle_head_and_k1():
@@ -39,6 +43,8 @@ def test_llama_8b_shape_with_eagle_head_and_k1():
     d = draft_config(t, t, "eagle", include_embed=True).with_(has_input_layernorm=False)
     step = 2 * (2 * H * H + layer - H + V * H)  # fc, a layer without input norm, the target's LM head
     assert phase_bytes(t, d, 1) == {"TARGET_DECODE": target, "TARGET_VERIFY": target, "DRAFT_EXTEND": step}
+    # an FP8 EAGLE-1/2 head reads its own weights at one byte, the target's LM head at two
+    assert phase_bytes(t, d, 1, draft_weight_bytes=1)["DRAFT_EXTEND"] == step // 2 + V * H
 
 
 def test_plain_and_standalone_draft():

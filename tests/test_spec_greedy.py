@@ -40,6 +40,35 @@ def test_greedy_spec_equals_plain(plain_outputs, kind, K):
     # (the accepting EAGLE-3 head is a trained one: tests/test_eagle3_training.py)
 
 
+@pytest.mark.parametrize("kind", ["self", "eagle-self", "eagle3"])
+def test_greedy_spec_with_an_fp8_draft_equals_plain(plain_outputs, kind):
+    """An FP8 draft (graphrt.models.quantize_draft) drafts from other weights, never other output;
+    the self-drafts still accept, so the accepted path runs with it."""
+    from graphrt.kernels.fp8_weight import Fp8Weight
+
+    target, prompts, params, expected = plain_outputs
+    draft = load(draft_dir(kind))
+    before = {n: w.clone() for n, w in draft.weights.items()}
+    rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=8, max_seq_len=96, buckets=(1, 2, 4, 8),
+                 draft_quantization="fp8")
+    layer = rt.draft.layers[0]
+    assert all(isinstance(w, Fp8Weight) for w in (layer.attn.qkv_weight, layer.attn.o_weight, layer.mlp.gate_up,
+                                                   layer.mlp.down))
+    assert all(torch.equal(before[n], w) for n, w in draft.weights.items()), "the checkpoint was modified"
+    gens = rt.generate(prompts, params)
+    assert [g.token_ids for g in gens] == expected
+    if kind != "eagle3":
+        assert sum(g.num_accepted_tokens for g in gens) > 0
+
+
+def test_draft_quantization_is_checked(plain_outputs):
+    target = plain_outputs[0]
+    with pytest.raises(ValueError, match="draft_quantization takes one of"):
+        Runtime(target, load(draft_dir("lm")), max_batch_size=2, max_seq_len=64, draft_quantization="int4")
+    with pytest.raises(ValueError, match="without a draft"):
+        Runtime(target, None, max_batch_size=2, max_seq_len=64, draft_quantization="fp8")
+
+
 def test_batch_larger_than_slots_is_queued(plain_outputs):
     target, prompts, params, expected = plain_outputs
     rt = Runtime(target, load(draft_dir("self")), num_draft_tokens=3, max_batch_size=2, max_seq_len=96)

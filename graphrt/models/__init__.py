@@ -11,8 +11,11 @@ vocab shard, else {}).
 from __future__ import annotations
 
 from graphrt.errors import ConfigMismatchError
+from graphrt.kernels.fp8_weight import quantize_fp8
 from graphrt.models.decoder_lm import DecoderLM
 from graphrt.models.eagle import Eagle3Head, EagleHead
+
+DRAFT_QUANTIZATIONS = ("fp8",)
 
 
 def build_target(ckpt, max_positions: int, device, tp=None) -> DecoderLM:
@@ -33,6 +36,23 @@ def build_draft(ckpt, target: DecoderLM, max_positions: int, device, tp=None):
     raise ValueError(f"unknown draft kind {ckpt.kind!r}")
 
 
+def quantize_draft(draft, method: str) -> None:
+    """Make the draft read its projections as `method` (DRAFT_QUANTIZATIONS; kernels/fp8_weight.py):
+    every layer's qkv, o, gate_up and down, an EAGLE head's fc and the draft's own LM head. What
+    a draft borrows from the target (an EAGLE-1/2 head's LM head, a shared embedding) stays as it
+    is, and so do embeddings and norms, which a step reads a row or a vector of."""
+    if method not in DRAFT_QUANTIZATIONS:
+        raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {method!r}")
+    for layer in draft.layers:
+        attn, mlp = layer.attn, layer.mlp
+        attn.qkv_weight, attn.o_weight = quantize_fp8(attn.qkv_weight), quantize_fp8(attn.o_weight)
+        mlp.gate_up, mlp.down = quantize_fp8(mlp.gate_up), quantize_fp8(mlp.down)
+    if hasattr(draft, "fc_weight"):
+        draft.fc_weight = quantize_fp8(draft.fc_weight)
+    if not isinstance(draft, EagleHead):  # an EAGLE-1/2 head's LM head is the target's
+        draft.lm_head = quantize_fp8(draft.lm_head)
+
+
 def eagle3_aux_layers(cfg, target_cfg) -> tuple[int, ...]:
     """The target layers an EAGLE-3 head reads (ModelConfig.aux_layer_ids_for), checked against
     the target's depth."""
@@ -44,4 +64,5 @@ def eagle3_aux_layers(cfg, target_cfg) -> tuple[int, ...]:
     return ids
 
 
-__all__ = ["DecoderLM", "EagleHead", "Eagle3Head", "build_target", "build_draft"]
+__all__ = ["DecoderLM", "EagleHead", "Eagle3Head", "build_target", "build_draft", "quantize_draft",
+           "DRAFT_QUANTIZATIONS"]
