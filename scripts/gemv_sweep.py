@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 from graphrt.kernels.bench import num_input_sets
+from graphrt.kernels.fp8_weight import dense, quantize_fp8
 from graphrt.kernels.gemv import gemv_triton, linear
 from graphrt.kernels.gemv_config import _split_for, select_config
 from graphrt.kernels.timing import time_in_graph
@@ -33,6 +34,9 @@ SHAPES = [  # (name, N, K)
     ("1b.lm_head", 128256, 2048),
     # EAGLE-3 heads' 32000-row LM heads (a draft step's one row)
     ("1b.draft_head", 32000, 2048), ("8b.draft_head", 32000, 4096),
+    # ... their qkv (over [embedding ; hidden], 2H wide) and fc (3H -> H)
+    ("1b.draft_qkv", 3072, 4096), ("1b.draft_fc", 2048, 6144), ("8b.draft_qkv", 6144, 8192),
+    ("8b.draft_fc", 4096, 12288),
     # SmolLM2-135M: latency-bound, where a verify step's 4 rows run one program per row (per_row)
     ("135m.qkv", 960, 576), ("135m.o", 576, 576), ("135m.gate_up", 3072, 576), ("135m.down", 576, 1536),
     # llama-8b-shape at TP = 2, one rank's slices (column-parallel qkv, gate_up and LM head; row-parallel o, down)
@@ -58,18 +62,23 @@ FMA_SMALL_K_TILES = [(4, 512, 2, False), (8, 512, 2, False), (16, 512, 4, False)
 DOT_TILES = [(64, 128, 4, 4), (64, 128, 4, 3), (64, 128, 4, 5), (64, 256, 4, 3), (64, 256, 4, 4), (64, 64, 4, 6),
              (128, 128, 4, 3), (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 8, 3), (32, 256, 4, 4)]
 PROGRAMS_PER_SM = [1, 2, 3, 4, 6]
+# --fp8 (kernels/fp8_weight.py): a 16-byte load holds 16 weights, so wider K tiles keep as many bytes in flight
+FP8_FMA_TILES = [(2, 2048, 4, True), (4, 2048, 4, True), (2, 4096, 4, True), (4, 4096, 4, True), (4, 4096, 8, True),
+                 (8, 4096, 8, True), (8, 2048, 4, True), (4, 1024, 4, False), (8, 1024, 4, False),
+                 (4, 2048, 4, False), (16, 1024, 4, True), (4, 2048, 2, True)]
 
 
-def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2) -> list[dict]:
+def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2, fp8: bool = False) -> list[dict]:
     out = []
     tiles = []
     if m <= fma_max_m:
-        for bn, bk, warps, red in FMA_TILES + (FMA_SMALL_K_TILES if k <= 2048 else []):
+        fma = FP8_FMA_TILES if fp8 else FMA_TILES + (FMA_SMALL_K_TILES if k <= 2048 else [])
+        for bn, bk, warps, red in fma:
             if m > 1 and not red and bn * bk // (8 * 32 * warps) > 4:
                 continue  # 8 fp32 partials per 16-byte load and row: spills
             tiles.append(dict(use_dot=False, reduce_each=red, block_n=bn, block_k=bk, num_warps=warps,
                               num_stages=1))
-    if m > 1:
+    if m > 1 and not fp8:  # an FP8 tile widened for the MMA measured slower than the bf16 matrix
         for bn, bk, warps, stages in DOT_TILES:
             tiles.append(dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=warps,
                               num_stages=stages))
@@ -105,6 +114,8 @@ def main() -> int:
     ap.add_argument("--ms", default=None, help="comma-separated M values (default: 1,2,4,8,16)")
     ap.add_argument("--all-tiles", action="store_true", help="do not prune the grid for lm_head-sized shapes")
     ap.add_argument("--fma-max-m", type=int, default=2, help="sweep the FMA path (all rows per program) up to this M")
+    ap.add_argument("--fp8", action="store_true",
+                    help="FP8 weights (kernels/fp8_weight.py); the cuBLAS column is the bf16 matrix's")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemv_sweep needs CUDA")
@@ -119,17 +130,19 @@ def main() -> int:
     ms = [int(m) for m in args.ms.split(",")] if args.ms else MS
     for name, n, k in shapes:
         big = n * k > 200_000_000 and not args.all_tiles
-        wbytes = n * k * 2
+        wbytes = n * k * (1 if args.fp8 else 2)
         sets_w = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(num_input_sets(wbytes))]
+        if args.fp8:
+            sets_w = [quantize_fp8(w) for w in sets_w]
         for m in ms:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n
-            ref_us = time_in_graph(lambda x, w: F.linear(x, w), sets, replays=15)
-            ref = F.linear(sets[0][0].float(), sets[0][1].float())
+            ref_us = time_in_graph(lambda x, w: F.linear(x, dense(w)), sets, replays=15)
+            ref = F.linear(sets[0][0].float(), dense(sets[0][1]).float())
             # The dispatcher (graphrt.kernels.gemv.linear): Triton or cuBLAS, as select_config says.
             heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
             results = []
-            for cfg in configs(m, n, k, sms, big, args.fma_max_m):
+            for cfg in configs(m, n, k, sms, big, args.fma_max_m, args.fp8):
                 if time.perf_counter() - t0 > args.budget_s:
                     break
                 try:
