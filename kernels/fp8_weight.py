@@ -50,6 +50,14 @@ def dense(w) -> torch.Tensor:
     return w.dense if isinstance(w, Fp8Weight) else w
 
 
+def for_rows(w, m: int):
+    """The operand a product of m rows reads: an FP8 matrix at one row, its dense matrix otherwise.
+    At one row the GEMV is a weight read and FP8 halves it; at 4 rows the FMA path's conversions
+    and the DOT path's widened tiles both ran slower than the bf16 matrix (H200, llama-8b-shape's
+    EAGLE-3 head: RESULTS.md, "FP8 draft weights")."""
+    return w if m == 1 or not isinstance(w, Fp8Weight) else w.dense
+
+
 def weight_and_scale(w) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a kernel reads: (w, None), or an Fp8Weight's (q, scale)."""
     return (w.q, w.scale) if isinstance(w, Fp8Weight) else (w, None)

@@ -46,7 +46,7 @@ import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -538,7 +538,7 @@ def gemv_triton(
     _validate(x, w, scale, bias, out)
     m, k = x.shape
     n = w.shape[0]
-    cfg = select_config(m, n, k) if m <= gemv_config.MAX_M else None
+    cfg = select_config(m, n, k, scale is not None and m == 1) if m <= gemv_config.MAX_M else None
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
     if use_dot is not None and use_dot != cfg["use_dot"]:
@@ -659,8 +659,9 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
     bits of the last.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
+    w_gate_up = for_rows(w_gate_up, xt.shape[0])
     if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None):
-        cfg = select_config(xt.shape[0], *w_gate_up.shape)
+        cfg = select_config(xt.shape[0], *w_gate_up.shape, isinstance(w_gate_up, Fp8Weight))
         one_row = gemv_config.one_row_per_program(cfg, xt.shape[0])
         if one_row and norm_fusable(x):
             return gemv_triton(xt, w_gate_up, gated=True, norm=x)
@@ -675,10 +676,13 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
     program (M = 1, 2) or on the DOT path (3-16 rows, unsplit or split-K reduced in the same
     launch): the all-reduce then runs in its epilogue (kernels/push_reduce.py). None elsewhere
     (the caller all-reduces)."""
-    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or not _triton_ok(x, w, None):
+    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2:
+        return None
+    w = for_rows(w, x.shape[0])
+    if not _triton_ok(x, w, None):
         return None
     m = x.shape[0]
-    cfg = select_config(m, *w.shape)
+    cfg = select_config(m, *w.shape, isinstance(w, Fp8Weight))
     if cfg is None or not push.fits(w.shape[0], cfg["block_n"], x.dtype, m):
         return None
     fma = not cfg["use_dot"] and gemv_config.unsplit(cfg) and not cfg.get("per_row") and m <= 2
@@ -698,8 +702,10 @@ def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> 
     one row per program; anything else (CPU, fp32, prefill-sized M, strided weights, shapes where
     cuBLAS measured as fast) -> [the norm,] F.linear, unchanged (an Fp8Weight's dense matrix).
     """
+    w = for_rows(w, (x.x if isinstance(x, PendingNorm) else x).shape[0])
     if isinstance(x, PendingNorm):
-        if norm_fusable(x) and _triton_ok(x.x, w, bias) and row_fma_config(x.x.shape[0], *w.shape) is not None:
+        if (norm_fusable(x) and _triton_ok(x.x, w, bias)
+                and row_fma_config(x.x.shape[0], *w.shape, isinstance(w, Fp8Weight)) is not None):
             return gemv_triton(x.x, w, bias, norm=x)
         x = x.materialize()
     if _triton_ok(x, w, bias):

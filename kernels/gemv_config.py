@@ -66,6 +66,18 @@ _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
 }
 
 
+# FP8 weights at one row (kernels/fp8_weight.py; no other M reads them): a 16-byte load holds 16
+# weights, and the per-element conversion, not DRAM, bounds the narrower tiles. From
+# scripts/gemv_sweep.py --fp8 --ms 1 on the EAGLE-3 heads' matrices (H200): (8, 1024) tiles without
+# the per-step reduction were the best or within 10% on the 8b head's, and these shapes took others.
+_FP8_M1 = dict(reduce_each=False, block_n=8, block_k=1024)
+_FP8_M1_OVERRIDES: dict[tuple[int, int], dict] = {
+    (6144, 8192): dict(block_n=4, block_k=2048), (2048, 8192): dict(block_n=4, block_k=2048),
+    (2048, 6144): dict(block_n=4, block_k=2048), (3072, 4096): dict(block_n=4),
+    (2048, 2048): dict(block_n=4, block_k=2048, num_warps=2, reduce_each=True),
+    (32000, 2048): dict(block_n=8, block_k=256, num_warps=1, reduce_each=True),
+}
+
 # The per-row launches' tiles (2-6 rows of a latency-bound matrix: a verify step on SmolLM2-135M):
 # four output rows a program and fewer warps than the one-row default, so fewer, shorter programs.
 # From a sweep of block_n x block_k x warps x reduce_each at SmolLM2-135M's projections (norm
@@ -88,10 +100,11 @@ def _current_device_overrides() -> dict[tuple[int, int], dict]:
     return _device_overrides(torch.cuda.current_device()) if torch.cuda.is_available() else {}
 
 
-def select_config(m: int, n: int, k: int) -> dict | None:
+def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
     """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
-    where cuBLAS measured as fast or faster. Keys are gemv_triton's keyword arguments, plus
-    programs_per_sm (split K until N tiles x splits reach that many programs per SM; 0: never).
+    where cuBLAS measured as fast or faster; fp8: the weights are FP8 (one row only). Keys are
+    gemv_triton's keyword arguments, plus programs_per_sm (split K until N tiles x splits reach
+    that many programs per SM; 0: never).
 
     Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
     and llama-8b projections, M in 1, 2, 4, 8, 16 (figures: docs/notes/benchmarks-history.md):
@@ -111,6 +124,10 @@ def select_config(m: int, n: int, k: int) -> dict | None:
       per-thread partial sums. The DOT path with the norm in its prologue lost to norm + cuBLAS:
       the normalised x tile breaks the dot's load pipelining. docs/notes/benchmarks-history.md has the figures.)
     """
+    if fp8:
+        if m != 1:
+            raise ValueError(f"FP8 weights are read at one row only, got {m} (kernels/fp8_weight.for_rows)")
+        return _fma_config(k, _FP8_M1, _FP8_M1_OVERRIDES.get((n, k), {}))
     if m == 1 or (m <= min(ROWS_MAX_M, MAX_M) and 2 * n * k <= ROWS_MAX_BYTES):
         if m == 1:
             return _m1_config(n, k)
@@ -173,9 +190,11 @@ def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
     return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 
 
-def row_fma_config(m: int, n: int, k: int) -> dict | None:
-    """select_config(m, n, k) when it runs one row per program on the unsplit FMA path (M = 1, or
-    per row), else None: the configurations an epilogue or prologue fusion can reuse so that its
+def row_fma_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
+    """select_config(m, n, k, fp8) when it runs one row per program on the unsplit FMA path (M = 1,
+    or per row), else None: the configurations an epilogue or prologue fusion can reuse so that its
     sums are the unfused GEMV's."""
-    cfg = select_config(m, n, k)
+    if fp8 and m != 1:
+        return None
+    cfg = select_config(m, n, k, fp8)
     return cfg if one_row_per_program(cfg, m) else None

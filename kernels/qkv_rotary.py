@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.fp8_weight import FP8, dense, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv import (
     _dot_k_loop,
     _fma_final,
@@ -259,7 +259,7 @@ def fusable(x, w_qkv, k_cache, *, has_qk_norm: bool, bias=None) -> bool:
         and x.dtype in (torch.bfloat16, torch.float16) and dense(w_qkv).dtype == x.dtype
         and k_cache.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.stride(1) == 1
         and dense(w_qkv).is_contiguous()
-        and (row_fma_config(x.shape[0], *w_qkv.shape) is not None
+        and (row_fma_config(x.shape[0], *w_qkv.shape, isinstance(w_qkv, Fp8Weight)) is not None
              or (x.is_contiguous() and dot_rotary_config(x.shape[0], *w_qkv.shape) is not None))
     )
 
@@ -287,7 +287,7 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
         raise ValueError(f"bias must be a contiguous [{n_out}] {x.dtype} vector")
     if norm is not None and (norm.x is not x or not norm.fusable()):
         raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, norm weight in x's dtype")
-    cfg = row_fma_config(m, n_out, x.shape[1])
+    cfg = row_fma_config(m, n_out, x.shape[1], scale is not None)
     dot = dot_rotary_config(m, n_out, x.shape[1]) if cfg is None else None
     if (cfg is None and dot is None) or not x.is_contiguous() or not w_qkv.is_contiguous():
         raise ValueError(f"qkv_rotary_store_triton needs contiguous x and w_qkv and a one-row-per-program FMA "
@@ -339,8 +339,9 @@ def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot
     [N, Hq, D]."""
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     xt = x.x if isinstance(x, PendingNorm) else x
+    w_qkv = for_rows(w_qkv, xt.shape[0])
     if fusable(xt, w_qkv, k_cache, has_qk_norm=q_norm is not None, bias=bias):
-        one_row = row_fma_config(xt.shape[0], *w_qkv.shape) is not None
+        one_row = row_fma_config(xt.shape[0], *w_qkv.shape, isinstance(w_qkv, Fp8Weight)) is not None
         norm = x if one_row and norm_fusable(x) else None
         return qkv_rotary_store_triton(xt if norm is not None else materialized(x), w_qkv, bias, positions, cos,
                                        sin, k_cache, v_cache, slot_mapping, **kw, norm=norm)

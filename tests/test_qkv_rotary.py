@@ -136,7 +136,7 @@ def test_dot_form_matches_two_launch_path_on_the_dot_path(case, dtype, monkeypat
     hidden, hq, hkv, d, bias, tokens, bn, bk = case
     cfg = dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=4, num_stages=1, split_k=1)
     monkeypatch.setattr(qkv_rotary, "dot_rotary_config", lambda m, n, k: dict(cfg))
-    monkeypatch.setattr(qkv_rotary, "row_fma_config", lambda m, n, k: None)
+    monkeypatch.setattr(qkv_rotary, "row_fma_config", lambda m, n, k, fp8=False: None)
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b, positions, cos, sin, kc, vc, slots = _case(hidden, hq, hkv, d, dtype, gen, bias=bias, tokens=tokens,
