@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain fp8 goal8b realpair plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -69,6 +69,13 @@ for step in $steps; do
               for p in llama-8b-shape llama-1b-shape; do for q in "" "--draft-quantization fp8"; do
                 echo "$p ${q:-bf16}" | log; python3 -m graphrt bench --preset $p --accept-len 3 --batch-sizes 1,8,64 \
                   --max-new-tokens 128 $q 2>&1 | grep -E '^(spec-graphs|plain-graphs) ' | log; done; done ;;
+    # the speedup table with the FP8 head, K = 3, both shapes, and the 8b goal run with it
+    fp8sweep) python3 -m graphrt bench --sweep-accept --sweep-k 3 --preset llama-8b-shape --max-new-tokens 64 \
+                --draft-quantization fp8 --json "$OUT/sweep8b_fp8.json" 2>&1 | grep -v '^bench' | log | tail -20
+              python3 -m graphrt bench --sweep-accept --sweep-k 3 --preset llama-1b-shape --draft-quantization fp8 \
+                --json "$OUT/sweep1b_fp8.json" 2>&1 | grep -v '^bench' | log | tail -20
+              python3 -m graphrt bench --preset llama-8b-shape --accept-len 3 --batch-sizes 1 --max-new-tokens 256 \
+                --draft-quantization fp8 2>&1 | grep -E '^(spec-graphs|plain-graphs) ' | log ;;
     goal8b)   python3 -m graphrt bench --preset llama-8b-shape --accept-len 3 --batch-sizes 1 --max-new-tokens 256 \
                 2>&1 | grep -v '^bench' | log ;;
     # this tree against abtmp/old (an older checkout, carried), alternating, each with its own checkpoint
