@@ -39,7 +39,7 @@ def resolve(name: str) -> str:
     return str(model_path(name))
 
 
-def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks) -> list[dict]:
+def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False) -> list[dict]:
     device = torch.device("cuda")
     tckpt = load_checkpoint(target, dtype=torch.bfloat16, device=device)
     dckpt = load_checkpoint(draft, dtype=torch.bfloat16, device=device)
@@ -50,6 +50,9 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks) -> list[dict]
         runs.append((f"graphrt EAGLE-3 K={K}", spec, 0.0))
         if K == Ks[0]:
             runs.append((f"graphrt EAGLE-3 K={K} T=0.7", spec, 0.7))
+            if fp8:  # the same head read as FP8 (kernels/fp8_weight.py)
+                runs.append((f"graphrt EAGLE-3 FP8 K={K}", Runtime(tckpt, dckpt, num_draft_tokens=K,
+                                                                   draft_quantization="fp8", **kw), 0.0))
     rows = []
     for name, rt, temp in runs:
         for b in batch_sizes:
@@ -132,13 +135,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ks", default="3,5")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="also the head read as FP8 (--draft-quantization fp8), first K")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = resolve(args.target)
     tok = load_tokenizer(target)
     prompts = [encode(tok, p["text"], chat=True) for p in load_prompts(args.prompts)]
     bs = [int(b) for b in args.batch_sizes.split(",")]
-    rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")])
+    rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")],
+                        args.fp8)
     plain = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["mode"] == "graphrt plain"}
     if not args.no_hf:
         rows += hf_rows(target, prompts, bs, args.max_new_tokens)
