@@ -150,3 +150,27 @@ def test_gpu_fp8_linear_at_the_8b_heads_sizes(cuda, m, n, k):
     if n % 2 == 0:
         want = silu_and_mul_reference(F.linear(x.float(), fw.dense.float())).to(torch.bfloat16)
         torch.testing.assert_close(linear_silu_mul(x, fw), want, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden,hq,hkv,d", [(8192, 32, 8, 128), (4096, 32, 8, 64), (1152, 9, 3, 64)])
+def test_gpu_fp8_qkv_rotary_and_norm_prologue_at_one_row(cuda, hidden, hq, hkv, d):
+    """The one-row launches an FP8 draft step runs besides linear: qkv + rotary + KV store, and the
+    LM head with the final norm in its prologue, against the same products on the dense matrix."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b, positions, cos, sin, kc, vc, slots = _qkv_case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=False,
+                                                            device=cuda, pos=37, slot=9, page=16)
+    fw = quantize_fp8(w)
+    kc2, vc2 = kc.clone(), vc.clone()
+    kw = dict(num_q_heads=hq, num_kv_heads=hkv)
+    q = qkv_rotary_store_triton(x, fw, b, positions, cos, sin, kc, vc, slots, **kw)
+    q_ref = qkv_rotary_store_reference(x, fw.dense, b, positions, cos, sin, kc2, vc2, slots, **kw)
+    for got, want in ((q, q_ref), (kc, kc2), (vc, vc2)):  # summation order apart: a bf16 ulp or two
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3, msg=lambda s: f"seed={seed}: {s}")
+    h, res = (torch.randn(1, hidden // 2, generator=gen).to(torch.bfloat16).to(cuda) for _ in range(2))
+    g = (torch.rand(hidden // 2, generator=gen) + 0.5).to(torch.bfloat16).to(cuda)
+    head = quantize_fp8(_weights(32000, hidden // 2, torch.bfloat16, gen, cuda))
+    got = linear(PendingNorm(h, res, g, 1e-5), head)
+    normed = PendingNorm(h, res, g, 1e-5).materialize()
+    _check(got, normed, head.dense, None, f"seed={seed} LM head with the norm in its prologue")
