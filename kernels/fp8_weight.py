@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -61,3 +63,15 @@ def for_rows(w, m: int):
 def weight_and_scale(w) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a kernel reads: (w, None), or an Fp8Weight's (q, scale)."""
     return (w.q, w.scale) if isinstance(w, Fp8Weight) else (w, None)
+
+
+@triton.jit
+def _row_scaled(acc, scale_ptr, rows, HAS_SCALE: tl.constexpr):
+    # An FP8 matrix's per-row scales (powers of two: exact) on sums of shape [BLOCK_N] or
+    # [BLOCK_N, X], rows: their weight rows.
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + rows)
+        if len(acc.shape) == 2:
+            s = s[:, None]
+        acc = acc * s
+    return acc

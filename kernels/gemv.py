@@ -46,7 +46,7 @@ import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, for_rows, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -243,18 +243,6 @@ def _fma_final(acc, REDUCE_EACH: tl.constexpr):
     else:
         out = tl.sum(acc, axis=1)
     return out
-
-
-@triton.jit
-def _row_scaled(acc, scale_ptr, rows, HAS_SCALE: tl.constexpr):
-    # An FP8 matrix's per-row scales (powers of two: exact) on sums of shape [BLOCK_N] or
-    # [BLOCK_N, X], rows: their weight rows.
-    if HAS_SCALE:
-        s = tl.load(scale_ptr + rows)
-        if len(acc.shape) == 2:
-            s = s[:, None]
-        acc = acc * s
-    return acc
 
 
 @triton.jit
@@ -694,8 +682,7 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
 
 
 def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (or a PendingNorm of one), w [N, K] (or an Fp8Weight), bias [N] or None -> [M, N] in
-    x's dtype.
+    """x [M, K] (or a PendingNorm of one), w [N, K] or Fp8Weight, bias [N] or None -> [M, N], x's dtype.
 
     CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
     configuration -> gemv_triton, with a PendingNorm's norm in its prologue where the product runs

@@ -26,12 +26,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, dense, for_rows, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv import (
     _dot_k_loop,
     _fma_final,
     _fma_k_loop,
-    _row_scaled,
     linear,
     materialized,
     norm_fusable,
