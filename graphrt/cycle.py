@@ -4,6 +4,7 @@ Per speculative cycle with K drafts (docs/design.md, "The cycle"):
 
   TARGET_VERIFY  target over [last verified token, d_1 .. d_K] -> fused rejection -> 1..K+1 tokens
   DRAFT_EXTEND   draft over the K+1 emitted positions -> argmax at the last emitted one: next d_1
+                 (a one-layer EAGLE-3 head: KV for all K+1, the rest of the layer on the last one)
   DRAFT_DECODE   K-1 more argmax steps: next d_2 .. d_K
 
 TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass. Every phase reads and
@@ -204,9 +205,18 @@ class Cycle:
         x = self._inputs(slots, K + 1, src=s.batch_n, by_slot=False, base_add=self.offset,
                          emitted=(s.emitted, s.num_emitted))
         hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
+        last = x.last  # [B]: the row of each request's last emitted token
+        if getattr(self.draft, "extends_last_rows", False):  # past the KV store, the last rows only
+            rows = (last, AttentionMetadata(block_tables=x.block_tables, seq_lens=x.last_seq_lens,
+                                            slot_mapping=x.slot_mapping, query_len=1,
+                                            max_seq_len=self.max_blocks * self.block_size))
+            into = s.draft_state[:B] if s.draft_state is not None else None
+            state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x),
+                                             self.draft_kv, hidden_in, rows=rows, into=into)
+            self._propose(slots, state, column=0)
+            return
         state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
                                          hidden_in)
-        last = x.last  # [B]: the row of each request's last emitted token
         if s.draft_state is not None:
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather

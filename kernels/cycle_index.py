@@ -12,7 +12,8 @@ casts, divisions, scatters), each costing a launch and a hand-off on the GPU. He
                  the row's temperature and seed. step_major: T one-token steps instead of one
                  T-token row, positions, seq_lens (pos + 1) and slot_mapping laid out [T, B].
                  emitted (DRAFT_EXTEND): tokens = the verify step's emitted tokens with -1 read as
-                 0, and the row of each request's last emitted one, b * T + num_emitted[b] - 1;
+                 0, the row of each request's last emitted one, b * T + num_emitted[b] - 1, and
+                 its KV length, base + num_emitted[b];
   advance        num_tokens[s] = n[b] + num_emitted[b], last_token[s] = emitted[b, num_emitted[b] - 1]
                  for every row whose slot is not the scratch slot, which stays pinned (pin_scratch).
 
@@ -57,6 +58,7 @@ class CycleInputs:
     temperature: torch.Tensor | None = None  # [B] fp32 (with_sampling)
     seed: torch.Tensor | None = None  # [B] int64 (with_sampling)
     last: torch.Tensor | None = None  # [B] int64 (emitted): the row of each request's last emitted token
+    last_seq_lens: torch.Tensor | None = None  # [B] int32 (emitted): the KV length at that token
 
 
 def _check_sources(sampling, tokens, emitted):
@@ -99,6 +101,7 @@ def cycle_inputs_reference(slots, src, block_tables, *, T: int, block_size: int,
     if emitted is not None:
         out.tokens = emitted[0][:B].clamp(min=0)
         out.last = torch.arange(B, device=slots.device) * T + emitted[1][:B].to(torch.int64) - 1
+        out.last_seq_lens = (src_rows + base_add + emitted[1][:B]).to(torch.int32)
     return out
 
 
@@ -124,6 +127,7 @@ def _cycle_inputs_kernel(
     emit_ptr,  # [>= B, T] int64 contiguous (EMITTED)
     nemit_ptr,  # [>= B] int32 (EMITTED)
     last_out_ptr,  # [B] int64 out (EMITTED)
+    last_len_ptr,  # [B] int32 out (EMITTED)
     base_add,
     block_size,
     MB,
@@ -172,7 +176,9 @@ def _cycle_inputs_kernel(
     if EMITTED:
         e = tl.load(emit_ptr + b * T + j, mask=live, other=0)
         tl.store(tok_ptr + b * T + j, tl.maximum(e, 0), mask=live)
-        tl.store(last_out_ptr + b, b * T + tl.load(nemit_ptr + b).to(tl.int64) - 1)
+        ne = tl.load(nemit_ptr + b).to(tl.int64)
+        tl.store(last_out_ptr + b, b * T + ne - 1)
+        tl.store(last_len_ptr + b, (src + base_add + ne).to(tl.int32))
 
 
 def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, base_add: int = 0,
@@ -200,6 +206,7 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
     if emitted is not None:
         out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
         out.last = torch.empty(B, dtype=torch.int64, device=dev)
+        out.last_seq_lens = torch.empty(B, dtype=torch.int32, device=dev)
     if B == 0:
         return out
     any_ = out.positions  # a valid pointer for the arguments a variant does not read
@@ -209,7 +216,8 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
         out.positions, out.block_tables, out.seq_lens, out.slot_mapping,
         any_ if out.tokens is None else out.tokens, any_ if out.temperature is None else out.temperature,
         any_ if out.seed is None else out.seed, any_ if emitted is None else emitted[0],
-        any_ if emitted is None else emitted[1], any_ if out.last is None else out.last, base_add, block_size, MB,
+        any_ if emitted is None else emitted[1], any_ if out.last is None else out.last,
+        any_ if out.last_seq_lens is None else out.last_seq_lens, base_add, block_size, MB,
         1 if drafts is None else drafts.shape[1], B, T=T, TP=triton.next_power_of_2(T),
         BLOCK_MB=min(1024, triton.next_power_of_2(MB)), BY_SLOT=by_slot, N_OUT=n_out is not None,
         TOKENS=tokens is not None, SAMPLING=sampling is not None, STEP_MAJOR=step_major,

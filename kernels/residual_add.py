@@ -22,9 +22,10 @@ __all__ = ["residual_add", "residual_add_reference", "residual_add_triton"]
 _BLOCK = 1024
 
 
-def residual_add_reference(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """stream, out: the same shape and float dtype. Returns stream + out, a new tensor."""
-    return stream + out
+def residual_add_reference(stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """stream, out: the same shape and float dtype. Returns stream + out, a new tensor (into: written
+    there instead, a contiguous tensor of that shape and dtype)."""
+    return torch.add(stream, out, out=into) if into is not None else stream + out
 
 
 @triton.jit
@@ -50,7 +51,7 @@ def _fits(stream: torch.Tensor, out: torch.Tensor) -> bool:
             and stream.is_contiguous() and out.is_contiguous())
 
 
-def residual_add_triton(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def residual_add_triton(stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """stream, out: contiguous, one shape and float dtype (fp32/fp16/bf16) on one device. Returns
     stream + out, a new contiguous tensor: each sum computed in fp32 and rounded once to the dtype
     (torch's add: the same bits). Grid cdiv(numel, 1024); no host sync."""
@@ -58,7 +59,9 @@ def residual_add_triton(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor
         raise ValueError(f"residual_add_triton takes two contiguous tensors of one shape and float dtype on one "
                          f"device; got {tuple(stream.shape)} {stream.dtype} {stream.device} and "
                          f"{tuple(out.shape)} {out.dtype} {out.device}")
-    y = torch.empty_like(stream)
+    if into is not None and not _fits(stream, into):
+        raise ValueError(f"into must be a contiguous {tuple(stream.shape)} {stream.dtype} tensor on {stream.device}")
+    y = torch.empty_like(stream) if into is None else into
     n = stream.numel()
     if n:
         pdl = pdl_enabled(stream.device)
@@ -67,8 +70,8 @@ def residual_add_triton(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     return y
 
 
-def residual_add(stream: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """stream + out. CUDA tensors that fit -> Triton, else the reference."""
-    if stream.is_cuda and _fits(stream, out):
-        return residual_add_triton(stream, out)
-    return residual_add_reference(stream, out)
+def residual_add(stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """stream + out [written into `into`]. CUDA tensors that fit -> Triton, else the reference."""
+    if stream.is_cuda and _fits(stream, out) and (into is None or _fits(stream, into)):
+        return residual_add_triton(stream, out, into)
+    return residual_add_reference(stream, out, into)

@@ -60,7 +60,8 @@ def test_cycle_inputs_triton_equals_reference(B, T, MB, block_size, by_slot, bas
     ref = cycle_inputs_reference(slots, src, tables, **kw, n_out=n_ref if by_slot and not step_major else None)
     tri = cycle_inputs_triton(slots, src, tables, **kw, n_out=n_tri if by_slot and not step_major else None)
     msg = f"seed {seed}"
-    for name in ("positions", "block_tables", "seq_lens", "slot_mapping", "tokens", "temperature", "seed", "last"):
+    for name in ("positions", "block_tables", "seq_lens", "slot_mapping", "tokens", "temperature", "seed", "last",
+                 "last_seq_lens"):
         a, b = getattr(ref, name), getattr(tri, name)
         assert (a is None) == (b is None), f"{msg}: {name}"
         if a is not None:
@@ -80,6 +81,8 @@ def test_cycle_inputs_triton_equals_reference(B, T, MB, block_size, by_slot, bas
     if emitted is not None:
         assert torch.equal(tri.tokens, emitted[:B].clamp(min=0)), msg
         assert torch.equal(tri.last, torch.arange(B) * T + num_emitted[:B].long() - 1), msg
+        # the KV length at the last emitted token: its position + 1
+        assert torch.equal(tri.last_seq_lens.long(), pos.flatten()[tri.last] + 1), msg
         assert int(tri.tokens.min()) >= 0, msg
     snap += [t.clone() for t in inputs[len(snap):]]
     assert all(torch.equal(a, b) for a, b in zip(snap, inputs)), f"{msg}: an input was modified"

@@ -31,6 +31,11 @@ def test_triton_equals_torch_add(dtype, shape):
 def test_dispatch_and_bad_input():
     a, b = torch.randn(2, 8), torch.randn(2, 8)
     assert torch.equal(residual_add(a, b), a + b)
+    for fn in (residual_add_triton, residual_add):  # into=: the sum written into a buffer of the caller's
+        into = torch.full((2, 8), float("nan"))
+        assert fn(a, b, into) is into and torch.equal(into, a + b)
+    with pytest.raises(ValueError, match="into must be"):
+        residual_add_triton(a, b, torch.empty(2, 8, dtype=torch.float16))
     assert torch.equal(residual_add(a.t(), b.t()), a.t() + b.t())  # the reference takes any layout
     for bad in (torch.randn(2, 7), torch.randn(2, 8, dtype=torch.float16), torch.randn(8, 2).t()):
         with pytest.raises(ValueError, match="residual_add_triton"):

@@ -61,6 +61,37 @@ def test_greedy_spec_with_an_fp8_draft_equals_plain(plain_outputs, kind):
         assert sum(g.num_accepted_tokens for g in gens) > 0
 
 
+def _proposals(rt, prompt):
+    rid = rt.add_request(prompt, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    seen = []
+    while not rt.finished(rid):
+        rt.step()
+        seen.append(rt.state.draft_tokens[:-1].tolist())
+    return rt.pop_generation(rid).token_ids, seen
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_eagle3_extend_on_the_last_rows_drafts_what_the_whole_block_does(plain_outputs, quantization, monkeypatch):
+    """A one-layer EAGLE-3 head's DRAFT_EXTEND stores every row's KV, then attends and projects the
+    last emitted row of each request only (Eagle3Head.extends_last_rows): the same drafts, step by
+    step, and the same tokens as running the layer over all K + 1 rows and gathering (fp32).
+    Simulated acceptance moves the last emitted row around the block."""
+    from graphrt.models.eagle import Eagle3Head
+
+    target, prompts = plain_outputs[:2]
+    draft = load(draft_dir("eagle3"))
+    runs = []
+    for whole in (False, True):
+        if whole:
+            monkeypatch.setattr(Eagle3Head, "extends_last_rows", property(lambda self: False))
+        rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=2, max_seq_len=96, seed=5,
+                     simulate_acceptance_length=2.5, draft_quantization=quantization)
+        assert rt.draft.extends_last_rows is not whole
+        runs.append([_proposals(rt, p) for p in prompts[:3]])
+    assert runs[0] == runs[1]
+    assert len({len(step) for _, steps in runs[0] for step in steps}) == 1  # one draft row per step
+
+
 def test_draft_quantization_is_checked(plain_outputs):
     target = plain_outputs[0]
     with pytest.raises(ValueError, match="draft_quantization takes one of"):

@@ -5,7 +5,8 @@ hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `token_map` 
 of each draft id, [V_draft] int64, or None where they are the same),
 `position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`,
 `cfg` and `logits_shard` (argmax's group and vocab_size when draft_logits is a tensor-parallel
-vocab shard, else {}).
+vocab shard, else {}). A draft whose `extends_last_rows` is true also takes draft_forward(...,
+rows=(indices, metadata), into=buffer): every row's KV, then only those rows' states.
 """
 
 from __future__ import annotations

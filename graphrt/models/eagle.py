@@ -71,19 +71,22 @@ class Eagle3Layer(DecoderLayer):
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
         self.norm_before_residual = cfg.norm_before_residual
 
-    def __call__(self, tokens, table, hidden, positions, meta, k_cache, v_cache):
+    def __call__(self, tokens, table, hidden, positions, meta, k_cache, v_cache, rows=None, into=None):
         """table: the embedding table [V, H] the tokens index, or a function of the tokens (a
         vocab-parallel lookup); with a table, the gather and both norms run in one launch
-        (kernels/eagle3_input.py)."""
+        (kernels/eagle3_input.py). rows: as AttentionBlock's (every row's KV, then those rows
+        only); into: where the output stream goes (a new tensor when None)."""
         if isinstance(table, torch.Tensor):
             x, normed = eagle3_input(tokens, table, hidden, self.input_norm, self.hidden_norm, self.eps)
         else:
             x, normed = eagle3_input_unfused(table(tokens), hidden, self.input_norm, self.hidden_norm, self.eps)
         residual = normed if self.norm_before_residual else hidden
+        if rows is not None:
+            residual = residual.index_select(0, rows[0])
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
-        h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache), residual, self.post_norm, self.eps)
+        h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache, rows), residual, self.post_norm, self.eps)
         out = self.mlp(h)
-        return residual_add(h.stream, out)
+        return residual_add(h.stream, out, into)
 
 
 class Eagle3Head(_EagleBase):
@@ -114,9 +117,21 @@ class Eagle3Head(_EagleBase):
         self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp)] + [
             DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(1, cfg.num_hidden_layers)]
 
-    def draft_forward(self, tokens, positions, meta, kv, hidden_in):
+    @property
+    def extends_last_rows(self) -> bool:
+        """Whether draft_forward takes rows=: with one layer (the published heads), a row's layer
+        output feeds only the next token's draft, so past the KV store DRAFT_EXTEND needs each
+        request's last emitted row alone: attention, o, the MLP and the LM head run at B rows, not
+        B * (K + 1), and at B = 1 on the one-row paths (their fusions, FP8 weights)."""
+        return self.num_layers == 1
+
+    def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
+        """rows (extends_last_rows): (indices [B], their one-query metadata): every row's KV is
+        stored and only those rows' states return, [B, H], written into `into` when given."""
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
+        if rows is not None:
+            return self.layers[0](tokens, self.embed_source, hidden_in, positions, meta, kv.k[0], kv.v[0], rows, into)
         x = self.layers[0](tokens, self.embed_source, hidden_in, positions, meta, kv.k[0], kv.v[0])
         for i, layer in enumerate(self.layers[1:], start=1):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])

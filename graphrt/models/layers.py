@@ -96,8 +96,10 @@ class AttentionBlock:
         self.q_norm = weights.get(f"{prefix}.q_norm.weight")
         self.k_norm = weights.get(f"{prefix}.k_norm.weight")
 
-    def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache):
-        """x: [N, H], or the PendingNorm that produces it (the layer's input norm)."""
+    def __call__(self, x, positions, meta: AttentionMetadata, k_cache, v_cache, rows=None):
+        """x: [N, H], or the PendingNorm that produces it (the layer's input norm). rows: (indices
+        [B] int64, their one-query metadata): every row's k and v are stored, then only those rows
+        attend and are projected ([B, H] out)."""
         n = (x.x if isinstance(x, PendingNorm) else x).shape[0]
         # One token: the rotation and the KV store run in the qkv GEMV's epilogue; otherwise one
         # launch normalises (Qwen3) and rotates q and k, stores k and v and returns q contiguous.
@@ -106,6 +108,9 @@ class AttentionBlock:
             meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
         )
+        if rows is not None:
+            q, meta = q.index_select(0, rows[0]), rows[1]
+            n = q.shape[0]
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
