@@ -13,8 +13,9 @@ import textwrap
 
 import pytest
 
-_GEMV = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32", ctr_ptr="*i32",
-             eps="fp32")
+_GEMV = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*fp32", bias_ptr="*bf16", y_ptr="*bf16", ws_ptr="*fp32",
+             ctr_ptr="*i32", eps="fp32")
+_FP8 = dict(w_ptr="*fp8e4nv", scale_ptr="*fp32")  # an FP8 draft's weights (kernels/fp8_weight.py)
 _ARGMAX = dict(logits_ptr="*bf16", part_val_ptr="*fp32", part_idx_ptr="*i32", out_val_ptr="*bf16",
                out_idx_ptr="*i64", ctr_ptr="*i32")
 _ROTARY = dict(pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_norm_ptr="*fp32",
@@ -34,7 +35,7 @@ _SPREAD = dict(_FILTER, part_ptr="*i64", state_ptr="*i32", above_ptr="*i64", min
 _CYCLE = dict(slots_ptr="*i64", src_ptr="*i64", tables_ptr="*i32", last_ptr="*i64", drafts_ptr="*i64",
               temp_ptr="*fp32", seed_ptr="*i64", n_ptr="*i64", pos_ptr="*i64", tab_ptr="*i32", seqlen_ptr="*i32",
               smap_ptr="*i64", tok_ptr="*i64", temp_out_ptr="*fp32", seed_out_ptr="*i64", emit_ptr="*i64",
-              nemit_ptr="*i32", last_out_ptr="*i64", base_add="i64")
+              nemit_ptr="*i32", last_out_ptr="*i64", last_len_ptr="*i32", base_add="i64")
 _PUSH = dict(tab_ptr="*i64", seq_ptr="*i32")
 _NO_FUSION = dict(num_warps=4, enable_fp_fusion=False)  # as the sampler's launcher compiles them
 _PAGED = dict(NUM_KV_HEADS=8, NUM_Q_HEADS=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, PAGE=16, BLOCK_N=128,
@@ -58,6 +59,17 @@ def _gemv_dot(_stages=4, **constexprs):
 #        compile options)
 CASES = {
     "gemv-fma-m1-pdl": _gemv_fma(),
+    # FP8 weights: the one-row launches of an FP8 draft step (gate_up with the norm prologue, qkv
+    # with the rotary), and the DOT path that direct calls may take
+    "gemv-fma-m1-fp8-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV | _FP8, _gemv_fma()[3] | dict(
+        BLOCK_N=8, BLOCK_K=1024, REDUCE_EACH=False, GATED=True, NORM=True, NORM_RES=True, BLOCK_H=4096,
+        HAS_SCALE=True), dict(num_warps=4, num_stages=1)),
+    "qkv-rotary-m1-fp8-pdl": ("qkv_rotary", "_qkv_rotary_kernel", dict(_ROTARY, **_FP8, pos_ptr="*i64", slot_ptr="*i64"),
+                              dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, PAGE=16, BLOCK_N=4, BLOCK_K=2048,
+                                   REDUCE_EACH=False, HAS_BIAS=False, USE_PDL=True, HAS_SCALE=True),
+                              dict(num_warps=4, num_stages=1)),
+    "gemv-dot-fp8": ("gemv", "_gemv_kernel", _GEMV | _FP8, _gemv_dot()[3] | dict(HAS_SCALE=True),
+                     dict(num_warps=4, num_stages=4)),
     "gemv-fma-m1-gated-pdl": _gemv_fma(GATED=True),
     # the RMSNorm prologue (kernels/norm.PendingNorm): PDL with one K tile, no PDL with several
     "gemv-fma-m1-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048),
