@@ -65,30 +65,11 @@ def weight_and_scale(w) -> tuple[torch.Tensor, torch.Tensor | None]:
     return (w.q, w.scale) if isinstance(w, Fp8Weight) else (w, None)
 
 
-WIDE_SHIFT = tl.constexpr(2.0**112)  # what _widen's FP8 values are short of the weights
-
-
 @triton.jit
-def _widen(w):
-    # A weight tile to fp32 for the FMA path. FP8: one packed conversion per two weights to f16,
-    # then integer ops move the f16 bits into fp32's place (a conversion per weight measured as the
-    # bound): each value comes out exactly 2^-112 times its weight (e4m3's smallest, 2^-9, is an
-    # f16 normal, so every nonzero lands on an fp32 normal), which _row_scaled(WIDE=True) undoes.
-    if w.dtype == tl.float8e4nv:
-        h = w.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
-        w = (((h & 0x7FFF) << 13) | ((h & 0x8000) << 16)).to(tl.float32, bitcast=True)
-    else:
-        w = w.to(tl.float32)
-    return w
-
-
-@triton.jit
-def _row_scaled(acc, scale_ptr, rows, HAS_SCALE: tl.constexpr, WIDE: tl.constexpr = False):
+def _row_scaled(acc, scale_ptr, rows, HAS_SCALE: tl.constexpr):
     # An FP8 matrix's per-row scales (powers of two: exact) on sums of shape [BLOCK_N] or
-    # [BLOCK_N, X], rows: their weight rows; WIDE: the sums are of _widen's values.
+    # [BLOCK_N, X], rows: their weight rows.
     if HAS_SCALE:
-        if WIDE:
-            acc = acc * WIDE_SHIFT
         s = tl.load(scale_ptr + rows)
         if len(acc.shape) == 2:
             s = s[:, None]

@@ -46,7 +46,7 @@ import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, _widen, dense, for_rows, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -179,9 +179,9 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
         # streams in while that kernel finishes; x and everything written are touched only after
         # the wait. At M = 1 with K <= BLOCK_K that is the whole weight read.
         kmask = (k0 + offs_k) < k_end
-        w = _widen(tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0))
+        w = tl.load(w_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
         if GATED:
-            u = _widen(tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0))
+            u = tl.load(u_ptrs + k0, mask=kmask[None, :], other=0.0).to(tl.float32)
         if NORM:  # norm weights too
             g = tl.load(g_ptr + k0 + offs_k, mask=kmask, other=0.0)
         wait_for_producer()
@@ -194,17 +194,17 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
                                        REDUCE_EACH, BLOCK_M, GATED, NORM, NORM_RES)
         k_start = k0 + BLOCK_K
     for k in range(k_start, k_full, BLOCK_K):
-        w = _widen(tl.load(w_ptrs + k))
+        w = tl.load(w_ptrs + k).to(tl.float32)
         if GATED:
-            u = _widen(tl.load(u_ptrs + k))
+            u = tl.load(u_ptrs + k).to(tl.float32)
         a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k, K,
                                        stride_xm, offs_k, None, rstd, None, False, REDUCE_EACH, BLOCK_M, GATED,
                                        NORM, NORM_RES)
     if k_full < k_end and k_full >= k_start:  # K tail (unless the peeled first tile was it)
         kmask = (k_full + offs_k) < k_end
-        w = _widen(tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0))
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
         if GATED:
-            u = _widen(tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0))
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(tl.float32)
         a0, a1, a2, a3, c0 = _fma_tile(a0, a1, a2, a3, c0, w, u if GATED else w, x_ptr, res_ptr, g_ptr, k_full,
                                        K, stride_xm, offs_k, kmask, rstd, None, True, REDUCE_EACH, BLOCK_M,
                                        GATED, NORM, NORM_RES)
@@ -378,11 +378,11 @@ def _gemv_kernel(
         a0, a1, a2, a3, c0 = _fma_k_loop(w_ptrs, w_ptrs + N * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
                                          k_end, K, stride_xm, offs_k, pid_n, BLOCK_N, BLOCK_K, BLOCK_M, REDUCE_EACH,
                                          GATED, NORM, NORM_RES, BLOCK_H, USE_PDL)
-        a0 = _row_scaled(a0, scale_ptr, rows, HAS_SCALE, True)
-        a1 = _row_scaled(a1, scale_ptr, rows, HAS_SCALE and BLOCK_M > 1, True)
-        a2 = _row_scaled(a2, scale_ptr, rows, HAS_SCALE and BLOCK_M > 2, True)
-        a3 = _row_scaled(a3, scale_ptr, rows, HAS_SCALE and BLOCK_M > 3, True)
-        c0 = _row_scaled(c0, scale_ptr + N, rows, HAS_SCALE and GATED, True)
+        a0 = _row_scaled(a0, scale_ptr, rows, HAS_SCALE)
+        a1 = _row_scaled(a1, scale_ptr, rows, HAS_SCALE and BLOCK_M > 1)
+        a2 = _row_scaled(a2, scale_ptr, rows, HAS_SCALE and BLOCK_M > 2)
+        a3 = _row_scaled(a3, scale_ptr, rows, HAS_SCALE and BLOCK_M > 3)
+        c0 = _row_scaled(c0, scale_ptr + N, rows, HAS_SCALE and GATED)
         if GATED:
             # Both products rounded to y's dtype first, as the unfused GEMV stores them.
             dt = y_ptr.dtype.element_ty

@@ -130,8 +130,8 @@ def _qkv_rotary_kernel(
     a1, _, _, _, a2 = _fma_k_loop(w1_ptrs, w1_ptrs + HALF * K, x_ptr, res_ptr, sum_ptr, g_ptr, eps, 0,
                                   (K // BLOCK_K) * BLOCK_K, K, K, 0, offs_k, tile, BLOCK_N, BLOCK_K, 1, REDUCE_EACH,
                                   True, NORM, NORM_RES, BLOCK_H, USE_PDL)
-    y1 = _row_scaled(_fma_final(a1, REDUCE_EACH), scale_ptr, r1, HAS_SCALE, True)
-    y2 = _row_scaled(_fma_final(a2, REDUCE_EACH), scale_ptr, r1 + HALF, HAS_SCALE, True)
+    y1 = _row_scaled(_fma_final(a1, REDUCE_EACH), scale_ptr, r1, HAS_SCALE)
+    y2 = _row_scaled(_fma_final(a2, REDUCE_EACH), scale_ptr, r1 + HALF, HAS_SCALE)
     if HAS_BIAS:
         y1 += tl.load(bias_ptr + r1).to(tl.float32)
         y2 += tl.load(bias_ptr + r1 + HALF).to(tl.float32)
