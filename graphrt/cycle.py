@@ -206,23 +206,20 @@ class Cycle:
                          emitted=(s.emitted, s.num_emitted))
         hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
         last = x.last  # [B]: the row of each request's last emitted token
+        rows = {}
         if getattr(self.draft, "extends_last_rows", False):  # past the KV store, the last rows only
-            rows = (last, AttentionMetadata(block_tables=x.block_tables, seq_lens=x.last_seq_lens,
-                                            slot_mapping=x.slot_mapping, query_len=1,
-                                            max_seq_len=self.max_blocks * self.block_size))
-            into = s.draft_state[:B] if s.draft_state is not None else None
-            state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x),
-                                             self.draft_kv, hidden_in, rows=rows, into=into)
-            self._propose(slots, state, column=0)
-            return
+            rows = dict(rows=(last, AttentionMetadata(block_tables=x.block_tables, seq_lens=x.last_seq_lens,
+                                                      slot_mapping=x.slot_mapping, query_len=1,
+                                                      max_seq_len=self.max_blocks * self.block_size)),
+                        into=s.draft_state[:B] if s.draft_state is not None else None)
         state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
-                                         hidden_in)
-        if s.draft_state is not None:
+                                         hidden_in, **rows)
+        if not rows and s.draft_state is not None:  # (with rows: [B, H] already, in draft_state)
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather
             # before it writes every byte (docs/notes/benchmarks-history.md, Reliability).
             state = torch.index_select(state, 0, last, out=s.draft_state[:B])
-        else:
+        elif not rows:
             state = state[last]
         self._propose(slots, state, column=0)
 
