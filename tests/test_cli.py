@@ -39,9 +39,9 @@ def test_bench_eagle_shaped_self_draft(tmp_path, monkeypatch):
                  "--draft-kind", "eagle", "--no-draft", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["meta"]["draft"] == "none"
     assert main(["bench", "--device", "cpu", "--batch-sizes", "2", "--max-new-tokens", "5", "--prompt-len", "4",
-                 "--draft-kind", "eagle", "--json", str(out)]) == 0
+                 "--draft-kind", "eagle", "--draft-quantization", "fp8", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
-    assert "EAGLE" in d["meta"]["draft"]
+    assert "EAGLE" in d["meta"]["draft"] and d["meta"]["draft"].endswith("; FP8 weights")
     assert {r["mode"] for r in d["results"]} == {"spec-eager", "plain-eager"}
 
 
@@ -51,10 +51,12 @@ def test_generate_with_prompt_ids_matches_the_api(capsys):
 
     expected = Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32).generate(
         [[1, 2, 3]], SamplingParams(max_new_tokens=7, ignore_eos=True))[0].token_ids
-    assert main(["generate", str(tiny_dir()), "--prompt-ids", "1,2,3", "--max-new-tokens", "7", "--ignore-eos",
-                 "--draft", str(draft_dir("eagle")), "--device", "cpu", "--dtype", "fp32", "--json"]) == 0
-    got = json.loads(capsys.readouterr().out)
-    assert got["token_ids"] == expected
+    for quantized in ([], ["--draft-quantization", "fp8"]):
+        assert main(["generate", str(tiny_dir()), "--prompt-ids", "1,2,3", "--max-new-tokens", "7", "--ignore-eos",
+                     "--draft", str(draft_dir("eagle")), "--device", "cpu", "--dtype", "fp32", "--json",
+                     *quantized]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["token_ids"] == expected, quantized
 
 
 def test_generate_passes_the_filters(capsys):

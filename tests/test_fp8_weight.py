@@ -67,8 +67,8 @@ CASES = [(1, 37, 100, False, 4, 32, 1), (3, 50, 130, False, 2, 32, 2), (4, 19, 2
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_reads_fp8_as_the_dense_matrix(case, dtype):
+def test_gemv_reads_fp8_as_the_dense_matrix(case):
+    dtype = torch.float16  # the half dtype the interpreter's tl.dot takes (bf16 on the GPU below)
     m, n, k, use_dot, bn, bk, split = case
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)

@@ -113,7 +113,8 @@ def _ranks(world, tmp_path, kinds=tuple(DRAFTS), timeout_s=300, **kw):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_matches_one_process(world, single, tmp_path):
-    _check_ranks(_ranks(world, tmp_path), single, DRAFTS)
+    kinds = tuple(k for k in DRAFTS if world == 2 or k not in _KIND_KW)  # the FP8 head on two ranks
+    _check_ranks(_ranks(world, tmp_path, kinds), single, kinds)
 
 
 @pytest.mark.gpu
