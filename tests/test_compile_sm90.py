@@ -60,7 +60,7 @@ def _gemv_dot(_stages=4, **constexprs):
 CASES = {
     "gemv-fma-m1-pdl": _gemv_fma(),
     # FP8 weights: the one-row launches of an FP8 draft step (gate_up with the norm prologue, qkv
-    # with the rotary), and the DOT path that direct calls may take
+    # with the rotary)
     "gemv-fma-m1-fp8-gated-norm-pdl": ("gemv", "_gemv_kernel", _GEMV | _FP8, _gemv_fma()[3] | dict(
         BLOCK_N=8, BLOCK_K=1024, REDUCE_EACH=False, GATED=True, NORM=True, NORM_RES=True, BLOCK_H=4096,
         HAS_SCALE=True), dict(num_warps=4, num_stages=1)),
@@ -68,8 +68,6 @@ CASES = {
                               dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, PAGE=16, BLOCK_N=4, BLOCK_K=2048,
                                    REDUCE_EACH=False, HAS_BIAS=False, USE_PDL=True, HAS_SCALE=True),
                               dict(num_warps=4, num_stages=1)),
-    "gemv-dot-fp8": ("gemv", "_gemv_kernel", _GEMV | _FP8, _gemv_dot()[3] | dict(HAS_SCALE=True),
-                     dict(num_warps=4, num_stages=4)),
     "gemv-fma-m1-gated-pdl": _gemv_fma(GATED=True),
     # the RMSNorm prologue (kernels/norm.PendingNorm): PDL with one K tile, no PDL with several
     "gemv-fma-m1-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048),
