@@ -4,7 +4,7 @@ Per speculative cycle with K drafts (docs/design.md, "The cycle"):
 
   TARGET_VERIFY  target over [last verified token, d_1 .. d_K] -> fused rejection -> 1..K+1 tokens
   DRAFT_EXTEND   draft over the K+1 emitted positions -> argmax at the last emitted one: next d_1
-                 (a one-layer EAGLE-3 head: KV for all K+1, the rest of the layer on the last one)
+                 (a one-layer EAGLE head: KV for all K+1, the rest of the layer on the last one)
   DRAFT_DECODE   K-1 more argmax steps: next d_2 .. d_K
 
 TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass. Every phase reads and

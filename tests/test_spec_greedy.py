@@ -70,20 +70,21 @@ def _proposals(rt, prompt):
     return rt.pop_generation(rid).token_ids, seen
 
 
-@pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_eagle3_extend_on_the_last_rows_drafts_what_the_whole_block_does(plain_outputs, quantization, monkeypatch):
-    """A one-layer EAGLE-3 head's DRAFT_EXTEND stores every row's KV, then attends and projects the
-    last emitted row of each request only (Eagle3Head.extends_last_rows): the same drafts, step by
-    step, and the same tokens as running the layer over all K + 1 rows and gathering (fp32).
-    Simulated acceptance moves the last emitted row around the block."""
-    from graphrt.models.eagle import Eagle3Head
+@pytest.mark.parametrize("kind,quantization", [("eagle3", None), ("eagle3", "fp8"), ("eagle", None)])
+def test_extend_on_the_last_rows_drafts_what_the_whole_block_does(plain_outputs, kind, quantization, monkeypatch):
+    """A one-layer EAGLE head's DRAFT_EXTEND stores every row's KV, then attends and projects the
+    last emitted row of each request only (extends_last_rows): the same drafts, step by step, and
+    the same tokens as running the layer over all K + 1 rows and gathering (fp32). Simulated
+    acceptance moves the last emitted row around the block."""
+    from graphrt.models.eagle import Eagle3Head, EagleHead
 
     target, prompts = plain_outputs[:2]
-    draft = load(draft_dir("eagle3"))
+    draft = load(draft_dir(kind))
     runs = []
     for whole in (False, True):
         if whole:
-            monkeypatch.setattr(Eagle3Head, "extends_last_rows", property(lambda self: False))
+            for cls in (Eagle3Head, EagleHead):
+                monkeypatch.setattr(cls, "extends_last_rows", property(lambda self: False))
         rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=2, max_seq_len=96, seed=5,
                      simulate_acceptance_length=2.5, draft_quantization=quantization)
         assert rt.draft.extends_last_rows is not whole

@@ -51,9 +51,17 @@ class EagleHead(_EagleBase):
                                     has_input_norm=i > 0 or cfg.has_input_layernorm)
                        for i in range(cfg.num_hidden_layers)]
 
-    def draft_forward(self, tokens, positions, meta, kv, hidden_in):
+    @property
+    def extends_last_rows(self) -> bool:
+        """As Eagle3Head's: with one layer, past the KV store only each request's last row goes on."""
+        return self.num_layers == 1
+
+    def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
+        """rows, into (extends_last_rows): as Eagle3Head.draft_forward's."""
         x = torch.cat([self.embed_tokens(tokens), hidden_in], dim=-1)
         x = linear(x, self.fc_weight, self.fc_bias)
+        if rows is not None:
+            return self.layers[0](x, positions, meta, kv.k[0], kv.v[0], rows, into)
         for i, layer in enumerate(self.layers):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x

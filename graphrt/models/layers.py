@@ -150,25 +150,29 @@ class DecoderLayer:
         self.attn = AttentionBlock(weights, f"{prefix}.self_attn", cfg, rotary, tp)
         self.mlp = GatedMLP(weights, f"{prefix}.mlp", tp)
 
-    def __call__(self, x, positions, meta, k_cache, v_cache):
-        """x: [N, H] residual stream in; returns the residual stream out."""
-        out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache)
-        return residual_add(residual, out)
+    def __call__(self, x, positions, meta, k_cache, v_cache, rows=None, into=None):
+        """x: [N, H] residual stream in; returns the residual stream out (rows: as
+        forward_residual's; into: where it goes, a new tensor when None)."""
+        out, residual, _ = self.forward_residual(x, None, positions, meta, k_cache, v_cache, rows)
+        return residual_add(residual, out, into)
 
-    def forward_residual(self, x, residual, positions, meta, k_cache, v_cache):
+    def forward_residual(self, x, residual, positions, meta, k_cache, v_cache, rows=None):
         """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
         when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it, and
         the stream entering it (the sum the input norm formed anyway: what an EAGLE-3 head's aux
         states are, without an add launch of their own).
         Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
         each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
-        prologue (kernels/norm.PendingNorm), which saves the norm's launch too."""
+        prologue (kernels/norm.PendingNorm), which saves the norm's launch too.
+        rows: (indices [B], their one-query metadata): every row's KV is stored, then only those
+        rows go on (AttentionBlock), and mlp_out and residual' are theirs."""
         if self.input_norm is not None:
             h = PendingNorm(x, residual, self.input_norm, self.eps)
         else:
             h = x if residual is None else residual + x
-        attn_out = self.attn(h, positions, meta, k_cache, v_cache)
+        attn_out = self.attn(h, positions, meta, k_cache, v_cache, rows)
         entering = h.stream if isinstance(h, PendingNorm) else h
-        h = PendingNorm(attn_out, entering, self.post_norm, self.eps)
+        h = PendingNorm(attn_out, entering if rows is None else entering.index_select(0, rows[0]), self.post_norm,
+                        self.eps)
         out = self.mlp(h)
         return out, h.stream, entering
