@@ -67,7 +67,7 @@ _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
 
 
 # FP8 weights at one row (kernels/fp8_weight.py; no other M reads them): a 16-byte load holds 16
-# weights, and the per-element conversion, not DRAM, bounds the narrower tiles. From
+# weights, and the reads stop near 80% of DRAM bandwidth whatever the tile (not DRAM-bound). From
 # scripts/gemv_sweep.py --fp8 --ms 1 on the EAGLE-3 heads' matrices (H200): (8, 1024) tiles without
 # the per-step reduction were the best or within 10% on the 8b head's, and these shapes took others.
 _FP8_M1 = dict(reduce_each=False, block_n=8, block_k=1024)

@@ -35,6 +35,14 @@ class _EagleBase:
         self.logits_shard = {}
         self.token_map = None  # draft ids are target ids
 
+    @property
+    def extends_last_rows(self) -> bool:
+        """Whether draft_forward takes rows=: with one layer (the published heads), a row's layer
+        output feeds only the next token's draft, so past the KV store DRAFT_EXTEND needs each
+        request's last emitted row alone: attention, o, the MLP and the LM head run at B rows, not
+        B * (K + 1), and at B = 1 on the one-row paths (their fusions, FP8 weights)."""
+        return self.num_layers == 1
+
 
 class EagleHead(_EagleBase):
     """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer (the
@@ -51,13 +59,9 @@ class EagleHead(_EagleBase):
                                     has_input_norm=i > 0 or cfg.has_input_layernorm)
                        for i in range(cfg.num_hidden_layers)]
 
-    @property
-    def extends_last_rows(self) -> bool:
-        """As Eagle3Head's: with one layer, past the KV store only each request's last row goes on."""
-        return self.num_layers == 1
-
     def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
-        """rows, into (extends_last_rows): as Eagle3Head.draft_forward's."""
+        """rows (extends_last_rows): (indices [B], their one-query metadata): every row's KV is
+        stored and only those rows' states return, [B, H], written into `into` when given."""
         x = torch.cat([self.embed_tokens(tokens), hidden_in], dim=-1)
         x = linear(x, self.fc_weight, self.fc_bias)
         if rows is not None:
@@ -125,17 +129,8 @@ class Eagle3Head(_EagleBase):
         self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp)] + [
             DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(1, cfg.num_hidden_layers)]
 
-    @property
-    def extends_last_rows(self) -> bool:
-        """Whether draft_forward takes rows=: with one layer (the published heads), a row's layer
-        output feeds only the next token's draft, so past the KV store DRAFT_EXTEND needs each
-        request's last emitted row alone: attention, o, the MLP and the LM head run at B rows, not
-        B * (K + 1), and at B = 1 on the one-row paths (their fusions, FP8 weights)."""
-        return self.num_layers == 1
-
     def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
-        """rows (extends_last_rows): (indices [B], their one-query metadata): every row's KV is
-        stored and only those rows' states return, [B, H], written into `into` when given."""
+        """rows, into: as EagleHead.draft_forward's."""
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
         if rows is not None:
