@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
-from graphrt.kernels.argmax import Proposal, propose_tokens
+from graphrt.kernels.argmax import Proposal
 from graphrt.kernels.cycle_index import (
     SCRATCH_NUM_TOKENS,
     CycleInputs,
@@ -33,6 +33,7 @@ from graphrt.kernels.cycle_index import (
     cycle_inputs_reference,
     pin_scratch,
 )
+from graphrt.kernels.draft_head import propose_from_head
 from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
@@ -245,8 +246,8 @@ class Cycle:
         target ids in the argmax's last step. Writes it to draft_tokens[slots, column] and to
         proposed[:B], which it returns ([B] int64)."""
         proposal = Proposal(self.draft.token_map, self.s.draft_tokens, slots, column)
-        return propose_tokens(self.draft.draft_logits(state), proposal, self.s.proposed[: slots.shape[0]],
-                              **self.draft.logits_shard)
+        return propose_from_head(*self.draft.draft_head(state), proposal, self.s.proposed[: slots.shape[0]],
+                                 **self.draft.logits_shard)
 
     # ---- TARGET_DECODE ------------------------------------------------------------------------
     def target_decode(self, B: int) -> None:

@@ -163,6 +163,36 @@ def _argmax_combine_kernel(
                     map_ptr, slots_ptr, dest_ptr, dest_stride, column, PROPOSE, HAS_MAP)
 
 
+# The GEMV epilogue's argmax (kernels/draft_head.py): each program folds its outputs into one int64
+# per row, atomically maxed. High word: the value's fp32 bits made signed-monotone; low word:
+# 0xFFFFFFFF - index, so equal values keep the lowest index. NaN enters as -inf; every real key is
+# above _KEY_EMPTY, the slot's resting value.
+_KEY_EMPTY = tl.constexpr(-(2**63))
+_LOW_WORD = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def fold_argmax(vals, offs, V, key_ptr, ctr_ptr, n_programs, out_idx_ptr, map_ptr, slots_ptr, dest_ptr,
+                dest_stride, column, HAS_MAP: tl.constexpr):
+    """vals [BLOCK] fp32 (already rounded to the logits' dtype) at vocab indices offs (masked past V)
+    of one row; key_ptr: the row's int64 slot (at _KEY_EMPTY), ctr_ptr: a counters() slot, shared by
+    the row's n_programs programs. The last to fold stores the row's argmax, mapped and proposed as
+    _argmax_combine does with PROPOSE, and leaves both slots at rest."""
+    vals = tl.where(vals != vals, float("-inf"), tl.where(vals == 0.0, 0.0, vals))  # NaN, and -0.0 ties +0.0
+    bits = vals.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    keys = (ordered << 32) | (offs.to(tl.int64) ^ _LOW_WORD)
+    best = tl.max(tl.where(offs < V, keys, _KEY_EMPTY), axis=0)
+    tl.atomic_max(key_ptr, best, sem="relaxed", scope="gpu")
+    if last_to_finish(ctr_ptr, n_programs):
+        won = tl.atomic_xchg(key_ptr, _KEY_EMPTY, sem="relaxed", scope="gpu")
+        i = (won & _LOW_WORD) ^ _LOW_WORD
+        if HAS_MAP:
+            i = tl.load(map_ptr + i)
+        tl.store(dest_ptr + tl.load(slots_ptr) * dest_stride + column, i)
+        tl.store(out_idx_ptr, i)
+
+
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:
     """(block_v, chunks per row, num_warps, fused) by batch size, V = 128256 bf16, with PDL. From
     sweeps over block_v x chunks x warps x fused (the same-call re-timing in

@@ -19,6 +19,7 @@ import triton.language as tl
 
 COUNTER_SLOTS = 1 << 16
 _bufs: dict[torch.device, torch.Tensor] = {}
+_keys: dict[torch.device, torch.Tensor] = {}
 _retired: list[tuple[torch.Tensor, ...]] = []
 
 
@@ -38,6 +39,15 @@ def counters(dev: torch.device, n: int) -> torch.Tensor | None:
             return None
         buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=dev)
         _bufs[dev] = buf
+    return buf
+
+
+def argmax_keys(dev: torch.device) -> torch.Tensor | None:
+    """The device's [64] int64 slots at rest (-2**63) for the GEMV epilogue's argmax
+    (argmax.fold_argmax, which leaves them at rest), or None inside a capture before they exist."""
+    buf = _keys.get(dev)
+    if buf is None and not capturing():
+        buf = _keys[dev] = torch.full((64,), -(2**63), dtype=torch.int64, device=dev)
     return buf
 
 

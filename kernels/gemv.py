@@ -45,7 +45,8 @@ import triton
 import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
-from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
+from graphrt.kernels.argmax import Proposal, _validate_proposal, fold_argmax
+from graphrt.kernels.counters import COUNTER_SLOTS, argmax_keys, counters, last_to_finish
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
@@ -285,7 +286,7 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
 
 # M == 1 stays specialised; M's divisibility by 16 is not (loads and stores vectorise along K and N
 # only), so the DOT path's M = 4, 8 and 16 share one compiled variant.
-@triton.jit(do_not_specialize_on_alignment=["M"])
+@triton.jit(do_not_specialize_on_alignment=["M"], do_not_specialize=["dest_stride", "column"])
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
     w_ptr,  # [N, K] same dtype, or float8_e4m3fn (HAS_SCALE), contiguous
@@ -299,6 +300,7 @@ def _gemv_kernel(
     sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
     tab_ptr, seq_ptr, tp_rank, tp_words,  # the push buffers (PUSH_W only)
+    key_ptr, map_ptr, slots_ptr, dest_ptr, dest_stride, column,  # the draft token (ARGMAX only): fold_argmax's
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -322,6 +324,7 @@ def _gemv_kernel(
     PUSH_W: tl.constexpr = 0,  # FMA unsplit at BLOCK_M <= 2, or DOT unsplit or FUSED; not GATED, no bias: y
     # summed over W ranks (kernels/push_reduce.py)
     HAS_SCALE: tl.constexpr = False,  # w is FP8 with per-row scales (kernels/fp8_weight.py)
+    ARGMAX: tl.constexpr = 0,  # FMA, M = 1, unsplit: y [1] int64 gets the row's argmax, mapped when 2 (draft_head)
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -395,6 +398,10 @@ def _gemv_kernel(
             rows2 = tl.trans(tl.join(_fma_final(a0, REDUCE_EACH), _fma_final(a1, REDUCE_EACH)))  # [2, BLOCK_N]
             push_reduce_tile(rows2.to(y_ptr.dtype.element_ty), pid_n, M, 2, BLOCK_N, N, y_ptr, stride_ym, tab_ptr,
                              seq_ptr, tp_rank, tp_words, PUSH_W)
+        elif ARGMAX:  # the logits as the unfused GEMV would store them, never stored
+            fold_argmax(_fma_final(a0, REDUCE_EACH).to(x_ptr.dtype.element_ty).to(tl.float32), offs_n, N, key_ptr,
+                        ctr_ptr, tl.num_programs(0), y_ptr, map_ptr, slots_ptr, dest_ptr, dest_stride, column,
+                        ARGMAX == 2)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -493,6 +500,7 @@ def gemv_triton(
     block_k: int | None = None, split_k: int | None = None, num_warps: int | None = None,
     num_stages: int | None = None, fused: bool | None = None, pdl: bool | None = None, gated: bool = False,
     norm: PendingNorm | None = None, per_row: bool | None = None, push: PushTarget | None = None,
+    propose: Proposal | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -521,9 +529,11 @@ def gemv_triton(
     ranks in the same launch, the same bits on every rank (M = 1 or 2 on the unsplit FMA path, not
     per_row; or the DOT path, split K only with the counters; no bias, not gated). A collective:
     every rank makes the same call.
+    propose: a draft step's top-1 instead of y (one row, unsplit FMA path, no bias, gate or push; out a
+    [1] int64): argmax_triton(y, propose=propose)'s index, bit for bit, without y going to memory.
     """
     w, scale = weight_and_scale(w)
-    _validate(x, w, scale, bias, out)
+    _validate(x, w, scale, bias, out if propose is None else None)
     m, k = x.shape
     n = w.shape[0]
     cfg = select_config(m, n, k, scale is not None and m == 1) if m <= gemv_config.MAX_M else None
@@ -539,7 +549,8 @@ def gemv_triton(
     if gated and (not (one_row or cfg["use_dot"]) or bias is not None or out is not None or n % 2):
         raise ValueError("gated=True takes M = 1, per_row or the DOT path, an even N (gate rows then up rows), no "
                          f"bias, no out; got x {tuple(x.shape)}, w {tuple(w.shape)}")
-    if norm is not None and (norm.x is not x or not one_row or out is not None or not norm.fusable()):
+    if norm is not None and (norm.x is not x or not one_row or (out is not None and propose is None)
+                             or not norm.fusable()):
         raise ValueError("norm= takes the PendingNorm of x itself: contiguous rows, one per program, norm weight in "
                          f"x's dtype, no out; got x {tuple(x.shape)}")
     if use_dot is False and m > _FMA_MAX_M and not per_row:
@@ -580,6 +591,12 @@ def gemv_triton(
                          f"bias or gate, and a product the push buffers hold; got x {tuple(x.shape)}, "
                          f"w {tuple(w.shape)}")
 
+    keys = argmax_keys(x.device) if propose is not None else None
+    if propose is not None and (m != 1 or use_dot or split_k > 1 or gated or bias is not None or push is not None
+                                or out is None or out.shape != (1,) or out.dtype != torch.int64
+                                or out.device != x.device or keys is None):
+        raise ValueError("propose= takes one row on the unsplit FMA path, no bias, gate or push, out a [1] int64 "
+                         "tensor, and the argmax key slots (first call outside capture)")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
     if split_k > 1:
@@ -595,15 +612,23 @@ def gemv_triton(
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     tp_args = push.kernel_args() if push is not None else no_push_args(x)
+    if propose is not None:
+        _validate_proposal(propose, 1, n, x.device)
+        token_map, dest, slots, column = propose
+        prop_args = (keys, token_map if token_map is not None else dest, slots, dest, dest.stride(0), column)
+        ctr_arg = counters(x.device, 1)  # the argmax's, one slot; never FUSED: the launch is unsplit
+    else:
+        prop_args, ctr_arg = (y, y, y, y, 0, 0), ctr if ctr is not None else y
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
-        x, w, scale if scale is not None else y, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
-        m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
+        x, w, scale if scale is not None else y, b, y, ws, ctr_arg, res, g, stream, eps, *tp_args,
+        *prop_args, m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
         PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, HAS_SCALE=scale is not None,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        ARGMAX=0 if propose is None else 1 if propose.token_map is None else 2, num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(pdl),
     )
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)

@@ -1,11 +1,12 @@
 """Model construction from loaded checkpoints.
 
 A draft is anything with the draft interface: `draft_forward(tokens, positions, meta, kv,
-hidden_in) -> state [N, H]`, `draft_logits(state) -> [N, V_draft]`, `token_map` (the target id
-of each draft id, [V_draft] int64, or None where they are the same),
+hidden_in) -> state [N, H]`, `draft_head(state) -> (x, w)` (its LM head's input, a tensor or a
+kernels/norm.PendingNorm, and weight [V_draft, H]: the draft logits are linear(x, w)), `token_map`
+(the target id of each draft id, [V_draft] int64, or None where they are the same),
 `position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`,
-`cfg` and `logits_shard` (argmax's group and vocab_size when draft_logits is a tensor-parallel
-vocab shard, else {}). A draft whose `extends_last_rows` is true also takes draft_forward(...,
+`cfg` and `logits_shard` (argmax's group and vocab_size when w is a tensor-parallel vocab shard,
+else {}). A draft whose `extends_last_rows` is true also takes draft_forward(...,
 rows=(indices, metadata), into=buffer): every row's KV, then only those rows' states.
 """
 

@@ -85,5 +85,5 @@ class DecoderLM:
         hidden, _ = self.forward(tokens, positions, meta, kv)
         return hidden
 
-    def draft_logits(self, state):
-        return self.logits(state)
+    def draft_head(self, state):
+        return state, self.lm_head

@@ -53,7 +53,7 @@ class EagleHead(_EagleBase):
     def __init__(self, cfg, weights: dict, target, max_positions: int, device):
         super().__init__(cfg, weights, target, max_positions, device)
         # the target's LM head, vocab shard and all (logits_shard tells argmax which)
-        self.lm_head, self.logits_shard, self._target_logits = target.lm_head, target.logits_shard, target.logits
+        self.lm_head, self.logits_shard = target.lm_head, target.logits_shard
         self.fc_bias = weights.get("fc.bias")
         self.layers = [DecoderLayer(weights, f"layers.{i}", cfg, self.rotary,
                                     has_input_norm=i > 0 or cfg.has_input_layernorm)
@@ -70,8 +70,8 @@ class EagleHead(_EagleBase):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x
 
-    def draft_logits(self, state):
-        return self._target_logits(state)
+    def draft_head(self, state):
+        return state, self.lm_head
 
 
 class Eagle3Layer(DecoderLayer):
@@ -108,7 +108,7 @@ class Eagle3Head(_EagleBase):
 
     tp: a graphrt.parallel.TensorParallel when the weights are this rank's slice
     (graphrt/parallel/shard.draft_shard_rule): the layers all-reduce as the target's do, and
-    draft_logits is the rank's shard of the draft vocabulary, which argmax takes with logits_shard."""
+    its LM head is the rank's shard of the draft vocabulary, which argmax takes with logits_shard."""
 
     target_hidden = "aux"
 
@@ -140,6 +140,6 @@ class Eagle3Head(_EagleBase):
             x = layer(x, positions, meta, kv.k[i], kv.v[i])
         return x
 
-    def draft_logits(self, state):
+    def draft_head(self, state):
         # the final norm in the draft LM head GEMV's prologue where it can
-        return linear(PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        return PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head
