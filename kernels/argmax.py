@@ -164,33 +164,55 @@ def _argmax_combine_kernel(
 
 
 # The GEMV epilogue's argmax (kernels/draft_head.py): each program folds its outputs into one int64
-# per row, atomically maxed. High word: the value's fp32 bits made signed-monotone; low word:
-# 0xFFFFFFFF - index, so equal values keep the lowest index. NaN enters as -inf; every real key is
-# above _KEY_EMPTY, the slot's resting value.
+# and maxes it, without waiting, into one of FOLD_SLOTS keys of the row (a cache line apart, so that
+# thousands of programs do not queue on one address); a one-program kernel then merges the slots.
+# Key: high word, the value's fp32 bits made signed-monotone; low word, 0xFFFFFFFF - index, so equal
+# values keep the lowest index. NaN enters as -inf, -0.0 as +0.0; every real key is above
+# _KEY_EMPTY, a slot's resting value.
+FOLD_SLOTS = tl.constexpr(32)
+_SLOT_STRIDE = tl.constexpr(16)  # int64s: 128 bytes
 _KEY_EMPTY = tl.constexpr(-(2**63))
 _LOW_WORD = tl.constexpr(0xFFFFFFFF)
 
 
 @triton.jit
-def fold_argmax(vals, offs, V, key_ptr, ctr_ptr, n_programs, out_idx_ptr, map_ptr, slots_ptr, dest_ptr,
-                dest_stride, column, HAS_MAP: tl.constexpr):
+def fold_argmax(vals, offs, V, key_ptr, program):
     """vals [BLOCK] fp32 (already rounded to the logits' dtype) at vocab indices offs (masked past V)
-    of one row; key_ptr: the row's int64 slot (at _KEY_EMPTY), ctr_ptr: a counters() slot, shared by
-    the row's n_programs programs. The last to fold stores the row's argmax, mapped and proposed as
-    _argmax_combine does with PROPOSE, and leaves both slots at rest."""
-    vals = tl.where(vals != vals, float("-inf"), tl.where(vals == 0.0, 0.0, vals))  # NaN, and -0.0 ties +0.0
+    of one row; key_ptr: the row's FOLD_SLOTS slots (at rest, _KEY_EMPTY); program: this program's
+    number, which picks its slot."""
+    vals = tl.where(vals != vals, float("-inf"), tl.where(vals == 0.0, 0.0, vals))
     bits = vals.to(tl.int32, bitcast=True)
     ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
     keys = (ordered << 32) | (offs.to(tl.int64) ^ _LOW_WORD)
     best = tl.max(tl.where(offs < V, keys, _KEY_EMPTY), axis=0)
-    tl.atomic_max(key_ptr, best, sem="relaxed", scope="gpu")
-    if last_to_finish(ctr_ptr, n_programs):
-        won = tl.atomic_xchg(key_ptr, _KEY_EMPTY, sem="relaxed", scope="gpu")
-        i = (won & _LOW_WORD) ^ _LOW_WORD
-        if HAS_MAP:
-            i = tl.load(map_ptr + i)
-        tl.store(dest_ptr + tl.load(slots_ptr) * dest_stride + column, i)
-        tl.store(out_idx_ptr, i)
+    tl.atomic_max(key_ptr + (program % FOLD_SLOTS) * _SLOT_STRIDE, best, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["dest_stride", "column"])
+def _fold_finish_kernel(
+    key_ptr,  # [FOLD_SLOTS * 16] int64: one row's slots, left at rest
+    out_idx_ptr,  # [1] int64
+    map_ptr, slots_ptr, dest_ptr, dest_stride, column,  # the proposal, as _argmax_combine's
+    HAS_MAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    if USE_PDL:
+        wait_for_producer()
+    s = tl.arange(0, FOLD_SLOTS) * _SLOT_STRIDE
+    won = tl.max(tl.atomic_xchg(key_ptr + s, tl.full([FOLD_SLOTS], _KEY_EMPTY, tl.int64), sem="relaxed",
+                                scope="gpu"), axis=0)
+    i = (won & _LOW_WORD) ^ _LOW_WORD  # no key at all (V = 0) cannot happen: index 0 then too
+    if HAS_MAP:
+        i = tl.load(map_ptr + i)
+    tl.store(dest_ptr + tl.load(slots_ptr) * dest_stride + column, i)
+    tl.store(out_idx_ptr, i)
+
+
+def fold_finish(keys: torch.Tensor, out: torch.Tensor, propose: Proposal, pdl: bool) -> None:
+    """The token of the row whose slots fold_argmax filled: out [1] int64 and propose.dest, mapped."""
+    token_map, dest, slots, column = propose
+    _fold_finish_kernel[(1,)](keys, out, token_map if token_map is not None else dest, slots, dest, dest.stride(0),
+                              column, HAS_MAP=token_map is not None, USE_PDL=pdl, num_warps=1, **pdl_launch(pdl))
 
 
 def _launch_config(batch: int) -> tuple[int, int, int, bool]:

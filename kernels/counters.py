@@ -43,11 +43,12 @@ def counters(dev: torch.device, n: int) -> torch.Tensor | None:
 
 
 def argmax_keys(dev: torch.device) -> torch.Tensor | None:
-    """The device's [64] int64 slots at rest (-2**63) for the GEMV epilogue's argmax
-    (argmax.fold_argmax, which leaves them at rest), or None inside a capture before they exist."""
+    """The device's [512] int64 slots at rest (-2**63) for the GEMV epilogue's argmax of one row
+    (argmax.fold_argmax; argmax.fold_finish leaves them at rest), or None inside a capture before
+    they exist."""
     buf = _keys.get(dev)
     if buf is None and not capturing():
-        buf = _keys[dev] = torch.full((64,), -(2**63), dtype=torch.int64, device=dev)
+        buf = _keys[dev] = torch.full((512,), -(2**63), dtype=torch.int64, device=dev)
     return buf
 
 

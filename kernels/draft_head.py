@@ -3,8 +3,9 @@
 At batch 1 a draft step ends in a one-row GEMV over the draft vocabulary and an argmax over its
 output: two or three launches whose latency, not their bytes, is what they cost. Where the GEMV
 runs one row on the unsplit FMA path, its epilogue folds each program's outputs into the row's
-argmax (argmax.fold_argmax) and the last program to finish maps and stores the token: the logits
-never go to memory and the argmax has no launch of its own. The token is the one argmax_triton
+argmax (argmax.fold_argmax) and a one-program kernel maps and stores the token: the logits never go
+to memory, and the argmax's two launches (a split pass over the logits, then the merge) become that
+one. The token is the one argmax_triton
 picks from the logits the unfused GEMV stores, bit for bit (same sums, rounded to the same dtype,
 NaN as -inf, ties to the lowest index). Anywhere else (several rows, the DOT path or cuBLAS, the
 CPU, a vocab shard under tensor parallelism) the logits are made and argmax'd as before.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from graphrt.kernels.argmax import Proposal, propose_tokens
-from graphrt.kernels.counters import argmax_keys, counters
+from graphrt.kernels.counters import argmax_keys
 from graphrt.kernels.fp8_weight import Fp8Weight, for_rows
 from graphrt.kernels.gemv import _triton_ok, gemv_triton, linear
 from graphrt.kernels.gemv_config import row_fma_config
@@ -30,7 +31,7 @@ def propose_from_head(x, w, proposal: Proposal, out: torch.Tensor, *, group=None
     w = for_rows(w, xt.shape[0])
     if group is None and xt.shape[0] == 1 and _triton_ok(xt, w, None) \
             and row_fma_config(1, *w.shape, isinstance(w, Fp8Weight)) is not None \
-            and counters(xt.device, 1) is not None and argmax_keys(xt.device) is not None:
+            and argmax_keys(xt.device) is not None:
         if isinstance(x, PendingNorm) and not x.fusable():
             x = xt = x.materialize()
         return gemv_triton(xt, w, norm=x if isinstance(x, PendingNorm) else None, propose=proposal, out=out)

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
-from graphrt.kernels.argmax import Proposal, _validate_proposal, fold_argmax
+from graphrt.kernels.argmax import Proposal, _validate_proposal, fold_argmax, fold_finish
 from graphrt.kernels.counters import COUNTER_SLOTS, argmax_keys, counters, last_to_finish
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
@@ -286,7 +286,7 @@ def _reduce_tile(pid_n, ws_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K,
 
 # M == 1 stays specialised; M's divisibility by 16 is not (loads and stores vectorise along K and N
 # only), so the DOT path's M = 4, 8 and 16 share one compiled variant.
-@triton.jit(do_not_specialize_on_alignment=["M"], do_not_specialize=["dest_stride", "column"])
+@triton.jit(do_not_specialize_on_alignment=["M"])
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, last dim contiguous (row stride stride_xm)
     w_ptr,  # [N, K] same dtype, or float8_e4m3fn (HAS_SCALE), contiguous
@@ -300,7 +300,6 @@ def _gemv_kernel(
     sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
     tab_ptr, seq_ptr, tp_rank, tp_words,  # the push buffers (PUSH_W only)
-    key_ptr, map_ptr, slots_ptr, dest_ptr, dest_stride, column,  # the draft token (ARGMAX only): fold_argmax's
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -324,7 +323,7 @@ def _gemv_kernel(
     PUSH_W: tl.constexpr = 0,  # FMA unsplit at BLOCK_M <= 2, or DOT unsplit or FUSED; not GATED, no bias: y
     # summed over W ranks (kernels/push_reduce.py)
     HAS_SCALE: tl.constexpr = False,  # w is FP8 with per-row scales (kernels/fp8_weight.py)
-    ARGMAX: tl.constexpr = 0,  # FMA, M = 1, unsplit: y [1] int64 gets the row's argmax, mapped when 2 (draft_head)
+    ARGMAX: tl.constexpr = False,  # FMA, M = 1, unsplit: y is the row's argmax.fold_argmax slots, not the logits
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -399,9 +398,8 @@ def _gemv_kernel(
             push_reduce_tile(rows2.to(y_ptr.dtype.element_ty), pid_n, M, 2, BLOCK_N, N, y_ptr, stride_ym, tab_ptr,
                              seq_ptr, tp_rank, tp_words, PUSH_W)
         elif ARGMAX:  # the logits as the unfused GEMV would store them, never stored
-            fold_argmax(_fma_final(a0, REDUCE_EACH).to(x_ptr.dtype.element_ty).to(tl.float32), offs_n, N, key_ptr,
-                        ctr_ptr, tl.num_programs(0), y_ptr, map_ptr, slots_ptr, dest_ptr, dest_stride, column,
-                        ARGMAX == 2)
+            fold_argmax(_fma_final(a0, REDUCE_EACH).to(x_ptr.dtype.element_ty).to(tl.float32), offs_n, N, y_ptr,
+                        pid_n)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
                        split, HAS_BIAS, SPLIT)
@@ -597,7 +595,10 @@ def gemv_triton(
                                 or out.device != x.device or keys is None):
         raise ValueError("propose= takes one row on the unsplit FMA path, no bias, gate or push, out a [1] int64 "
                          "tensor, and the argmax key slots (first call outside capture)")
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    if propose is not None:
+        _validate_proposal(propose, 1, n, x.device)
+    # propose: the kernel's y is the row's argmax slots, fold_finish writes out
+    y = keys if propose is not None else torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
     if split_k > 1:
         ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
@@ -612,24 +613,19 @@ def gemv_triton(
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     tp_args = push.kernel_args() if push is not None else no_push_args(x)
-    if propose is not None:
-        _validate_proposal(propose, 1, n, x.device)
-        token_map, dest, slots, column = propose
-        prop_args = (keys, token_map if token_map is not None else dest, slots, dest, dest.stride(0), column)
-        ctr_arg = counters(x.device, 1)  # the argmax's, one slot; never FUSED: the launch is unsplit
-    else:
-        prop_args, ctr_arg = (y, y, y, y, 0, 0), ctr if ctr is not None else y
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
-        x, w, scale if scale is not None else y, b, y, ws, ctr_arg, res, g, stream, eps, *tp_args,
-        *prop_args, m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
+        x, w, scale if scale is not None else y, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
+        m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
         PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, HAS_SCALE=scale is not None,
-        ARGMAX=0 if propose is None else 1 if propose.token_map is None else 2, num_warps=num_warps,
-        num_stages=num_stages, **pdl_launch(pdl),
+        ARGMAX=propose is not None, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
     )
+    if propose is not None:
+        fold_finish(keys, out, propose, pdl)
+        return out
     if split_k > 1 and ctr is None:
         rb_m = triton.next_power_of_2(m)
         rb_n = max(16, min(256, 4096 // rb_m))

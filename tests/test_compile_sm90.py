@@ -66,8 +66,8 @@ CASES = {
         HAS_SCALE=True), dict(num_warps=4, num_stages=1)),
     # a draft step's LM head with the argmax in its epilogue (kernels/draft_head.py)
     "gemv-fma-m1-fp8-norm-argmax-pdl": ("gemv", "_gemv_kernel", _GEMV | _FP8 | dict(
-        y_ptr="*i64", key_ptr="*i64", map_ptr="*i64", slots_ptr="*i64", dest_ptr="*i64"), _gemv_fma()[3] | dict(
-        BLOCK_N=8, BLOCK_K=1024, REDUCE_EACH=False, NORM=True, BLOCK_H=2048, HAS_SCALE=True, ARGMAX=2),
+        y_ptr="*i64"), _gemv_fma()[3] | dict(
+        BLOCK_N=8, BLOCK_K=1024, REDUCE_EACH=False, NORM=True, BLOCK_H=2048, HAS_SCALE=True, ARGMAX=True),
         dict(num_warps=4, num_stages=1)),
     "qkv-rotary-m1-fp8-pdl": ("qkv_rotary", "_qkv_rotary_kernel", _ROTARY | _FP8,
                               dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, PAGE=16, BLOCK_N=4, BLOCK_K=2048,

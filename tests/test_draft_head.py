@@ -7,7 +7,7 @@ draft heads' sizes on the GPU."""
 import pytest
 import torch
 from graphrt.kernels.argmax import Proposal, argmax_triton, lowest_argmax
-from graphrt.kernels.counters import argmax_keys, counters
+from graphrt.kernels.counters import argmax_keys
 from graphrt.kernels.draft_head import propose_from_head
 from graphrt.kernels.fp8_weight import quantize_fp8
 from graphrt.kernels.gemv import gemv_triton, linear
@@ -74,8 +74,7 @@ def test_epilogue_argmax_is_the_unfused_proposal(v, k, block_n, block_k, kind):
     assert torch.equal(got, want) and torch.equal(got_dest, want_dest), f"seed={seed} {kind}"
     idx = int(lowest_argmax(y)[1][0])
     assert 0 <= idx < v and (kind in ("random", "hard") or idx == 0), f"seed={seed} {kind}"
-    assert torch.equal(argmax_keys(x.device), torch.full((64,), -(2**63), dtype=torch.int64))
-    assert int(counters(x.device, 1)[0]) == 0
+    assert torch.equal(argmax_keys(x.device), torch.full((512,), -(2**63), dtype=torch.int64))
 
 
 def test_epilogue_argmax_with_norm_prologue_and_fp8():
@@ -124,4 +123,4 @@ def test_gpu_draft_head_proposal_is_the_unfused_one(cuda, h, v, fp8):
                                v, seed + trial, cuda, True)
         assert torch.equal(got, want) and torch.equal(got_dest, want_dest), f"seed={seed} trial={trial}"
         assert torch.equal(state.nan_to_num(), x_before.nan_to_num())
-    assert bool((argmax_keys(cuda) == -(2**63)).all()) and int(counters(cuda, 1)[0]) == 0
+    assert bool((argmax_keys(cuda) == -(2**63)).all())
