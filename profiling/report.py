@@ -21,8 +21,7 @@ import math
 import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
-from graphrt.profiling.family_chart import IDLE, SEGMENTS, family_bars
-from graphrt.profiling.kernel_families import kernel_family
+from graphrt.profiling.kernel_families import IDLE, SEGMENTS, family_bars, kernel_family, write_png
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
@@ -257,8 +256,6 @@ def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=No
     if getattr(args, "json_out", None):
         write_json(result, args.json_out, meta=meta, events=events, events_traced=events_traced)
     if getattr(args, "png", None):
-        from graphrt.profiling.family_chart import write_png
-
         write_png(result, args.png)
     if getattr(args, "trace", None):
         from graphrt.profiling.perfetto_trace import write_perfetto_trace

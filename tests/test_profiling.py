@@ -53,13 +53,12 @@ def _hand_made():
     gemm = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(Params)"
     kernels = [
         # graph replay: five kernels share the cudaGraphLaunch's correlation id
-        Kernel(1, 1000, 1010, gemm, graph_node_id=11),
-        Kernel(1, 1010, 1030, "_paged_attention_kernel", graph_node_id=12),
-        Kernel(1, 1030, 1060, gemm, graph_node_id=13),
-        Kernel(1, 1060, 1100, "_rejection_kernel", graph_node_id=14),
+        Kernel(1, 1000, 1010, gemm),
+        Kernel(1, 1010, 1030, "_paged_attention_kernel"),
+        Kernel(1, 1030, 1060, gemm),
+        Kernel(1, 1060, 1100, "_rejection_kernel"),
         Kernel(1, 1100, 1150, "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>, "
-                              "std::array<char*, 1ul> >(int, at::native::FillFunctor<long>, std::array<char*, 1ul>)",
-               graph_node_id=15),
+                              "std::array<char*, 1ul> >(int, at::native::FillFunctor<long>, std::array<char*, 1ul>)"),
         Kernel(2, 2000, 2007, "argmax_kernel"),
         Kernel(3, 2010, 2015, "argmax_kernel"),
         Kernel(4, 2100, 2111, "stray_kernel"),
@@ -277,7 +276,6 @@ def test_sqlite_reader_registered_and_inline_text(tmp_path, registered):
     assert got == {"TARGET_VERIFY": (1, 3, 60), "DRAFT_DECODE": (1, 1, 7), UNATTRIBUTED: (0, 1, 11)}
     assert r.total_ns == 78
     assert set(r.by_batch) == {("TARGET_VERIFY", 8), ("DRAFT_DECODE", 8)}
-    assert {k.graph_node_id for k, _ in r.assignment} == {100, 101, 102, None}
     assert [k.name for k in r.phases["TARGET_VERIFY"].top_kernels()] == ["verify_k2", "verify_k1", "verify_k0"]
 
 
@@ -807,7 +805,7 @@ def test_png_without_matplotlib(monkeypatch, tmp_path):
         return real(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", fake)
-    from graphrt.profiling.family_chart import write_png
+    from graphrt.profiling.kernel_families import write_png
 
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         write_png(attribute(*_hand_made()), tmp_path / "c.png")
