@@ -6,7 +6,7 @@ Three record kinds come in (from the PyTorch profiler, an Nsight Systems SQLite 
               size (the NVTX payload), [start_ns, end_ns], the thread that opened it
   Launch      a CUDA API call that started GPU work (cudaLaunchKernel, cudaGraphLaunch,
               cuLaunchKernel, cuLaunchKernelEx, ...): correlation id, [start_ns, end_ns], thread
-  Kernel      a GPU kernel execution: correlation id, [start_ns, end_ns], name, graph node id
+  Kernel      a GPU kernel execution: correlation id, [start_ns, end_ns], name
 
 A kernel belongs to the launch with its correlation id (every kernel of a replayed CUDA graph
 carries the correlation id of its cudaGraphLaunch), and the launch belongs to the innermost phase

@@ -32,16 +32,12 @@ def nsys_profile_flags(cuda_graph_trace: str = "node") -> list[str]:
             "--force-overwrite=true"]
 
 
-class NsysError(ProfilingError):
-    """nsys is missing or failed."""
-
-
 def find_nsys() -> str:
     path = shutil.which("nsys")
     if path is None:
-        raise NsysError("nsys (Nsight Systems CLI) is not on PATH: install Nsight Systems, or run "
-                        "`graphrt profile` without --nsys (in-process PyTorch profiler), or capture elsewhere "
-                        "and use --from-sqlite FILE")
+        raise ProfilingError("nsys (Nsight Systems CLI) is not on PATH: install Nsight Systems, or run "
+                             "`graphrt profile` without --nsys (in-process PyTorch profiler), or capture elsewhere "
+                             "and use --from-sqlite FILE")
     return path
 
 
@@ -64,23 +60,21 @@ def inner_command(args, meta_path: Path) -> list[str]:
     return cmd + ["--_inner", "--_meta", str(meta_path)]
 
 
-def run_nsys(command: list[str], out_dir: Path, name: str = "graphrt", *, env: dict | None = None,
-             timeout: float | None = None, cuda_graph_trace: str = "node") -> Path:
-    """Profile `command` under nsys into out_dir/name.nsys-rep and export out_dir/name.sqlite."""
+def run_nsys(command: list[str], out_dir: Path, *, cuda_graph_trace: str = "node") -> Path:
+    """Profile `command` under nsys into out_dir/graphrt.nsys-rep and export out_dir/graphrt.sqlite."""
     nsys = find_nsys()
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = out_dir / name
-    run_env = {**os.environ, **(env or {}), "GRAPHRT_NVTX": "1"}
+    base = out_dir / "graphrt"
     prof = [nsys, "profile", *nsys_profile_flags(cuda_graph_trace), f"--output={base}", *command]
-    r = subprocess.run(prof, env=run_env, timeout=timeout)
+    r = subprocess.run(prof, env={**os.environ, "GRAPHRT_NVTX": "1"})
     rep = next((p for p in (base.with_suffix(".nsys-rep"), base.with_suffix(".qdrep")) if p.exists()), None)
     if r.returncode != 0 or rep is None:
-        raise NsysError(f"`{' '.join(prof)}` failed (exit {r.returncode}); see its output above")
+        raise ProfilingError(f"`{' '.join(prof)}` failed (exit {r.returncode}); see its output above")
     sqlite = base.with_suffix(".sqlite")
     exp = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={sqlite}", str(rep)]
-    r = subprocess.run(exp, timeout=timeout)
+    r = subprocess.run(exp)
     if r.returncode != 0 or not sqlite.exists():
-        raise NsysError(f"`{' '.join(exp)}` failed (exit {r.returncode})")
+        raise ProfilingError(f"`{' '.join(exp)}` failed (exit {r.returncode})")
     return sqlite
 
 

@@ -34,7 +34,7 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, attribute
+from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, ProfilingError, attribute
 from graphrt.profiling.nvtx_ranges import DOMAIN
 
 CAPTURE_HINT = ("capture with `nsys profile -t cuda,nvtx --cuda-graph-trace=node -o report <command>` "
@@ -46,7 +46,7 @@ _GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
 GRAPH_REPLAY = "cuda_graph_replay"  # the record standing for a whole replay in a graph-level trace
 
 
-class NsysCaptureError(ValueError):
+class NsysCaptureError(ProfilingError, ValueError):
     """The export lacks what the attribution needs; the message says how to capture it."""
 
 

@@ -3,14 +3,6 @@
     graphrt profile [CKPT]                     in-process: PyTorch profiler (CUPTI) attribution
     graphrt profile [CKPT] --nsys              the same workload under nsys, table from its export
     graphrt profile --from-sqlite FILE         table from a capture the user made with nsys
-
-With no checkpoint the workload is an embedded random preset (llama-1b-shape on CUDA, tiny on the
-CPU) with a self-draft, decoded greedily at each --batch-sizes value after a warm-up.
-
-The headline per phase and batch size is the wall time per launch (first kernel start to last
-kernel end, from the trace), beside the CUDA-event time of the same launches measured without any
-profiler in the same invocation, and the sum of kernel durations, which under PDL overstates a
-phase. Kernels rank by exclusive time, their share of the wall time (critical_path.py).
 """
 
 from __future__ import annotations
@@ -263,20 +255,13 @@ def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=No
         write_perfetto_trace(result, args.trace)
 
 
-def _untraced_events(args) -> EventTimes:
-    """CUDA-event times of the workload in this process, where no profiler is attached."""
-    w = Workload(args)
-    w.warm_up()
-    return w.run()
-
-
 def cli_main(args) -> int:
     """The body of `graphrt profile` (args from add_profile_arguments plus the CLI's common ones).
     Errors the user can fix are raised as GraphrtError with the fix in the message."""
     from pathlib import Path
 
     from graphrt.profiling import nsys_run
-    from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
+    from graphrt.profiling.nsys_sqlite import read_nsys_sqlite
     from graphrt.profiling.nvtx_ranges import disable_nvtx, enable_nvtx
 
     from graphrt.errors import GraphrtError
@@ -302,7 +287,9 @@ def cli_main(args) -> int:
             result = read_nsys_sqlite(sqlite, graph_trace=graph_trace)
             # nsys has exited: the same workload in this process is the untraced reference
             print("graphrt profile: timing the same workload with CUDA events, no profiler attached", file=sys.stderr)
-            events = _untraced_events(args)
+            w = Workload(args)
+            w.warm_up()
+            events = w.run()
             emit(result, args, expected_nodes=keyed_from_json(meta.get("graph_kernel_nodes")),
                  meta={**meta, "cuda_events_us": keyed_to_json(events)}, events=events,
                  events_traced=keyed_from_json(meta.get("cuda_events_traced_us")))
@@ -327,5 +314,5 @@ def cli_main(args) -> int:
         emit(result, args, expected_nodes=w.graph_nodes, meta={**w.meta(), "cuda_events_us": keyed_to_json(events)},
              events=events, events_traced=traced)
         return 0
-    except (NsysCaptureError, ProfilingError, FileNotFoundError) as exc:
+    except (ProfilingError, FileNotFoundError) as exc:
         raise GraphrtError(str(exc)) from None
