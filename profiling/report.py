@@ -204,11 +204,6 @@ def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = No
     return out
 
 
-def write_json(result: Attribution, path, **kw) -> None:
-    with open(path, "w") as f:
-        json.dump(to_json(result, **kw), f, indent=2)
-
-
 # ---- graphrt profile ----------------------------------------------------------------------------
 
 
@@ -246,7 +241,8 @@ def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=No
     print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes, events=events,
                        events_traced=events_traced), file=out or sys.stdout)
     if getattr(args, "json_out", None):
-        write_json(result, args.json_out, meta=meta, events=events, events_traced=events_traced)
+        with open(args.json_out, "w") as f:
+            json.dump(to_json(result, meta=meta, events=events, events_traced=events_traced), f, indent=2)
     if getattr(args, "png", None):
         write_png(result, args.png)
     if getattr(args, "trace", None):

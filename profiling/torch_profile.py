@@ -26,8 +26,6 @@ from pathlib import Path
 from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, ProfilingError, attribute
 from graphrt.profiling.nvtx_ranges import parse_torch_range_name, torch_ranges
 
-_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-
 
 def _ns(us) -> int:
     return int((Decimal(str(us)) * 1000).to_integral_value(ROUND_HALF_EVEN))
@@ -44,7 +42,7 @@ def records_from_chrome_trace(events: list[dict]) -> tuple[list[PhaseRange], lis
         if e.get("ph") not in (None, "X"):
             continue
         cat = e.get("cat")
-        if cat not in ("user_annotation", "kernel", *_LAUNCH_CATS):
+        if cat not in ("user_annotation", "kernel", "cuda_runtime", "cuda_driver"):
             continue
         name = e.get("name", "")
         start = _ns(e.get("ts", 0))
