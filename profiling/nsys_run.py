@@ -43,20 +43,16 @@ def find_nsys() -> str:
 
 def inner_command(args, meta_path: Path) -> list[str]:
     """The `graphrt profile --_inner` command line that reproduces args' workload."""
-    cmd = [sys.executable, "-m", "graphrt", "profile"]
-    if getattr(args, "checkpoint", None):
-        cmd.append(str(args.checkpoint))
-    for flag, attr in (("--preset", "preset"), ("--draft", "draft"), ("--draft-layers", "draft_layers"),
-                       ("--num-draft-tokens", "num_draft_tokens"), ("--device", "device"), ("--dtype", "dtype"),
-                       ("--prompt-len", "prompt_len"), ("--max-new-tokens", "max_new_tokens")):
-        v = getattr(args, attr, None)
+    cmd = [sys.executable, "-m", "graphrt", "profile"] + ([str(args.checkpoint)] if args.checkpoint else [])
+    for flag, v in (("--preset", args.preset), ("--draft", args.draft), ("--draft-layers", args.draft_layers),
+                    ("--draft-kind", args.draft_kind), ("--draft-quantization", args.draft_quantization),
+                    ("--num-draft-tokens", args.num_draft_tokens), ("--device", args.device),
+                    ("--dtype", args.dtype), ("--prompt-len", args.prompt_len),
+                    ("--max-new-tokens", args.max_new_tokens),
+                    ("--batch-sizes", ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)):
         if v is not None:
             cmd += [flag, str(v)]
-    if getattr(args, "batch_sizes", None):
-        cmd += ["--batch-sizes", ",".join(map(str, args.batch_sizes))]
-    for flag, attr in (("--no-draft", "no_draft"), ("--eager", "eager")):
-        if getattr(args, attr, False):
-            cmd.append(flag)
+    cmd += [flag for flag, on in (("--no-draft", args.no_draft), ("--eager", args.eager)) if on]
     return cmd + ["--_inner", "--_meta", str(meta_path)]
 
 
@@ -81,10 +77,10 @@ def run_nsys(command: list[str], out_dir: Path, *, cuda_graph_trace: str = "node
 def profile_under_nsys(args) -> tuple[Path, dict]:
     """Run args' workload under nsys; returns (SQLite export, the inner run's metadata)."""
     find_nsys()
-    out_dir = Path(args.nsys_dir) if getattr(args, "nsys_dir", None) else Path(tempfile.mkdtemp(prefix="graphrt-nsys-"))
+    out_dir = Path(args.nsys_dir or tempfile.mkdtemp(prefix="graphrt-nsys-"))
     meta_path = out_dir / "meta.json"
     sqlite = run_nsys(inner_command(args, meta_path), out_dir,
-                      cuda_graph_trace="graph" if getattr(args, "graph_trace", False) else "node")
+                      cuda_graph_trace="graph" if args.graph_trace else "node")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     print(f"graphrt profile: nsys report and SQLite export in {out_dir}", file=sys.stderr)
     return sqlite, meta

@@ -262,25 +262,24 @@ def cli_main(args) -> int:
 
     from graphrt.errors import GraphrtError
 
-    graph_trace = getattr(args, "graph_trace", False)
     try:
-        if getattr(args, "from_sqlite", None):
-            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None, graph_trace=graph_trace), args)
+        if args.from_sqlite:
+            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None, graph_trace=args.graph_trace), args)
             return 0
-        if getattr(args, "_inner", False):  # running under nsys: ranges only around the measured run
+        if args._inner:  # running under nsys: ranges only around the measured run
             w = Workload(args)
             disable_nvtx()
             w.warm_up()
             enable_nvtx(True)
             traced = w.run()
             disable_nvtx()
-            if getattr(args, "_meta", None):
+            if args._meta:
                 Path(args._meta).write_text(json.dumps({**w.meta(), "cuda_events_traced_us": keyed_to_json(traced)},
                                                        indent=2))
             return 0
-        if getattr(args, "nsys", False):
+        if args.nsys:
             sqlite, meta = nsys_run.profile_under_nsys(args)
-            result = read_nsys_sqlite(sqlite, graph_trace=graph_trace)
+            result = read_nsys_sqlite(sqlite, graph_trace=args.graph_trace)
             # nsys has exited: the same workload in this process is the untraced reference
             print("graphrt profile: timing the same workload with CUDA events, no profiler attached", file=sys.stderr)
             w = Workload(args)
@@ -290,12 +289,12 @@ def cli_main(args) -> int:
                  meta={**meta, "cuda_events_us": keyed_to_json(events)}, events=events,
                  events_traced=keyed_from_json(meta.get("cuda_events_traced_us")))
             return 0
-        if graph_trace:
+        if args.graph_trace:
             raise ProfilingError("--graph-trace is an nsys capture mode: use it with --nsys or --from-sqlite")
         import torch
         from graphrt.profiling.torch_profile import profile_callable
 
-        if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+        if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
             raise ProfilingError("in-process kernel attribution needs a CUDA device (kernel records come from "
                                  "CUPTI); on a machine without one, read an Nsight export with --from-sqlite FILE")
         # Without the CUPTI warm-up a profiler attached after capture can miscount graph-replay

@@ -724,21 +724,18 @@ def test_tracing_overhead_within_limit_and_prefill_left_out():
     assert report.tracing_overhead(r, None) is None
 
 
-def _profile_parser():
-    p = argparse.ArgumentParser()
-    report.add_profile_arguments(p)
-    p.add_argument("--draft")
-    p.add_argument("-k", "--num-draft-tokens", type=int, default=3)
-    p.add_argument("--device")
-    p.add_argument("--dtype")
-    return p
+def _profile_args(argv):
+    """`graphrt profile ARGV` as the CLI parses it."""
+    from graphrt.cli import build_parser
+
+    return build_parser().parse_args(["profile", *argv])
 
 
 def test_cli_main_from_sqlite(tmp_path, capsys):
     fx = FakeExport(tmp_path / "a.sqlite")
     _standard_capture(fx)
     path = fx.close()
-    args = _profile_parser().parse_args(["--from-sqlite", str(path), "--json", str(tmp_path / "o.json"),
+    args = _profile_args(["--from-sqlite", str(path), "--json", str(tmp_path / "o.json"),
                                          "--trace", str(tmp_path / "t.json")])
     assert report.cli_main(args) == 0
     out = capsys.readouterr().out
@@ -753,7 +750,7 @@ def test_cli_graph_trace_reads_whole_graph_captures(tmp_path, capsys):
     r = read_nsys_sqlite(path, graph_trace=True)
     assert r.by_batch[("TARGET_VERIFY", 8)].wall_ns == 60 and r.by_batch[("PREFILL", 1)].wall_ns == 7
     assert any("--cuda-graph-trace=graph" in n for n in r.notes)
-    assert report.cli_main(_profile_parser().parse_args(["--from-sqlite", str(path), "--graph-trace"])) == 0
+    assert report.cli_main(_profile_args(["--from-sqlite", str(path), "--graph-trace"])) == 0
     assert "cuda_graph_replay" in capsys.readouterr().out
     fx = FakeExport(tmp_path / "b.sqlite")
     _standard_capture(fx)
@@ -767,29 +764,30 @@ def test_cli_main_errors_are_graphrt_errors(tmp_path, monkeypatch):
     fx = FakeExport(tmp_path / "a.sqlite", nvtx=False)
     path = fx.close()
     with pytest.raises(GraphrtError, match="no NVTX_EVENTS"):
-        report.cli_main(_profile_parser().parse_args(["--from-sqlite", str(path)]))
+        report.cli_main(_profile_args(["--from-sqlite", str(path)]))
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(GraphrtError, match="nsys .* is not on PATH"):
-        report.cli_main(_profile_parser().parse_args(["--nsys"]))
+        report.cli_main(_profile_args(["--nsys"]))
     with pytest.raises(GraphrtError, match="needs a CUDA device.*--from-sqlite"):  # before building anything
-        report.cli_main(_profile_parser().parse_args(["--device", "cpu"]))
+        report.cli_main(_profile_args(["--device", "cpu"]))
     with pytest.raises(GraphrtError, match="--graph-trace is an nsys capture mode"):
-        report.cli_main(_profile_parser().parse_args(["--graph-trace"]))
+        report.cli_main(_profile_args(["--graph-trace"]))
 
 
 def test_nsys_inner_command_reproduces_the_workload():
     from graphrt.profiling.nsys_run import inner_command
 
-    args = _profile_parser().parse_args(["ckpt", "--batch-sizes", "1,8", "--max-new-tokens", "5", "--eager",
-                                         "--dtype", "bf16"])
+    args = _profile_args(["ckpt", "--batch-sizes", "1,8", "--max-new-tokens", "5", "--eager", "--dtype", "bf16",
+                          "--draft-kind", "eagle3", "--draft-quantization", "fp8"])
     cmd = inner_command(args, Path("/tmp/m.json"))
     assert cmd[1:5] == ["-m", "graphrt", "profile", "ckpt"]
     assert cmd[cmd.index("--batch-sizes") + 1] == "1,8" and "--eager" in cmd and cmd[-3:] == [
         "--_inner", "--_meta", "/tmp/m.json"]
     # the inner command parses back to the same workload
-    back = _profile_parser().parse_args(cmd[4:])
-    assert (back.batch_sizes, back.max_new_tokens, back.eager, back.dtype, back._inner) == ([1, 8], 5, True,
-                                                                                            "bf16", True)
+    back = _profile_args(cmd[4:])
+    workload = ("checkpoint", "batch_sizes", "max_new_tokens", "prompt_len", "eager", "no_draft", "dtype", "device",
+                "draft", "draft_kind", "draft_quantization", "draft_layers", "num_draft_tokens", "preset")
+    assert [getattr(back, a) for a in workload] == [getattr(args, a) for a in workload] and back._inner
 
 
 def test_png_without_matplotlib(monkeypatch, tmp_path):
@@ -811,7 +809,7 @@ def test_png_without_matplotlib(monkeypatch, tmp_path):
 
 def _cpu_workload_args(tmp_path, monkeypatch, *extra):
     monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
-    return _profile_parser().parse_args(["--preset", "tiny", "--batch-sizes", "1,2", "--max-new-tokens", "4",
+    return _profile_args(["--preset", "tiny", "--batch-sizes", "1,2", "--max-new-tokens", "4",
                                          "--prompt-len", "8", "--device", "cpu", *extra])
 
 
@@ -852,7 +850,7 @@ def test_cycle_phases_sit_in_ranges_on_cpu(tmp_path, monkeypatch):
 
 
 def _gpu_args(tmp_path, *extra):
-    return _profile_parser().parse_args(["--preset", "tiny", "--batch-sizes", "1,4", "--max-new-tokens", "6",
+    return _profile_args(["--preset", "tiny", "--batch-sizes", "1,4", "--max-new-tokens", "6",
                                          *extra])
 
 
