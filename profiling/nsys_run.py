@@ -1,12 +1,6 @@
-"""`graphrt profile --nsys`: re-run the same workload under Nsight Systems and export SQLite.
-
-    nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
-        --force-overwrite=true --output=DIR/graphrt python -m graphrt profile ... --_inner --_meta DIR/meta.json
-    nsys export --type=sqlite --force-overwrite=true --output=DIR/graphrt.sqlite DIR/graphrt.nsys-rep
-
-(long options take `=`: the Nsight Systems user guide, "Command Line Options"). `--graph-trace`
-swaps in `--cuda-graph-trace=graph`: a replay is traced as one record, cheaper than tracing every
-node, and the report then has phase wall times without per-kernel detail.
+"""`graphrt profile --nsys`: re-run the same workload (`graphrt profile ... --_inner`) under
+`nsys profile` and export SQLite (long options take `=`: the Nsight Systems user guide, "Command
+Line Options").
 
 The inner run warms up with NVTX off and emits phase ranges only around the measured decode, the
 same part the in-process profiler sees, so both tables cover the same launches. It times that

@@ -1,8 +1,7 @@
 """In-process per-phase attribution with the PyTorch profiler (Kineto over CUPTI).
 
-profile_callable(workload) runs the workload under torch.profiler with CPU and CUDA activity
-(record_shapes off) while graphrt's PhaseHooks open a `record_function("graphrt/<PHASE>/<B>")`
-around every phase launch, exports Kineto's Chrome trace and reads it back:
+profile_callable(workload) runs the workload under torch.profiler with phase record_functions on,
+exports Kineto's Chrome trace and reads it back:
 
   cat "user_annotation", name graphrt/<PHASE>/<B>        -> PhaseRange (pid, tid)
   cat "cuda_runtime" / "cuda_driver", args.correlation    -> Launch (cudaLaunchKernel,
