@@ -19,11 +19,11 @@ def cli_main(args) -> int:
     from graphrt.capture.validate import compare_replay_to_eager
 
     from graphrt import Runtime, SamplingParams
+    from graphrt.arg_types import device_and_dtype
+    from graphrt.parallel import join_ranks, rank_zero_first
     from graphrt.presets import default_checkpoints
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype, torch.bfloat16)
-    from graphrt.parallel import join_ranks, rank_zero_first
-
+    _, dtype = device_and_dtype(args)  # on CUDA, as checked above: bf16 by default
     with rank_zero_first(join_ranks(args.tp)):
         target, draft, desc = default_checkpoints(args.checkpoint, args.draft, dtype, no_draft=args.no_draft)
     rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens, device="cuda",

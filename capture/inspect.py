@@ -66,21 +66,10 @@ def kernel_names(graph: torch.cuda.CUDAGraph) -> dict[str, int]:
     return dict(counts)
 
 
-def node_count(graph: torch.cuda.CUDAGraph) -> int:
-    return len(graph_nodes(graph))
-
-
 def write_dot(graph: torch.cuda.CUDAGraph, path: str) -> None:
     driver = _driver()
     flags = driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE
     _check(driver.cuGraphDebugDotPrint(raw_graph(graph), path.encode(), flags))
-
-
-def _early_edge(data) -> bool:
-    """An edge that lets its dependent start before the node it depends on has finished (PDL)."""
-    driver = _driver()
-    return (int(data.type) != int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)
-            or int(data.from_port) != 0)
 
 
 def launch_chain(graph: torch.cuda.CUDAGraph) -> list[tuple[str, bool]]:
@@ -89,13 +78,16 @@ def launch_chain(graph: torch.cuda.CUDAGraph) -> list[tuple[str, bool]]:
     node may start while the node before it still runs. A node without one starts only after
     everything before it has finished and its writes are visible."""
     driver = _driver()
+    default = int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT)
     nodes = graph_nodes(graph)
     deps = {}
     for node in nodes:
         # cuda-python 13: (deps, edge data, count); the count comes last in every version with edge data
         count = _check(driver.cuGraphNodeGetDependencies(node, 0))[-1]
         parents, edges = (_check(driver.cuGraphNodeGetDependencies(node, count))[:2] if count else ([], []))
-        deps[int(node)] = ([int(p) for p in parents], any(_early_edge(e) for e in edges if e is not None))
+        # a programmatic edge (another type or a non-zero port) lets the node start early (PDL)
+        early = any(int(e.type) != default or int(e.from_port) != 0 for e in edges if e is not None)
+        deps[int(node)] = ([int(p) for p in parents], early)
     order, done = [], set()
     pending = list(nodes)
     while pending:  # Kahn's order (stream capture gives a chain, in node-list order: one pass)

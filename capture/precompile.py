@@ -1,27 +1,23 @@
 """Compile every Triton kernel variant the captures need at once, in worker processes, before the
 warm-up runs the phases one kernel at a time.
 
-A cold capture is almost all Triton compiling: each phase x bucket meets a few new specialisations,
-and the eager warm-up compiles them one after another. Threads do not help: most of a compile
-holds the GIL. So every phase of every bucket is first recorded into a throw-away CUDA graph while
-triton's jit_cache_hook notes each variant that would compile and skips it (no compile, no launch).
-Recording, not running, matters: with the Triton kernels skipped, the torch kernels between them
-would read uninitialised indices; a recorded graph never runs. Worker processes then compile the
-variants into Triton's disk cache (JITFunction.preload) and build their launchers, and the
-warm-up that follows finds every one there.
+A cold capture is almost all Triton compiling, and the eager warm-up compiles the variants one
+after another; threads do not help (most of a compile holds the GIL). So every phase of every
+bucket is first recorded into a throw-away CUDA graph while triton's jit_cache_hook notes each
+variant that would compile and skips it (no compile, no launch). Recording, not running, matters:
+with the Triton kernels skipped, the torch kernels between them would read uninitialised indices;
+a recorded graph never runs. Worker processes then compile the variants into Triton's disk cache
+(JITFunction.preload) and build their launchers, and the warm-up that follows finds every one there.
 
 The workers are forked from one process that imports torch, Triton and the kernels while this one
-gets ready: Runtime.from_pretrained starts it before loading the checkpoint (start_early), else
-precompile does before its recording pass. Sixteen processes that each imported them were still
-importing, all at once, seconds after the recording had ended. That process is started, not forked
-from this one, so it and its workers have no CUDA state. A worker compiles and builds launchers
-but loads nothing onto the GPU: sixteen CUDA contexts created at once took about 2 s each, and
-this process loads every kernel into its own context anyway.
+gets ready (Runtime.from_pretrained starts it before loading the checkpoint: start_early), rather
+than each importing them at once. That process is started, not forked from this one, so it and its
+workers have no CUDA state. A worker loads nothing onto the GPU: many CUDA contexts created at once
+are slow, and this process loads every kernel into its own context anyway.
 
 Best effort: any failure leaves the remaining kernels to the ordinary warm-up, which compiles
-whatever is missing, so capture never depends on this step. Once it has run for a configuration,
-a marker in Triton's cache folder says so, and later captures (whose kernels Triton's disk cache
-already holds) skip the recording pass, which would only add its own time to a warm start.
+whatever is missing. Once it has run for a configuration, a marker in Triton's cache folder says
+so, and later captures skip the recording pass, which would only add its own time to a warm start.
 """
 
 from __future__ import annotations
@@ -120,15 +116,12 @@ def _balanced(jobs: list[tuple[str, str, str]], n: int) -> list[list]:
     return shares
 
 
-def _ranks_on_host() -> int:
-    """Processes of this host that capture at once: the tensor-parallel ranks share its cores."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(os.environ.get("LOCAL_WORLD_SIZE", torch.distributed.get_world_size()))
-    return 1
-
-
 def _default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 32) // _ranks_on_host())
+    """The host's cores (32 at most), shared by the tensor-parallel ranks that capture at once."""
+    ranks = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", torch.distributed.get_world_size()))
+    return max(1, min(os.cpu_count() or 1, 32) // ranks)
 
 
 def _worker_gpu() -> str:

@@ -6,7 +6,7 @@ Three record kinds come in (from the PyTorch profiler, an Nsight Systems SQLite 
               size (the NVTX payload), [start_ns, end_ns], the thread that opened it
   Launch      a CUDA API call that started GPU work (cudaLaunchKernel, cudaGraphLaunch,
               cuLaunchKernel, cuLaunchKernelEx, ...): correlation id, [start_ns, end_ns], thread
-  Kernel      a GPU kernel execution: correlation id, [start_ns, end_ns], name, graph node id
+  Kernel      a GPU kernel execution: correlation id, [start_ns, end_ns], name
 
 A kernel belongs to the launch with its correlation id (every kernel of a replayed CUDA graph
 carries the correlation id of its cudaGraphLaunch), and the launch belongs to the innermost phase
@@ -65,7 +65,6 @@ class Kernel:
     start_ns: int
     end_ns: int
     name: str
-    graph_node_id: int | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -155,9 +154,6 @@ class Attribution:
         """Phase rows then the unattributed row (always present, possibly zero)."""
         return [*self.phases.values(), self.unattributed]
 
-    def batch_sizes(self) -> list[int | None]:
-        return sorted({b for _, b in self.by_batch}, key=lambda b: (b is None, b or 0))
-
 
 def _innermost(ranges_by_tid: dict[Hashable, list[PhaseRange]], launches: list[Launch]
                ) -> dict[Hashable, PhaseRange]:
@@ -214,12 +210,8 @@ def attribute(ranges: Iterable[PhaseRange], launches: Iterable[Launch], kernels:
     phases: dict[str, PhaseStats] = {}
     by_batch: dict[tuple[str, int | None], PhaseStats] = {}
     for r in sorted(ranges, key=lambda r: r.start_ns):
-        if r.name not in phases:
-            phases[r.name] = PhaseStats(r.name)
-        if (r.name, r.batch_size) not in by_batch:
-            by_batch[(r.name, r.batch_size)] = PhaseStats(r.name, r.batch_size)
-        phases[r.name].launches += 1
-        by_batch[(r.name, r.batch_size)].launches += 1
+        phases.setdefault(r.name, PhaseStats(r.name)).launches += 1
+        by_batch.setdefault((r.name, r.batch_size), PhaseStats(r.name, r.batch_size)).launches += 1
 
     un = PhaseStats(UNATTRIBUTED)
     reasons: dict[str, int] = defaultdict(int)

@@ -16,7 +16,7 @@ tests/test_profiling.py for the hand-made files and tests/data for a real export
     create event carries the domain name in text and its id in domainId.
   CUPTI_ACTIVITY_KIND_RUNTIME: start, end, globalTid, correlationId, nameId -> StringIds.
   CUPTI_ACTIVITY_KIND_KERNEL: start, end, globalPid, correlationId, demangledName / shortName /
-    mangledName -> StringIds, graphNodeId and graphId (non-zero for a graph's kernel nodes).
+    mangledName -> StringIds.
   globalTid / globalPid serialise the process id in bits 24..47: pid = (globalTid >> 24) & 0xFFFFFF.
 
 CUDA graphs: with `--cuda-graph-trace=node` every kernel node of a replay is a kernel row whose
@@ -34,7 +34,7 @@ import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, attribute
+from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, ProfilingError, attribute
 from graphrt.profiling.nvtx_ranges import DOMAIN
 
 CAPTURE_HINT = ("capture with `nsys profile -t cuda,nvtx --cuda-graph-trace=node -o report <command>` "
@@ -46,7 +46,7 @@ _GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch")
 GRAPH_REPLAY = "cuda_graph_replay"  # the record standing for a whole replay in a graph-level trace
 
 
-class NsysCaptureError(ValueError):
+class NsysCaptureError(ProfilingError, ValueError):
     """The export lacks what the attribution needs; the message says how to capture it."""
 
 
@@ -154,22 +154,18 @@ def read_launches(db: _Db, strings: dict[int, str]) -> list[Launch]:
 
 
 def read_kernels(db: _Db, strings: dict[int, str]) -> list[Kernel]:
+    """Every kernel row (none when the capture traced no kernels)."""
     t = "CUPTI_ACTIVITY_KIND_KERNEL"
     if t not in db.tables:
-        if db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
-            raise _no_node_trace(db, db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE"))
-        raise NsysCaptureError(f"{db.path}: no CUPTI_ACTIVITY_KIND_KERNEL table (no GPU kernels were traced); "
-                               f"{CAPTURE_HINT}")
+        return []
     cols = db.columns(t)
     names = [c for c in ("demangledName", "shortName", "mangledName") if c in cols]
     pid_col = "globalPid" if "globalPid" in cols else ("globalTid" if "globalTid" in cols else "0")
-    node_col = "graphNodeId" if "graphNodeId" in cols else "NULL"
     out = []
-    q = f"SELECT start, end, {pid_col}, correlationId, {node_col}, {', '.join(names) or 'NULL'} FROM {t}"
-    for row in db.con.execute(q):
-        start, end, gpid, corr, node = row[:5]
-        name = next((strings[i] for i in row[5:] if i is not None and strings.get(i)), "?")
-        out.append(Kernel((_pid(gpid), corr), int(start), int(end), name, node or None))
+    for row in db.con.execute(f"SELECT start, end, {pid_col}, correlationId, {', '.join(names) or 'NULL'} FROM {t}"):
+        start, end, gpid, corr = row[:4]
+        name = next((strings[i] for i in row[4:] if i is not None and strings.get(i)), "?")
+        out.append(Kernel((_pid(gpid), corr), int(start), int(end), name))
     return out
 
 
@@ -184,31 +180,30 @@ def read_graph_replays(db: _Db) -> list[Kernel]:
             for start, end, gpid, corr in db.con.execute(f"SELECT start, end, {pid_col}, correlationId FROM {t}")]
 
 
-def _no_node_trace(db: _Db, n_graph: int) -> NsysCaptureError:
-    return NsysCaptureError(
-        f"{db.path}: CUDA graphs were traced as whole graphs ({n_graph} rows in "
-        f"CUPTI_ACTIVITY_KIND_GRAPH_TRACE, no per-kernel rows for their replays: `--cuda-graph-trace=graph`, "
-        f"nsys's default). Per-phase kernel attribution needs every kernel node: re-capture with "
-        f"`--cuda-graph-trace=node` ({CAPTURE_HINT}).")
-
-
-def _check_graph_kernels(db: _Db, launches: list[Launch], kernels: list[Kernel], result: Attribution) -> None:
-    """Graph launches whose kernels are missing: the capture did not trace graph nodes."""
+def _check_node_trace(db: _Db, launches: list[Launch], kernels: list[Kernel]) -> str | None:
+    """Raises when the capture holds no kernels, or lacks the kernels of graph replays (it did not
+    trace graph nodes); returns a note when only some graph launches lack them."""
     graph_launches = [ln for ln in launches if ln.name.startswith(_GRAPH_LAUNCH_NAMES)]
-    if not graph_launches:
-        return
     with_kernels = {k.correlation_id for k in kernels}
     bare = [ln for ln in graph_launches if ln.correlation_id not in with_kernels]
-    n_graph_trace = db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
-    if bare and (n_graph_trace or len(bare) == len(graph_launches)):
-        if n_graph_trace:
-            raise _no_node_trace(db, n_graph_trace)
+    n_whole = db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+    if n_whole and (bare or not kernels):
+        raise NsysCaptureError(
+            f"{db.path}: CUDA graphs were traced as whole graphs ({n_whole} rows in "
+            f"CUPTI_ACTIVITY_KIND_GRAPH_TRACE, no per-kernel rows for their replays: `--cuda-graph-trace=graph`, "
+            f"nsys's default). Per-phase kernel attribution needs every kernel node: re-capture with "
+            f"`--cuda-graph-trace=node` ({CAPTURE_HINT}).")
+    if not kernels:
+        raise NsysCaptureError(f"{db.path}: no CUPTI_ACTIVITY_KIND_KERNEL rows (no GPU kernels were traced); "
+                               f"{CAPTURE_HINT}")
+    if bare and len(bare) == len(graph_launches):
         raise NsysCaptureError(
             f"{db.path}: none of the {len(graph_launches)} graph launches has a kernel row: the capture "
             f"did not trace CUDA graph nodes; re-capture with `--cuda-graph-trace=node` ({CAPTURE_HINT}).")
     if bare:
-        result.notes.append(f"{len(bare)} of {len(graph_launches)} graph launches have no kernel rows "
-                            f"(graphs of memcpy/memset nodes only, or dropped records)")
+        return (f"{len(bare)} of {len(graph_launches)} graph launches have no kernel rows "
+                f"(graphs of memcpy/memset nodes only, or dropped records)")
+    return None
 
 
 def read_nsys_sqlite(path, *, domain: str | None = DOMAIN, graph_trace: bool = False) -> Attribution:
@@ -225,21 +220,16 @@ def read_nsys_sqlite(path, *, domain: str | None = DOMAIN, graph_trace: bool = F
         strings = db.strings()
         ranges = read_ranges(db, domain)
         launches = read_launches(db, strings)
+        kernels = read_kernels(db, strings)
         if graph_trace:
-            eager = read_kernels(db, strings) if "CUPTI_ACTIVITY_KIND_KERNEL" in db.tables else []
-            result = attribute(ranges, launches, eager + read_graph_replays(db),
+            result = attribute(ranges, launches, kernels + read_graph_replays(db),
                                source=f"nsys sqlite {db.path.name}, graphs traced whole")
             result.notes.append(f"graphs traced whole (--cuda-graph-trace=graph): a replay is one "
                                 f"{GRAPH_REPLAY} record, wall times only, no kernels inside graphs")
         else:
-            kernels = read_kernels(db, strings)
-            if not kernels:
-                n_graph = db.count("CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
-                if n_graph:
-                    raise _no_node_trace(db, n_graph)
-                raise NsysCaptureError(f"{db.path}: CUPTI_ACTIVITY_KIND_KERNEL is empty; {CAPTURE_HINT}")
+            note = _check_node_trace(db, launches, kernels)
             result = attribute(ranges, launches, kernels, source=f"nsys sqlite {db.path.name}")
-            _check_graph_kernels(db, launches, kernels, result)
+            result.notes += [note] if note else []
         per_pid = defaultdict(int)
         for r in ranges:
             per_pid[_pid(r.tid)] += 1

@@ -13,9 +13,8 @@ Switches (all global, read at each phase call as one attribute of `_STATE`):
   torch  torch_ranges(): while active, each phase also opens a torch.profiler.record_function
          named "graphrt/<PHASE>/<B>" (torch_profile.py turns it on around its profiled run).
 
-With everything off a phase call costs a fraction of a microsecond (one attribute test); NVTX on
-adds a push and pop through the nvtx C extension, and an attached tool its own cost on top.
-`python -m graphrt.profiling.nvtx_ranges` measures the per-call cost.
+With everything off a phase call costs one attribute test; NVTX on adds a push and pop through
+the nvtx C extension, and an attached tool its own cost on top.
 """
 
 from __future__ import annotations
@@ -29,13 +28,12 @@ _NULL = nullcontext()
 
 
 class _State:
-    __slots__ = ("nvtx", "torch", "active", "requested", "domain", "attrs", "category", "push", "pop")
+    __slots__ = ("nvtx", "torch", "active", "domain", "attrs", "category", "push", "pop")
 
     def __init__(self):
         self.nvtx = False  # ranges are emitted (requested and a real domain exists)
         self.torch = False  # record_function ranges are opened
         self.active = False  # nvtx or torch: the one check on the hot path
-        self.requested: bool | None = None  # None: auto (on when a tool is attached)
         self.domain = None
         self.attrs: dict[tuple[str, int], object] = {}  # (phase, B) -> nvtx EventAttributes
         self.category = None
@@ -62,26 +60,17 @@ def _domain():
     return _STATE.domain
 
 
-def _apply(requested: bool | None) -> None:
-    _STATE.requested = requested
-    want = requested if requested is not None else True  # auto: on iff a tool gave a real domain
-    _STATE.nvtx = bool(want) and _domain() is not None
-    _refresh()
-
-
 def enable_nvtx(on: bool | None = True) -> bool:
     """Switch NVTX phase ranges on (True), off (False) or to auto (None: on when a tool is
     attached). Returns whether ranges are now emitted."""
-    _apply(on)
+    want = on if on is not None else True  # auto: on iff a tool gave a real domain
+    _STATE.nvtx = bool(want) and _domain() is not None
+    _refresh()
     return _STATE.nvtx
 
 
 def disable_nvtx() -> None:
-    _apply(False)
-
-
-def nvtx_enabled() -> bool:
-    return _STATE.nvtx
+    enable_nvtx(False)
 
 
 def _env_setting() -> bool | None:
@@ -108,12 +97,9 @@ class torch_ranges:
         return False
 
 
-def torch_range_name(name: str, batch_size: int) -> str:
-    return f"{TORCH_PREFIX}{name}/{batch_size}"
-
-
 def parse_torch_range_name(text: str) -> tuple[str, int | None] | None:
-    """`graphrt/TARGET_VERIFY/8` -> ("TARGET_VERIFY", 8); None for any other annotation."""
+    """`graphrt/TARGET_VERIFY/8` (what a phase's record_function is named) -> ("TARGET_VERIFY", 8);
+    None for any other annotation."""
     if not text.startswith(TORCH_PREFIX):
         return None
     rest = text[len(TORCH_PREFIX):]
@@ -140,58 +126,37 @@ def _attributes(name: str, batch_size: int):
 
 
 class _Range:
-    """NVTX push/pop (+ record_function when torch ranges are on). Not reentrant: one per call."""
+    """One phase launch: NVTX push/pop, a record_function while torch ranges are on, and inside
+    them the timer's phase (timed) if there is one. Not reentrant: one per call."""
 
-    __slots__ = ("name", "batch_size", "rf")
+    __slots__ = ("name", "batch_size", "timed", "rf")
 
-    def __init__(self, name: str, batch_size: int):
-        self.name, self.batch_size, self.rf = name, batch_size, None
+    def __init__(self, name: str, batch_size: int, timed=None):
+        self.name, self.batch_size, self.timed, self.rf = name, batch_size, timed, None
 
     def __enter__(self):
+        # NVTX outermost: the timer's event records are API calls, not launches, and sit inside.
         if _STATE.nvtx:
             _STATE.push(_attributes(self.name, self.batch_size), _STATE.domain.handle)
         if _STATE.torch:
             from torch.profiler import record_function  # only while a torch profile runs
 
-            self.rf = record_function(torch_range_name(self.name, self.batch_size))
+            self.rf = record_function(f"{TORCH_PREFIX}{self.name}/{self.batch_size}")
             self.rf.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.rf is not None:
-            self.rf.__exit__(*exc)
-            self.rf = None
-        if _STATE.nvtx:
-            _STATE.pop(_STATE.domain.handle)
-        return False
-
-
-def phase_range(name: str, batch_size: int):
-    """Context manager: the NVTX range of one phase launch (nothing when ranges are off)."""
-    if not _STATE.active:
-        return _NULL
-    return _Range(name, batch_size)
-
-
-class _TimedRange:
-    __slots__ = ("rng", "timed")
-
-    def __init__(self, rng, timed):
-        self.rng, self.timed = rng, timed
-
-    def __enter__(self):
-        # NVTX outermost: the timer's event records are API calls, not launches, and sit inside.
-        if self.rng is not None:
-            self.rng.__enter__()
-        self.timed.__enter__()
+        if self.timed is not None:
+            self.timed.__enter__()
         return self
 
     def __exit__(self, *exc):
         try:
-            self.timed.__exit__(*exc)
+            if self.timed is not None:
+                self.timed.__exit__(*exc)
         finally:
-            if self.rng is not None:
-                self.rng.__exit__(*exc)
+            if self.rf is not None:
+                self.rf.__exit__(*exc)
+                self.rf = None
+            if _STATE.nvtx:
+                _STATE.pop(_STATE.domain.handle)
         return False
 
 
@@ -201,91 +166,20 @@ class PhaseHooks:
         with self.hooks.phase(TARGET_VERIFY, B):
             ...launch...
 
-    timer: a PhaseTimer (CUDA events from a ring) or None. nvtx: None follows the global switch
-    (GRAPHRT_NVTX / enable_nvtx, auto when a tool is attached); True or False set it globally
-    now. With no timer and ranges off, phase() returns a shared null context: the cost is one
-    attribute check.
+    timer: a PhaseTimer (CUDA events from a ring) or None. NVTX follows the global switch
+    (GRAPHRT_NVTX / enable_nvtx, auto when a tool is attached). With no timer and ranges off,
+    phase() returns a shared null context: the cost is one attribute check.
     """
 
     __slots__ = ("timer",)
 
-    def __init__(self, timer=None, nvtx: bool | None = None):
+    def __init__(self, timer=None):
         self.timer = timer
-        if nvtx is not None:
-            _apply(nvtx)
 
     def phase(self, name: str, batch_size: int):
-        timer = self.timer
-        if timer is None:
-            if not _STATE.active:
-                return _NULL
-            return _Range(name, batch_size)
-        return _TimedRange(_Range(name, batch_size) if _STATE.active else None, timer.phase(name, batch_size))
+        if self.timer is not None:
+            return _Range(name, batch_size, self.timer.phase(name, batch_size))
+        return _Range(name, batch_size) if _STATE.active else _NULL
 
 
-_apply(_env_setting())
-
-
-def measure_overhead(number: int = 200_000) -> dict[str, float]:
-    """Per-call cost in microseconds of `with hooks.phase(...)` with ranges off and on, and of
-    phase_range() off, net of the harness (a function running `with nullcontext(): pass`). "on"
-    uses the real nvtx extension when a domain exists; without a tool it measures the push/pop
-    path against the nvtx extension's no-op entry points."""
-    import timeit
-
-    def t(fn):
-        return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
-
-    saved = (_STATE.requested, _STATE.nvtx, _STATE.torch, _STATE.domain)
-    hooks = PhaseHooks()
-    out = {}
-    try:
-        _STATE.torch = False
-        disable_nvtx()
-        base = t(_baseline)
-        out["baseline_us"] = base
-        out["hooks_off_us"] = t(lambda: _enter_exit(hooks)) - base
-        out["phase_range_off_us"] = t(_enter_exit_range) - base
-        if _domain() is None:
-            try:
-                import nvtx
-            except ImportError:
-                return out
-            # No tool attached: build a real Domain object anyway, so the measurement includes the
-            # attribute lookup, the extension call and the pop (each a no-op inside libnvtx).
-            d = object.__new__(nvtx._lib.Domain)
-            d.handle = nvtx._lib.lib.DomainHandle(DOMAIN)
-            nvtx._lib.Domain.__init__(d, DOMAIN)
-            _STATE.domain = d
-            _STATE.push, _STATE.pop = nvtx._lib.push_range, nvtx._lib.pop_range
-        _STATE.attrs.clear()
-        _STATE.category = None
-        _STATE.nvtx = True
-        _refresh()
-        out["hooks_nvtx_on_us"] = t(lambda: _enter_exit(hooks)) - base
-    finally:
-        _STATE.requested, _STATE.nvtx, _STATE.torch, _STATE.domain = saved
-        _STATE.attrs.clear()
-        _STATE.category = None
-        _refresh()
-    return out
-
-
-def _baseline():
-    with _NULL:
-        pass
-
-
-def _enter_exit(hooks):
-    with hooks.phase("TARGET_VERIFY", 8):
-        pass
-
-
-def _enter_exit_range():
-    with phase_range("TARGET_VERIFY", 8):
-        pass
-
-
-if __name__ == "__main__":
-    for k, v in measure_overhead().items():
-        print(f"{k:>20}: {v:.3f} us")
+enable_nvtx(_env_setting())

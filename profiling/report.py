@@ -3,14 +3,6 @@
     graphrt profile [CKPT]                     in-process: PyTorch profiler (CUPTI) attribution
     graphrt profile [CKPT] --nsys              the same workload under nsys, table from its export
     graphrt profile --from-sqlite FILE         table from a capture the user made with nsys
-
-With no checkpoint the workload is an embedded random preset (llama-1b-shape on CUDA, tiny on the
-CPU) with a self-draft, decoded greedily at each --batch-sizes value after a warm-up.
-
-The headline per phase and batch size is the wall time per launch (first kernel start to last
-kernel end, from the trace), beside the CUDA-event time of the same launches measured without any
-profiler in the same invocation, and the sum of kernel durations, which under PDL overstates a
-phase. Kernels rank by exclusive time, their share of the wall time (critical_path.py).
 """
 
 from __future__ import annotations
@@ -21,8 +13,7 @@ import math
 import sys
 
 from graphrt.profiling.attribution import UNATTRIBUTED, Attribution, PhaseStats, ProfilingError
-from graphrt.profiling.family_chart import IDLE, SEGMENTS, family_bars
-from graphrt.profiling.kernel_families import kernel_family
+from graphrt.profiling.kernel_families import IDLE, SEGMENTS, family_bars, kernel_family, write_png
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
@@ -213,11 +204,6 @@ def to_json(result: Attribution, *, top: int | None = 10, meta: dict | None = No
     return out
 
 
-def write_json(result: Attribution, path, **kw) -> None:
-    with open(path, "w") as f:
-        json.dump(to_json(result, **kw), f, indent=2)
-
-
 # ---- graphrt profile ----------------------------------------------------------------------------
 
 
@@ -255,22 +241,14 @@ def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=No
     print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes, events=events,
                        events_traced=events_traced), file=out or sys.stdout)
     if getattr(args, "json_out", None):
-        write_json(result, args.json_out, meta=meta, events=events, events_traced=events_traced)
+        with open(args.json_out, "w") as f:
+            json.dump(to_json(result, meta=meta, events=events, events_traced=events_traced), f, indent=2)
     if getattr(args, "png", None):
-        from graphrt.profiling.family_chart import write_png
-
         write_png(result, args.png)
     if getattr(args, "trace", None):
         from graphrt.profiling.perfetto_trace import write_perfetto_trace
 
         write_perfetto_trace(result, args.trace)
-
-
-def _untraced_events(args) -> EventTimes:
-    """CUDA-event times of the workload in this process, where no profiler is attached."""
-    w = Workload(args)
-    w.warm_up()
-    return w.run()
 
 
 def cli_main(args) -> int:
@@ -279,43 +257,44 @@ def cli_main(args) -> int:
     from pathlib import Path
 
     from graphrt.profiling import nsys_run
-    from graphrt.profiling.nsys_sqlite import NsysCaptureError, read_nsys_sqlite
+    from graphrt.profiling.nsys_sqlite import read_nsys_sqlite
     from graphrt.profiling.nvtx_ranges import disable_nvtx, enable_nvtx
 
     from graphrt.errors import GraphrtError
 
-    graph_trace = getattr(args, "graph_trace", False)
     try:
-        if getattr(args, "from_sqlite", None):
-            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None, graph_trace=graph_trace), args)
+        if args.from_sqlite:
+            emit(read_nsys_sqlite(args.from_sqlite, domain=args.domain or None, graph_trace=args.graph_trace), args)
             return 0
-        if getattr(args, "_inner", False):  # running under nsys: ranges only around the measured run
+        if args._inner:  # running under nsys: ranges only around the measured run
             w = Workload(args)
             disable_nvtx()
             w.warm_up()
             enable_nvtx(True)
             traced = w.run()
             disable_nvtx()
-            if getattr(args, "_meta", None):
+            if args._meta:
                 Path(args._meta).write_text(json.dumps({**w.meta(), "cuda_events_traced_us": keyed_to_json(traced)},
                                                        indent=2))
             return 0
-        if getattr(args, "nsys", False):
+        if args.nsys:
             sqlite, meta = nsys_run.profile_under_nsys(args)
-            result = read_nsys_sqlite(sqlite, graph_trace=graph_trace)
+            result = read_nsys_sqlite(sqlite, graph_trace=args.graph_trace)
             # nsys has exited: the same workload in this process is the untraced reference
             print("graphrt profile: timing the same workload with CUDA events, no profiler attached", file=sys.stderr)
-            events = _untraced_events(args)
+            w = Workload(args)
+            w.warm_up()
+            events = w.run()
             emit(result, args, expected_nodes=keyed_from_json(meta.get("graph_kernel_nodes")),
                  meta={**meta, "cuda_events_us": keyed_to_json(events)}, events=events,
                  events_traced=keyed_from_json(meta.get("cuda_events_traced_us")))
             return 0
-        if graph_trace:
+        if args.graph_trace:
             raise ProfilingError("--graph-trace is an nsys capture mode: use it with --nsys or --from-sqlite")
         import torch
         from graphrt.profiling.torch_profile import profile_callable
 
-        if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+        if (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
             raise ProfilingError("in-process kernel attribution needs a CUDA device (kernel records come from "
                                  "CUPTI); on a machine without one, read an Nsight export with --from-sqlite FILE")
         # Without the CUPTI warm-up a profiler attached after capture can miscount graph-replay
@@ -330,5 +309,5 @@ def cli_main(args) -> int:
         emit(result, args, expected_nodes=w.graph_nodes, meta={**w.meta(), "cuda_events_us": keyed_to_json(events)},
              events=events, events_traced=traced)
         return 0
-    except (NsysCaptureError, ProfilingError, FileNotFoundError) as exc:
+    except (ProfilingError, FileNotFoundError) as exc:
         raise GraphrtError(str(exc)) from None

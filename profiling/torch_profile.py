@@ -1,8 +1,7 @@
 """In-process per-phase attribution with the PyTorch profiler (Kineto over CUPTI).
 
-profile_callable(workload) runs the workload under torch.profiler with CPU and CUDA activity
-(record_shapes off) while graphrt's PhaseHooks open a `record_function("graphrt/<PHASE>/<B>")`
-around every phase launch, exports Kineto's Chrome trace and reads it back:
+profile_callable(workload) runs the workload under torch.profiler with phase record_functions on,
+exports Kineto's Chrome trace and reads it back:
 
   cat "user_annotation", name graphrt/<PHASE>/<B>        -> PhaseRange (pid, tid)
   cat "cuda_runtime" / "cuda_driver", args.correlation    -> Launch (cudaLaunchKernel,
@@ -17,9 +16,7 @@ converted to integer ns, so conservation holds exactly.
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import tempfile
 from collections.abc import Callable
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -28,19 +25,14 @@ from pathlib import Path
 from graphrt.profiling.attribution import Attribution, Kernel, Launch, PhaseRange, ProfilingError, attribute
 from graphrt.profiling.nvtx_ranges import parse_torch_range_name, torch_ranges
 
-_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-
 
 def _ns(us) -> int:
     return int((Decimal(str(us)) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
 def load_chrome_trace(path) -> list[dict]:
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data = json.load(f, parse_float=Decimal)
-    return data.get("traceEvents", []) if isinstance(data, dict) else data
+    with open(path) as f:
+        return json.load(f, parse_float=Decimal)["traceEvents"]
 
 
 def records_from_chrome_trace(events: list[dict]) -> tuple[list[PhaseRange], list[Launch], list[Kernel]]:
@@ -49,7 +41,7 @@ def records_from_chrome_trace(events: list[dict]) -> tuple[list[PhaseRange], lis
         if e.get("ph") not in (None, "X"):
             continue
         cat = e.get("cat")
-        if cat not in ("user_annotation", "kernel", *_LAUNCH_CATS):
+        if cat not in ("user_annotation", "kernel", "cuda_runtime", "cuda_driver"):
             continue
         name = e.get("name", "")
         start = _ns(e.get("ts", 0))
@@ -64,37 +56,32 @@ def records_from_chrome_trace(events: list[dict]) -> tuple[list[PhaseRange], lis
         if corr is None:
             continue
         if cat == "kernel":
-            node = args.get("graph node id", args.get("graphNodeId"))
-            kernels.append(Kernel(int(corr), start, end, name, int(node) if node is not None else None))
+            kernels.append(Kernel(int(corr), start, end, name))
         else:
             launches.append(Launch(int(corr), start, end, (e.get("pid"), e.get("tid")), name))
     return ranges, launches, kernels
 
 
-def attribute_chrome_trace(path_or_events, *, source: str | None = None) -> Attribution:
-    events = path_or_events if isinstance(path_or_events, list) else load_chrome_trace(path_or_events)
-    ranges, launches, kernels = records_from_chrome_trace(events)
+def attribute_chrome_trace(path, *, source: str | None = None) -> Attribution:
+    ranges, launches, kernels = records_from_chrome_trace(load_chrome_trace(path))
     if not ranges:
         raise ValueError("the trace holds no graphrt phase ranges (user annotations named graphrt/<PHASE>/<B>): "
                          "was the workload run through a Runtime while torch_ranges() was active?")
-    src = source or (f"torch profiler trace {Path(path_or_events).name}" if not isinstance(path_or_events, list)
-                     else "torch profiler trace")
-    return attribute(ranges, launches, kernels, source=src)
+    return attribute(ranges, launches, kernels, source=source or f"torch profiler trace {Path(path).name}")
 
 
-def init_cupti_for_cuda_graphs() -> bool:
+def init_cupti_for_cuda_graphs() -> None:
     """Load CUPTI with an empty profiler session before any graph is captured (what
     torch.profiler._utils._init_for_cuda_graphs does). Some driver/CUDA stacks need it for a
     profiler attached after capture to see graph replays; on others (reported for CUDA 13 with
     torch 2.13) the empty session leaves kernel collection dead. `graphrt profile` calls it before
     capturing: without it a profiler attached later can count graph-replay kernels the graph does
-    not hold. Returns whether it ran."""
+    not hold."""
     try:
         from torch.profiler._utils import _init_for_cuda_graphs
     except ImportError:
-        return False
+        return
     _init_for_cuda_graphs()
-    return True
 
 
 def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attribution:
@@ -111,17 +98,10 @@ def profile_callable(workload: Callable[[], object], *, trace_path=None) -> Attr
                                  record_shapes=False, with_stack=False) as prof:
         workload()
         torch.cuda.synchronize()
-    if trace_path is None:
-        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="graphrt-kineto-")
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(tmp)
-            result = attribute_chrome_trace(tmp, source="torch profiler (in process)")
-        finally:
-            os.unlink(tmp)
-    else:
-        prof.export_chrome_trace(str(trace_path))
-        result = attribute_chrome_trace(trace_path, source="torch profiler (in process)")
+    with tempfile.TemporaryDirectory(prefix="graphrt-kineto-") as tmp:
+        path = trace_path or Path(tmp) / "kineto.json"
+        prof.export_chrome_trace(str(path))
+        result = attribute_chrome_trace(path, source="torch profiler (in process)")
     if result.total_kernels == 0:
         raise ProfilingError(
             "the PyTorch profiler recorded phase ranges but no CUDA kernel: CUPTI collected nothing "

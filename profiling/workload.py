@@ -25,8 +25,8 @@ def keyed_from_json(d: dict) -> dict:
 
 class Workload:
     def __init__(self, args, *, cupti_warmup: bool = False):
-        """cupti_warmup: open an empty profiler session before capturing (in-process profiling only;
-        under nsys a second CUPTI client would compete with nsys's)."""
+        """args: `graphrt profile`'s. cupti_warmup: open an empty profiler session before capturing
+        (in-process profiling only; under nsys a second CUPTI client would compete with nsys's)."""
         from graphrt.arg_types import device_and_dtype
         from graphrt.parallel import join_ranks, rank_zero_first
         from graphrt.presets import default_checkpoints
@@ -34,26 +34,22 @@ class Workload:
 
         self.device, dtype = device_and_dtype(args)
         on_cuda = self.device.type == "cuda"
-        self.batch_sizes = list(getattr(args, "batch_sizes", None) or ([1, 8, 64] if on_cuda else [1, 4]))
-        self.prompt_len = getattr(args, "prompt_len", 32)
-        self.max_new = getattr(args, "max_new_tokens", None) or (32 if on_cuda else 8)
-        tp_size = getattr(args, "tp", 1)
-        with rank_zero_first(join_ranks(tp_size)):
+        self.batch_sizes = args.batch_sizes or ([1, 8, 64] if on_cuda else [1, 4])
+        self.prompt_len = args.prompt_len
+        self.max_new = args.max_new_tokens or (32 if on_cuda else 8)
+        with rank_zero_first(join_ranks(args.tp)):
             target, draft, draft_desc = default_checkpoints(
-                getattr(args, "checkpoint", None), getattr(args, "draft", None), dtype,
-                no_draft=getattr(args, "no_draft", False), draft_layers=getattr(args, "draft_layers", None),
-                preset=getattr(args, "preset", None) or ("llama-1b-shape" if on_cuda else "tiny"),
-                draft_kind=getattr(args, "draft_kind", "lm"))
+                args.checkpoint, args.draft, dtype, no_draft=args.no_draft, draft_layers=args.draft_layers,
+                preset=args.preset or ("llama-1b-shape" if on_cuda else "tiny"), draft_kind=args.draft_kind)
         self.desc = f"target {target}; draft: {draft_desc}"
         max_bs = max(self.batch_sizes)
         seq = self.prompt_len + self.max_new + 8
-        graphs = on_cuda and not getattr(args, "eager", False)
-        self.rt = Runtime.from_pretrained(target, draft, num_draft_tokens=getattr(args, "num_draft_tokens", 3),
+        graphs = on_cuda and not args.eager
+        self.rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
                                           device=self.device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
                                           kv_budget_tokens=max_bs * (seq + 64), buckets=tuple(self.batch_sizes),
-                                          use_cuda_graphs=graphs, tensor_parallel_size=tp_size,
-                                          draft_quantization=getattr(args, "draft_quantization", None) if draft
-                                          else None)
+                                          use_cuda_graphs=graphs, tensor_parallel_size=args.tp,
+                                          draft_quantization=args.draft_quantization if draft else None)
         self.graph_nodes: dict[tuple[str, int], int] = {}
         if graphs:
             if cupti_warmup:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from graphrt.profiling.attribution import UNATTRIBUTED, Kernel, Launch, PhaseRange, attribute
-from graphrt.profiling.family_chart import IDLE, family_bars, write_png
-from graphrt.profiling.kernel_families import FAMILIES, kernel_family
+from graphrt.profiling.kernel_families import FAMILIES, IDLE, family_bars, kernel_family, write_png
 from graphrt.profiling.nsys_sqlite import read_nsys_sqlite
 from graphrt.profiling.perfetto_trace import cycle_numbers, trace_events, write_perfetto_trace
 
