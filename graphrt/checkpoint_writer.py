@@ -43,7 +43,7 @@ from graphrt.checkpoint import (
     stored_name,
 )
 from graphrt.checkpoint_config import load_config
-from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids
+from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError
 from graphrt.gguf_checkpoint import find_gguf
 
@@ -99,11 +99,6 @@ def preset_config(name: str, **overrides) -> ModelConfig:
 def _as_config(x, what: str) -> ModelConfig:
     if isinstance(x, ModelConfig):
         return x
-    if isinstance(x, dict):
-        unknown = set(x) - set(config_fields())
-        if unknown:
-            raise KeyError(f"{what}: unknown ModelConfig fields {sorted(unknown)}")
-        return ModelConfig(**x)
     if isinstance(x, str) and x in PRESETS:
         return preset_config(x)
     if isinstance(x, (str, os.PathLike)) and os.path.isdir(x):
@@ -264,7 +259,7 @@ def draft_config(base: ModelConfig, target: ModelConfig, kind: str, *, num_layer
     raise ValueError(f"kind must be 'eagle' or 'eagle3' here, got {kind!r}")
 
 
-def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | ModelConfig | dict, *,
+def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | ModelConfig, *,
                             kind: str = "lm", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                             num_shards: int = 1, target: str | os.PathLike | ModelConfig | None = None,
                             num_layers: int | None = None, draft_vocab_size: int | None = None,
@@ -272,7 +267,7 @@ def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | Mod
                             include_embed: bool | None = None) -> ModelConfig:
     """Write a random checkpoint folder and return its ModelConfig (as the loader will read it).
 
-    preset_or_config: a PRESETS name, a ModelConfig, or a dict of ModelConfig fields. For kind="lm"
+    preset_or_config: a PRESETS name or a ModelConfig. For kind="lm"
         it is the model; num_layers overrides its layer count. For kind="eagle"/"eagle3" it gives the
         head's layer shapes (hidden, heads, intermediate, RoPE) -- an eagle/eagle3 ModelConfig is
         written as is.

@@ -71,12 +71,10 @@ def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, see
 
 def describe_draft(draft: Path, target: Path) -> str:
     """What a draft folder is, in the words a report needs."""
-    from graphrt.models import eagle3_aux_layers
-
     d, t = load_config(draft), load_config(target)
     n = d.num_hidden_layers
     if d.kind == "eagle3":
-        aux = eagle3_aux_layers(d, t)
+        aux = d.aux_layer_ids_for(t)
         return (f"EAGLE-3 head ({n} layer{'s' * (n > 1)}, draft vocabulary {d.draft_vocab_size}, "
                 f"aux layers {aux})")
     if d.kind == "eagle":
