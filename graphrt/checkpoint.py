@@ -56,7 +56,7 @@ import os
 import pickle
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,24 +72,19 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}
-for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
-    if hasattr(torch, _attr):
-        _ST_DTYPES[_name] = getattr(torch, _attr)
-_FP8 = tuple(getattr(torch, a) for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-             if hasattr(torch, a))
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: canonical name -> tensor, the config, and where each tensor came from."""
+    """A loaded checkpoint: canonical name -> tensor, and the config."""
 
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     path: str
     kind: str  # "lm" | "eagle" | "eagle3"
-    files: dict[str, str] = field(default_factory=dict, repr=False)  # canonical name -> file it came from
     parallel: tuple[int, int] | None = None  # (rank, world size) when the weights are a tensor-parallel slice
 
 
@@ -380,15 +375,8 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         _check_shape(s, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
     special = {"d2t", "t2d"} if kind == "eagle3" else set()
 
-    for name, shape in expected.items():
-        if name not in by_canon:
-            raise CheckpointError(f"{_missing_where(path, stored)}: missing tensor {name!r} (stored as "
-                                  f"{stored_name(name, kind)!r}; expected shape {list(shape)} for "
-                                  f"{cfg.architecture} config)")
-    for name, s in by_canon.items():
-        if name not in expected and name not in special:
-            raise CheckpointError(f"{s.file}: unexpected tensor {s.name!r} (canonical {name!r}) for a "
-                                  f"{cfg.architecture} checkpoint with this config")
+    check_names(expected, {c: (s.file, s.name) for c, s in by_canon.items()}, _missing_where(path, stored),
+                lambda name: stored_name(name, kind), cfg.architecture, special)
     for name, shape in expected.items():
         s = by_canon[name]
         _check_shape(s, name, shape)
@@ -409,28 +397,38 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
 
     # read, cast, place
     weights: dict[str, torch.Tensor] = {}
-    files: dict[str, str] = {}
     handles: dict[str, Any] = {}
     fixed = {"d2t": torch.int64, "t2d": torch.bool}
     try:
         for name, s in by_canon.items():
             t = _read_tensor(s, handles, None if shard is None else shard(name))
             weights[name] = t.to(device=device, dtype=fixed.get(name, dtype if dtype is not None else t.dtype))
-            files[name] = s.file
     finally:
         handles.clear()
 
     if cfg.tie_word_embeddings and (kind == "lm" or (kind == "eagle3" and cfg.has_embed_tokens
                                                      and "lm_head.weight" not in weights)):
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
-        files["lm_head.weight"] = files["embed_tokens.weight"]
     if kind == "eagle3":
-        if "d2t" not in weights:
+        if "d2t" in weights:
+            _check_d2t_range(weights["d2t"], cfg.vocab_size, by_canon["d2t"].file)
+        else:  # the identity map
             weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=device)
-            files["d2t"] = "(identity: synthesised)"
-        _check_d2t_range(weights["d2t"], cfg.vocab_size, files["d2t"])
-    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, files=files,
-                      parallel=getattr(shard, "parallel", None))
+    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, parallel=getattr(shard, "parallel", None))
+
+
+def check_names(expected: dict[str, tuple], found: dict[str, tuple[str, str]], missing_where: str, spell,
+                architecture: str, allowed=()) -> None:
+    """Every expected canonical name is found, and nothing else but `allowed`. found: canonical name
+    -> (file, stored name); spell(canonical name): the stored name of a missing one."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise CheckpointError(f"{missing_where}: missing tensor {spell(name)!r} (canonical {name!r}; expected "
+                                  f"shape {list(shape)} for this {architecture} config)")
+    for name, (file, stored) in found.items():
+        if name not in expected and name not in allowed:
+            raise CheckpointError(f"{file}: unexpected tensor {stored!r} (canonical {name!r}) for this "
+                                  f"{architecture} config")
 
 
 def _read_tensor(s: _Stored, handles: dict[str, Any], part: tuple[int, int, int] | None = None) -> torch.Tensor:

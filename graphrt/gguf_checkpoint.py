@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.checkpoint import Checkpoint, expected_shapes
+from graphrt.checkpoint import Checkpoint, check_names, expected_shapes
 from graphrt.config import ModelConfig
 from graphrt.errors import CheckpointError, GraphrtError
 
@@ -329,17 +329,10 @@ def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device:
         raise CheckpointError(f"{file}: a GGUF file holds an LM (llama, qwen2, qwen3), not a {kind!r} head")
     g = GGUFFile(file)
     tensors = g.tensors()
-    by_canon = {t.canonical: t for t in tensors}
     cfg = read_config(g, {t.canonical: t.shape for t in tensors})
     expected = expected_shapes(cfg)
-    for name, shape in expected.items():
-        if name not in by_canon:
-            raise CheckpointError(f"{file}: missing tensor {gguf_tensor_name(name)!r} (canonical {name!r}; expected "
-                                  f"shape {list(shape)} for this {cfg.architecture} config)")
+    check_names(expected, {t.canonical: (file, t.name) for t in tensors}, file, gguf_tensor_name, cfg.architecture)
     for t in tensors:
-        if t.canonical not in expected:
-            raise CheckpointError(f"{file}: unexpected tensor {t.name!r} (canonical {t.canonical!r}) for this "
-                                  f"{cfg.architecture} config")
         if t.shape != expected[t.canonical]:
             raise CheckpointError(f"{file}: tensor {t.name!r} has shape {list(t.shape)}, but the metadata says "
                                   f"{list(expected[t.canonical])}")
@@ -358,7 +351,7 @@ def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device:
         weights[t.canonical] = w.to(device=device, dtype=dtype)
     if cfg.tie_word_embeddings:
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
-    return Checkpoint(config=cfg, weights=weights, path=file, kind="lm", files=dict.fromkeys(weights, file))
+    return Checkpoint(config=cfg, weights=weights, path=file, kind="lm")
 
 
 def _dequantize(g: GGUFFile, t: _Tensor) -> torch.Tensor:

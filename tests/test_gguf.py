@@ -98,7 +98,7 @@ def test_checkpoint_looks_like_one_from_an_hf_folder(tmp_path):
     got = load_checkpoint(file)
     assert got.kind == "lm" and got.path == str(file)
     assert got.config == ref.config.with_(torch_dtype=None)  # a GGUF file names no stored dtype
-    assert set(got.weights) == set(ref.weights) and set(got.files) == set(got.weights)
+    assert set(got.weights) == set(ref.weights)
     assert got.weights["lm_head.weight"] is got.weights["embed_tokens.weight"]
     for k, v in ref.weights.items():
         assert got.weights[k].dtype == torch.float32 and got.weights[k].shape == v.shape, k
@@ -132,7 +132,7 @@ def test_folder_with_config_json_stays_an_hf_folder(tmp_path):
     write_gguf(tmp_path / "stray.gguf", TINY.with_(hidden_size=32), random_weights(TINY.with_(hidden_size=32)))
     got = load_checkpoint(tmp_path, dtype=torch.float32)
     assert got.config.hidden_size == ref.config.hidden_size == 64
-    assert all(f.endswith(".safetensors") for f in got.files.values())
+    assert got.path == str(tmp_path)  # read as the HF folder, not as the .gguf beside it
 
 
 def test_folder_with_two_gguf_files_is_refused(tmp_path, tiny_gguf):
