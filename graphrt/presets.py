@@ -9,6 +9,7 @@ sets acceptance for cost measurements, and every report names the draft it used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -44,6 +45,21 @@ def write_once(path: Path, write, done: str = "config.json") -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def kept_in_cache(path: Path, read, make, write, *, done: str):
+    """read(path) where an earlier process kept the value, else make() and keep it there with
+    write(value, tmp) through write_once. A damaged copy (read raises) is made again and replaced; a
+    read-only cache makes it again next time."""
+    if path.is_dir():
+        try:
+            return read(path)
+        except Exception:  # noqa: BLE001 - any failure to read a kept copy means the same thing
+            shutil.rmtree(path, ignore_errors=True)
+    value = make()
+    with contextlib.suppress(OSError):
+        write_once(path, lambda tmp: write(value, tmp), done=done)
+    return value
 
 
 def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0, layers: int | None = None) -> Path:
