@@ -237,7 +237,7 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
         start_early()  # as Runtime.from_pretrained does: the compile workers import while the checkpoints load
     shard = None
     if tp is not None:
-        from graphrt.checkpoint_config import load_config
+        from graphrt.checkpoint import load_config
         from graphrt.parallel import target_shard_rule
 
         shard = target_shard_rule(load_config(target), tp)

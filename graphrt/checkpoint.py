@@ -246,6 +246,18 @@ def scan_weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return {k: v.shape for k, v in _index_weights(str(path)).items()}
 
 
+def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (config.json, generation_config.json's eos ids, and the
+    weight files' names and shapes, which tell EAGLE heads apart; no tensor data is read) or of a GGUF
+    file's metadata. kind: "lm" / "eagle" / "eagle3" to force the reading."""
+    from graphrt.gguf_checkpoint import find_gguf, gguf_config  # lazy: it imports this module
+
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:
+        return gguf_config(gguf_file)
+    return ModelConfig.from_hf_dict(read_config_json(path), path, weight_shapes=scan_weight_shapes(path), kind=kind)
+
+
 # -- canonical names and the expected table --------------------------------------------------------
 
 

@@ -40,9 +40,9 @@ from graphrt.checkpoint import (
     canonical_name,
     expected_shapes,
     load_checkpoint,
+    load_config,
     stored_name,
 )
-from graphrt.checkpoint_config import load_config
 from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError
 from graphrt.gguf_checkpoint import find_gguf

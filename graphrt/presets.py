@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.checkpoint_config import load_config
+from graphrt.checkpoint import load_config
 from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

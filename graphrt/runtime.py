@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
-from graphrt.checkpoint_config import load_config
+from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint, load_config
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget

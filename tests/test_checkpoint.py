@@ -20,9 +20,9 @@ from graphrt.checkpoint import (
     check_draft_compatible,
     expected_shapes,
     load_checkpoint,
+    load_config,
     scan_weight_shapes,
 )
-from graphrt.checkpoint_config import load_config
 from graphrt.checkpoint_writer import PRESETS, preset_config, random_d2t, self_draft, write_random_checkpoint
 from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError, ConfigMismatchError

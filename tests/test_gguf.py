@@ -17,8 +17,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from graphrt import Runtime, SamplingParams  # noqa: E402
-from graphrt.checkpoint import load_checkpoint  # noqa: E402
-from graphrt.checkpoint_config import load_config  # noqa: E402
+from graphrt.checkpoint import load_checkpoint, load_config  # noqa: E402
 from graphrt.config import ModelConfig  # noqa: E402
 from graphrt.errors import CheckpointError, GraphrtError  # noqa: E402
 from graphrt.gguf_checkpoint import SUPPORTED_TYPES  # noqa: E402
