@@ -122,7 +122,7 @@ class ModelConfig:
             fail(f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "max_position_embeddings"):
-            _check_pos_int(where, name, getattr(self, name))
+            _check_int(where, name, getattr(self, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 fail(f"field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
@@ -130,11 +130,11 @@ class ModelConfig:
             s(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
             s(self, "num_key_value_heads", self.num_attention_heads)
-        _check_pos_int(where, "num_key_value_heads", self.num_key_value_heads)
+        _check_int(where, "num_key_value_heads", self.num_key_value_heads)
         if self.num_attention_heads % self.num_key_value_heads:
             fail(f"field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
                  f"num_attention_heads ({self.num_attention_heads})")
-        _check_pos_int(where, "head_dim", self.head_dim)
+        _check_int(where, "head_dim", self.head_dim)
         if self.head_dim % 2:
             fail(f"field 'head_dim' must be even for RoPE, found {self.head_dim}")
         for name in ("rms_norm_eps", "rope_theta"):
@@ -153,18 +153,18 @@ class ModelConfig:
         if self.rope_scaling is not None:
             s(self, "rope_scaling", _normalise_rope_scaling(dict(self.rope_scaling), where, "rope_scaling"))
         if self.bos_token_id is not None:
-            _check_nonneg_int(where, "bos_token_id", self.bos_token_id)
+            _check_int(where, "bos_token_id", self.bos_token_id, 0)
         eos = tuple(self.eos_token_ids)
         for t in eos:
-            _check_nonneg_int(where, "eos_token_id", t)
+            _check_int(where, "eos_token_id", t, 0)
         s(self, "eos_token_ids", eos)
         if self.architecture == "eagle3":
             if self.target_hidden_size is None:
                 s(self, "target_hidden_size", self.hidden_size)
             if self.draft_vocab_size is None:
                 s(self, "draft_vocab_size", self.vocab_size)
-            _check_pos_int(where, "target_hidden_size", self.target_hidden_size)
-            _check_pos_int(where, "draft_vocab_size", self.draft_vocab_size)
+            _check_int(where, "target_hidden_size", self.target_hidden_size)
+            _check_int(where, "draft_vocab_size", self.draft_vocab_size)
             if self.draft_vocab_size > self.vocab_size:
                 fail(f"field 'draft_vocab_size' ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
         else:
@@ -179,7 +179,7 @@ class ModelConfig:
             if not ids:
                 fail("field 'eagle_aux_hidden_state_layer_ids' is empty")
             for i in ids:
-                _check_nonneg_int(where, "eagle_aux_hidden_state_layer_ids", i)
+                _check_int(where, "eagle_aux_hidden_state_layer_ids", i, 0)
             s(self, "eagle_aux_layer_ids", ids)
 
     # -- derived ------------------------------------------------------------------------------------
@@ -377,14 +377,10 @@ def _read_json(file: str, *, required: bool) -> dict[str, Any] | None:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _check_pos_int(where: str, name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise CheckpointError(f"{where}: field {name!r} must be a positive integer, found {v!r}")
-
-
-def _check_nonneg_int(where: str, name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CheckpointError(f"{where}: field {name!r} must be a non-negative integer, found {v!r}")
+def _check_int(where: str, name: str, v: Any, least: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        what = "a positive" if least == 1 else "a non-negative"
+        raise CheckpointError(f"{where}: field {name!r} must be {what} integer, found {v!r}")
 
 
 def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> str:
