@@ -246,16 +246,16 @@ def scan_weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return {k: v.shape for k, v in _index_weights(str(path)).items()}
 
 
-def load_config(path: str | os.PathLike, *, kind: str | None = None) -> ModelConfig:
+def load_config(path: str | os.PathLike) -> ModelConfig:
     """The ModelConfig of a checkpoint folder (config.json, generation_config.json's eos ids, and the
     weight files' names and shapes, which tell EAGLE heads apart; no tensor data is read) or of a GGUF
-    file's metadata. kind: "lm" / "eagle" / "eagle3" to force the reading."""
+    file's metadata."""
     from graphrt.gguf_checkpoint import find_gguf, gguf_config  # lazy: it imports this module
 
     gguf_file = find_gguf(path)
     if gguf_file is not None:
         return gguf_config(gguf_file)
-    return ModelConfig.from_hf_dict(read_config_json(path), path, weight_shapes=scan_weight_shapes(path), kind=kind)
+    return ModelConfig.from_hf_dict(read_config_json(path), path, weight_shapes=scan_weight_shapes(path))
 
 
 # -- canonical names and the expected table --------------------------------------------------------
@@ -337,13 +337,12 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu", kind: str | None = None, shard=None) -> Checkpoint:
+                    device: str | torch.device = "cpu", shard=None) -> Checkpoint:
     """Load and strictly validate a local HF checkpoint folder, or a GGUF file (a `.gguf` path, or a
     folder holding one .gguf and no config.json: graphrt/gguf_checkpoint.py).
 
     dtype: cast floating weights to it; None keeps each tensor's stored dtype (d2t stays int64,
         t2d bool, whatever dtype is asked; GGUF tensors are dequantized to float32).
-    kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it (module doc).
     shard: a tensor-parallel rank's rule (graphrt/parallel/shard.target_shard_rule): canonical
         name -> (dim, start, end) or None; a safetensors file then yields only those bytes. Shapes
         are checked whole, before slicing.
@@ -355,7 +354,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         raise CheckpointError(f"{path}: dtype must be a floating torch.dtype, got {dtype!r}")
     gguf_file = find_gguf(path)
     if gguf_file is not None:
-        ckpt = load_gguf_checkpoint(gguf_file, dtype=dtype, device=device, kind=kind)
+        ckpt = load_gguf_checkpoint(gguf_file, dtype=dtype, device=device)
         if shard is not None:  # GGUF tensors are dequantized whole anyway
             from graphrt.parallel.shard import shard_tensor
 
@@ -366,7 +365,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         return ckpt
     d = read_config_json(path)
     stored = _index_weights(path)
-    cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()}, kind=kind)
+    cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()})
     kind = cfg.kind
 
     # stored -> canonical, refusing two stored names that land on one canonical name

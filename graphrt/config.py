@@ -25,7 +25,6 @@ from typing import Any
 from graphrt.errors import CheckpointError, ConfigMismatchError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "eagle", "eagle3")
-KINDS = ("lm", "eagle", "eagle3")
 
 # HF `architectures[0]` spellings graphrt accepts, by what they mean.
 LM_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -216,15 +215,13 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], path: str | os.PathLike | None = None, *,
-                     weight_shapes: Mapping[str, tuple[int, ...]] | None = None, kind: str | None = None
-                     ) -> ModelConfig:
+                     weight_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelConfig:
         """Normalise a parsed HF config.json.
 
         path: the checkpoint folder or the config.json path (for messages).
         weight_shapes: {stored tensor name: shape} of the checkpoint, which tells EAGLE heads from
             one-layer Llamas and says what only the weights say (fc bias, layer-0 input norm,
             EAGLE-3 fc width, whether the draft carries embeddings).
-        kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it.
         """
         src = None if path is None else str(path)
         where = _where(src)
@@ -234,8 +231,6 @@ class ModelConfig:
 
         if not isinstance(d, Mapping):
             fail(f"expected a JSON object at top level, found {type(d).__name__}")
-        if kind is not None and kind not in KINDS:
-            fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         shapes = dict(weight_shapes or {})
         stripped = {n[len("model."):] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
 
@@ -246,7 +241,7 @@ class ModelConfig:
         model_type = d.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
             fail(f"field 'model_type' must be a string, found {model_type!r}")
-        architecture = _detect_architecture(where, arch0, model_type, d, set(shapes), stripped, kind)
+        architecture = _detect_architecture(where, arch0, model_type, d, set(shapes), stripped)
 
         def req(name):
             if name not in d or d[name] is None:
@@ -383,7 +378,7 @@ def _check_int(where: str, name: str, v: Any, least: int = 1) -> None:
         raise CheckpointError(f"{where}: field {name!r} must be {what} integer, found {v!r}")
 
 
-def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> str:
+def _detect_architecture(where, arch0, model_type, d, names, stripped) -> str:
     """Decide llama / qwen2 / qwen3 / eagle / eagle3 from the config and (if given) the weight names."""
     fc, hidden = stripped.get("fc.weight"), d.get("hidden_size")
     eagle3 = (any(n.startswith(("midlayer.", "model.midlayer.")) for n in names) or "d2t" in stripped
@@ -391,12 +386,12 @@ def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> 
                                                    and not names))
     eagle = (arch0 in EAGLE_ARCHITECTURES or (fc is not None and isinstance(hidden, int) and len(fc) == 2
                                               and tuple(fc) == (hidden, 2 * hidden)))
-    if kind == "eagle3" or (kind is None and eagle3):
+    if eagle3:
         if arch0 is not None and arch0 not in EAGLE3_ARCHITECTURES and arch0 != "LlamaForCausalLM":
             raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-3 Llama head "
                                   f"({', '.join(EAGLE3_ARCHITECTURES)} or LlamaForCausalLM with midlayer.* weights)")
         return "eagle3"
-    if kind == "eagle" or (kind is None and eagle):
+    if eagle:
         if arch0 is not None and arch0 not in EAGLE_ARCHITECTURES and arch0 != "LlamaForCausalLM":
             raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-1/2 Llama head")
         return "eagle"
@@ -415,8 +410,6 @@ def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> 
     if arch == "llama" and model_type is not None and model_type not in LLAMA_MODEL_TYPES:
         raise CheckpointError(f"{where}: field 'model_type' is {model_type!r} but architectures says "
                               "LlamaForCausalLM")
-    # kind="lm" forced on an EAGLE head's folder reads it as a Llama; the weight check then names
-    # the tensors that do not fit.
     return arch
 
 

@@ -292,7 +292,7 @@ def read_config(g: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
              attention_bias="layers.0.self_attn.q_proj.bias" in shapes,
              bos_token_id=g.get("tokenizer.ggml.bos_token_id", int, default=None),
              eos_token_id=list(dict.fromkeys(t for t in eos if t is not None)))
-    return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes, kind="lm")
+    return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes)
 
 
 def gguf_config(file: str) -> ModelConfig:
@@ -301,11 +301,9 @@ def gguf_config(file: str) -> ModelConfig:
     return read_config(g, {t.canonical: t.shape for t in g.tensors()})
 
 
-def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                         kind: str | None = None) -> Checkpoint:
+def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+                         ) -> Checkpoint:
     """Load and strictly validate a GGUF file; every check runs before the first dequantization."""
-    if kind not in (None, "lm"):
-        raise CheckpointError(f"{file}: a GGUF file holds an LM (llama, qwen2, qwen3), not a {kind!r} head")
     g = GGUFFile(file)
     tensors = g.tensors()
     cfg = read_config(g, {t.canonical: t.shape for t in tensors})

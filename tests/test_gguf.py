@@ -275,11 +275,6 @@ def test_broken_file_is_a_clear_checkpoint_error(tmp_path, monkeypatch, case):
     assert calls == []  # refused before the first tensor was dequantized
 
 
-def test_gguf_head_is_refused_as_a_draft_kind(tiny_gguf):
-    with pytest.raises(CheckpointError, match="a GGUF file holds an LM"):
-        load_checkpoint(tiny_gguf, kind="eagle3")
-
-
 def test_without_the_gguf_package_the_error_says_how_to_install_it(monkeypatch, tiny_gguf):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
     with pytest.raises(GraphrtError, match=r"needs the gguf package: pip install gguf"):
