@@ -13,10 +13,17 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def dtype_arg(name: str | None):
+    """--dtype's name as a torch.dtype; None for None."""
+    import torch
+
+    return None if name is None else {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
 def device_and_dtype(args):
     """--device and --dtype as torch objects: CUDA when there is one; bf16 on CUDA, fp32 elsewhere."""
     import torch
 
     device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    return device, dtypes.get(getattr(args, "dtype", None), torch.bfloat16 if device.type == "cuda" else torch.float32)
+    default = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, dtype_arg(getattr(args, "dtype", None)) or default

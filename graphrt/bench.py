@@ -87,18 +87,18 @@ def main(args) -> list[dict]:
     max_new = args.max_new_tokens or (128 if on_cuda else 32)
     if args.target is None:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
-        cut = f", first {args.layers} layers" if getattr(args, "layers", None) else ""
+        cut = f", first {args.layers} layers" if args.layers else ""
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device}{cut})")
     draft_kind = args.draft_kind or ("eagle3" if on_cuda else "lm")
-    tp = join_ranks(getattr(args, "tp", 1))
+    tp = join_ranks(args.tp)
     with rank_zero_first(tp):
         target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
                                                         draft_layers=args.draft_layers, preset=args.preset,
                                                         damped=args.damped, draft_kind=draft_kind,
-                                                        preset_layers=getattr(args, "layers", None))
+                                                        preset_layers=args.layers)
     if draft and args.draft_quantization:
         draft_desc += f"; {args.draft_quantization.upper()} weights"
-    if getattr(args, "sweep_accept", False):
+    if args.sweep_accept:
         if not draft:
             raise GraphrtError("--sweep-accept needs a draft")
         return sweep_acceptance(args, target, draft, draft_desc, device=device, dtype=dtype,
@@ -109,19 +109,17 @@ def main(args) -> list[dict]:
     kw = dict(device=device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq, tensor_parallel_size=args.tp)
     graphs = on_cuda and not args.eager
     runtimes = []
-    simulated = getattr(args, "accept_len", None)
+    simulated = args.accept_len
     if draft:
-        spec = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
-                                       use_cuda_graphs=graphs, simulate_acceptance_length=simulated,
-                                       draft_quantization=args.draft_quantization, **kw)
+        spec_kw = dict(num_draft_tokens=args.num_draft_tokens, simulate_acceptance_length=simulated,
+                       draft_quantization=args.draft_quantization)
+        spec = Runtime.from_pretrained(target, draft, use_cuda_graphs=graphs, **spec_kw, **kw)
         runtimes.append(("spec-graphs" if graphs else "spec-eager", spec))
         base = spec.target_ckpt
         if graphs:  # the same cycle without graphs, for the graph speed-up
             runtimes.append(("spec-eager", Runtime(spec.target_ckpt, spec.draft_ckpt, use_cuda_graphs=False,
-                                                   num_draft_tokens=args.num_draft_tokens, device=device,
-                                                   max_batch_size=max_bs, max_seq_len=seq,
-                                                   simulate_acceptance_length=simulated, tensor_parallel=tp,
-                                                   draft_quantization=args.draft_quantization)))
+                                                   device=device, max_batch_size=max_bs, max_seq_len=seq,
+                                                   tensor_parallel=tp, **spec_kw)))
     else:
         base = target
     plain = Runtime.from_pretrained(base, None, use_cuda_graphs=graphs, **kw)
@@ -229,24 +227,13 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
     break-even L and per-phase time: what speculation buys at each acceptance a draft may reach."""
     from graphrt.checkpoint import load_checkpoint
 
-    on_cuda = device.type == "cuda"
-    Ks = args.sweep_k or ([3, 5] if on_cuda else [3])
-    if on_cuda and graphs:
-        from graphrt.capture.precompile import start_early
-
-        start_early()  # as Runtime.from_pretrained does: the compile workers import while the checkpoints load
-    shard = None
-    if tp is not None:
-        from graphrt.checkpoint_config import load_config
-        from graphrt.parallel import target_shard_rule
-
-        shard = target_shard_rule(load_config(target), tp)
-    tckpt = load_checkpoint(target, dtype=dtype, device=device, shard=shard)
-    dckpt = load_checkpoint(draft, dtype=dtype, device=device)
+    Ks = args.sweep_k or ([3, 5] if device.type == "cuda" else [3])
     kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=args.prompt_len + max_new + 8,
-              use_cuda_graphs=graphs, tensor_parallel=tp)
+              use_cuda_graphs=graphs)
     run = dict(prompt_len=args.prompt_len, max_new_tokens=max_new)
-    plain = Runtime(tckpt, None, **kw)
+    plain = Runtime.from_pretrained(target, None, dtype=dtype, tensor_parallel_size=args.tp, **kw)
+    tckpt, dckpt = plain.target_ckpt, load_checkpoint(draft, dtype=dtype, device=device)
+    kw["tensor_parallel"] = plain.tp
     base = {}
     for b in batch_sizes:
         run_decode(plain, b, prompt_len=args.prompt_len, max_new_tokens=min(8, max_new))  # warm-up

@@ -56,7 +56,7 @@ import os
 import pickle
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,24 +72,19 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.
 
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}
-for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
-    if hasattr(torch, _attr):
-        _ST_DTYPES[_name] = getattr(torch, _attr)
-_FP8 = tuple(getattr(torch, a) for a in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-             if hasattr(torch, a))
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: canonical name -> tensor, the config, and where each tensor came from."""
+    """A loaded checkpoint: canonical name -> tensor, and the config."""
 
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     path: str
     kind: str  # "lm" | "eagle" | "eagle3"
-    files: dict[str, str] = field(default_factory=dict, repr=False)  # canonical name -> file it came from
     parallel: tuple[int, int] | None = None  # (rank, world size) when the weights are a tensor-parallel slice
 
 
@@ -251,6 +246,18 @@ def scan_weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return {k: v.shape for k, v in _index_weights(str(path)).items()}
 
 
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (config.json, generation_config.json's eos ids, and the
+    weight files' names and shapes, which tell EAGLE heads apart; no tensor data is read) or of a GGUF
+    file's metadata."""
+    from graphrt.gguf_checkpoint import find_gguf, gguf_config  # lazy: it imports this module
+
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:
+        return gguf_config(gguf_file)
+    return ModelConfig.from_hf_dict(read_config_json(path), path, weight_shapes=scan_weight_shapes(path))
+
+
 # -- canonical names and the expected table --------------------------------------------------------
 
 
@@ -330,13 +337,12 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu", kind: str | None = None, shard=None) -> Checkpoint:
+                    device: str | torch.device = "cpu", shard=None) -> Checkpoint:
     """Load and strictly validate a local HF checkpoint folder, or a GGUF file (a `.gguf` path, or a
     folder holding one .gguf and no config.json: graphrt/gguf_checkpoint.py).
 
     dtype: cast floating weights to it; None keeps each tensor's stored dtype (d2t stays int64,
         t2d bool, whatever dtype is asked; GGUF tensors are dequantized to float32).
-    kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it (module doc).
     shard: a tensor-parallel rank's rule (graphrt/parallel/shard.target_shard_rule): canonical
         name -> (dim, start, end) or None; a safetensors file then yields only those bytes. Shapes
         are checked whole, before slicing.
@@ -348,7 +354,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         raise CheckpointError(f"{path}: dtype must be a floating torch.dtype, got {dtype!r}")
     gguf_file = find_gguf(path)
     if gguf_file is not None:
-        ckpt = load_gguf_checkpoint(gguf_file, dtype=dtype, device=device, kind=kind)
+        ckpt = load_gguf_checkpoint(gguf_file, dtype=dtype, device=device)
         if shard is not None:  # GGUF tensors are dequantized whole anyway
             from graphrt.parallel.shard import shard_tensor
 
@@ -359,7 +365,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         return ckpt
     d = read_config_json(path)
     stored = _index_weights(path)
-    cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()}, kind=kind)
+    cfg = ModelConfig.from_hf_dict(d, path, weight_shapes={k: v.shape for k, v in stored.items()})
     kind = cfg.kind
 
     # stored -> canonical, refusing two stored names that land on one canonical name
@@ -380,15 +386,8 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         _check_shape(s, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
     special = {"d2t", "t2d"} if kind == "eagle3" else set()
 
-    for name, shape in expected.items():
-        if name not in by_canon:
-            raise CheckpointError(f"{_missing_where(path, stored)}: missing tensor {name!r} (stored as "
-                                  f"{stored_name(name, kind)!r}; expected shape {list(shape)} for "
-                                  f"{cfg.architecture} config)")
-    for name, s in by_canon.items():
-        if name not in expected and name not in special:
-            raise CheckpointError(f"{s.file}: unexpected tensor {s.name!r} (canonical {name!r}) for a "
-                                  f"{cfg.architecture} checkpoint with this config")
+    check_names(expected, {c: (s.file, s.name) for c, s in by_canon.items()}, _missing_where(path, stored),
+                lambda name: stored_name(name, kind), cfg.architecture, special)
     for name, shape in expected.items():
         s = by_canon[name]
         _check_shape(s, name, shape)
@@ -409,28 +408,38 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None
 
     # read, cast, place
     weights: dict[str, torch.Tensor] = {}
-    files: dict[str, str] = {}
     handles: dict[str, Any] = {}
     fixed = {"d2t": torch.int64, "t2d": torch.bool}
     try:
         for name, s in by_canon.items():
             t = _read_tensor(s, handles, None if shard is None else shard(name))
             weights[name] = t.to(device=device, dtype=fixed.get(name, dtype if dtype is not None else t.dtype))
-            files[name] = s.file
     finally:
         handles.clear()
 
     if cfg.tie_word_embeddings and (kind == "lm" or (kind == "eagle3" and cfg.has_embed_tokens
                                                      and "lm_head.weight" not in weights)):
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
-        files["lm_head.weight"] = files["embed_tokens.weight"]
     if kind == "eagle3":
-        if "d2t" not in weights:
+        if "d2t" in weights:
+            _check_d2t_range(weights["d2t"], cfg.vocab_size, by_canon["d2t"].file)
+        else:  # the identity map
             weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64, device=device)
-            files["d2t"] = "(identity: synthesised)"
-        _check_d2t_range(weights["d2t"], cfg.vocab_size, files["d2t"])
-    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, files=files,
-                      parallel=getattr(shard, "parallel", None))
+    return Checkpoint(config=cfg, weights=weights, path=path, kind=kind, parallel=getattr(shard, "parallel", None))
+
+
+def check_names(expected: dict[str, tuple], found: dict[str, tuple[str, str]], missing_where: str, spell,
+                architecture: str, allowed=()) -> None:
+    """Every expected canonical name is found, and nothing else but `allowed`. found: canonical name
+    -> (file, stored name); spell(canonical name): the stored name of a missing one."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise CheckpointError(f"{missing_where}: missing tensor {spell(name)!r} (canonical {name!r}; expected "
+                                  f"shape {list(shape)} for this {architecture} config)")
+    for name, (file, stored) in found.items():
+        if name not in expected and name not in allowed:
+            raise CheckpointError(f"{file}: unexpected tensor {stored!r} (canonical {name!r}) for this "
+                                  f"{architecture} config")
 
 
 def _read_tensor(s: _Stored, handles: dict[str, Any], part: tuple[int, int, int] | None = None) -> torch.Tensor:
@@ -466,13 +475,8 @@ def _check_float(s: _Stored, name: str) -> None:
                               "are not supported")
 
 
-def _d2t_targets(d2t: torch.Tensor) -> torch.Tensor:
-    """The target id of every draft id: draft_id + d2t[draft_id]."""
-    return torch.arange(d2t.numel(), device=d2t.device, dtype=torch.int64) + d2t.to(torch.int64)
-
-
 def _check_d2t_range(d2t: torch.Tensor, vocab: int, file: str) -> None:
-    tgt = _d2t_targets(d2t)
+    tgt = torch.arange(d2t.numel(), device=d2t.device) + d2t  # target_id = draft_id + d2t[draft_id]
     if d2t.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= vocab):
         bad = int(((tgt < 0) | (tgt >= vocab)).nonzero()[0, 0])
         raise CheckpointError(f"{file}: tensor 'd2t' maps draft id {bad} to target id {int(tgt[bad])}, outside "
@@ -490,21 +494,18 @@ def _missing_where(path: str, stored: dict[str, _Stored]) -> str:
 # -- target/draft compatibility --------------------------------------------------------------------
 
 
-def check_draft_compatible(target: ModelConfig | Checkpoint, draft: ModelConfig | Checkpoint,
-                           kind: str | None = None, *, d2t: torch.Tensor | None = None) -> None:
+def check_draft_compatible(target: ModelConfig | Checkpoint, draft: ModelConfig | Checkpoint) -> None:
     """Raise ConfigMismatchError (naming the field and both values) if `draft` cannot serve `target`.
 
     Standalone LM draft: same vocab_size. EAGLE-1/2: hidden_size equal to the target's (fc reads the
     target's hidden state and its output goes to the target's lm_head); if it carries embeddings,
-    same vocab. EAGLE-3: 3 * target hidden == fc in_features (target_hidden_size), d2t maps into
-    [0, target vocab), aux layer ids inside the target, hidden_size == target's when the head has no
-    embeddings of its own. `d2t` defaults to the draft checkpoint's when a Checkpoint is passed.
+    same vocab. EAGLE-3: 3 * target hidden == fc in_features (target_hidden_size), the same vocab
+    (so d2t, checked at load against it, maps into the target's), aux layer ids inside the target,
+    hidden_size == target's when the head has no embeddings of its own.
     """
     tcfg = target.config if isinstance(target, Checkpoint) else target
     dcfg = draft.config if isinstance(draft, Checkpoint) else draft
-    if d2t is None and isinstance(draft, Checkpoint):
-        d2t = draft.weights.get("d2t")
-    kind = kind or dcfg.kind
+    kind = dcfg.kind
     src, tsrc = dcfg.source or "draft", tcfg.source or "target"
 
     def check(ok: bool, fld: str, dv, tv, why: str) -> None:
@@ -514,11 +515,6 @@ def check_draft_compatible(target: ModelConfig | Checkpoint, draft: ModelConfig 
 
     if tcfg.kind != "lm":
         raise ConfigMismatchError(f"target {tsrc}: field 'architectures' says {tcfg.architecture}, not an LM")
-    if kind not in ("lm", "eagle", "eagle3"):
-        raise ConfigMismatchError(f"draft {src}: kind {kind!r} is not lm, eagle or eagle3")
-    if kind != dcfg.kind:
-        raise ConfigMismatchError(f"draft {src}: field 'architectures' says {dcfg.architecture} (kind "
-                                  f"{dcfg.kind}), asked for {kind}")
     dv, tv = dcfg.vocab_size, tcfg.vocab_size
     if kind == "lm":
         check(dv == tv, "vocab_size", dv, tv, "a draft LM must share the vocabulary")
@@ -534,11 +530,4 @@ def check_draft_compatible(target: ModelConfig | Checkpoint, draft: ModelConfig 
     check(dcfg.has_embed_tokens or dcfg.hidden_size == tcfg.hidden_size, "hidden_size", dcfg.hidden_size,
           tcfg.hidden_size, "the head has no embed_tokens.weight, so it embeds with the target's table")
     check(dv == tv, "vocab_size", dv, tv, "an EAGLE-3 head's vocab_size is the target vocabulary (t2d, embeddings)")
-    ids = dcfg.aux_layer_ids_for(tcfg)
-    check(all(0 <= i <= tcfg.num_hidden_layers for i in ids), "eagle_aux_hidden_state_layer_ids", list(ids),
-          tcfg.num_hidden_layers, "every id must name a target layer boundary in [0, num_hidden_layers]")
-    if d2t is not None and d2t.numel():
-        tgt = _d2t_targets(d2t)
-        lo, hi = int(tgt.min()), int(tgt.max())
-        check(lo >= 0 and hi < tv, "d2t", f"target ids in [{lo}, {hi}]", f"vocab_size {tv}",
-              "draft_id + d2t[draft_id] must be a target token id")
+    dcfg.aux_layer_ids_for(tcfg)

@@ -1,17 +1,8 @@
-"""Write random-weight checkpoints (and self-drafts) in the same on-disk format as real ones.
-
-What is written is what `graphrt.checkpoint` reads from published checkpoints, so tests and
-benchmarks go through the real loading path:
-
-  LM      config.json (HF style: architectures, model_type, torch_dtype, rope_theta/rope_scaling, ...)
-          + model.safetensors with "model."-prefixed names and an unprefixed lm_head.weight (omitted
-          when tied), or model-0000k-of-0000n.safetensors + model.safetensors.index.json.
-  EAGLE   the published EAGLE-1/2 layout (yuhuili/EAGLE-*): architectures LlamaForCausalLM, the EAGLE
-          repo's `bias` key, unprefixed fc.weight [H, 2H] (+ fc.bias), layers.{i}.*, with no
-          layers.0.input_layernorm, optionally embed_tokens.weight.
-  EAGLE-3 architectures LlamaForCausalLMEagle3, draft_vocab_size, target_hidden_size; unprefixed
-          fc.weight [H, 3*H_target], midlayer.* (hidden_norm, 2H-wide q/k/v), norm.weight,
-          lm_head.weight [draft_vocab, H], d2t int64, t2d bool.
+"""Write random-weight checkpoints (and self-drafts) in the layouts `graphrt.checkpoint` reads from
+published ones (its module doc), so tests and benchmarks go through the real loading path: HF-style
+config.json, "model."-prefixed LM names (one file, or shards with an index), the published EAGLE-1/2
+layout (LlamaForCausalLM, the EAGLE repo's `bias` key, no layer-0 input norm) and EAGLE-3's
+(LlamaForCausalLMEagle3, midlayer.*, d2t int64, t2d bool).
 
 Safetensors files are streamed tensor by tensor (and big tensors chunk by chunk), so writing the
 8B-shaped preset keeps memory to a few MB beyond one chunk. Randomness is a torch.Generator seeded
@@ -40,10 +31,10 @@ from graphrt.checkpoint import (
     canonical_name,
     expected_shapes,
     load_checkpoint,
+    load_config,
     stored_name,
 )
-from graphrt.checkpoint_config import load_config
-from graphrt.config import ModelConfig, config_fields, default_eagle3_aux_layer_ids
+from graphrt.config import ModelConfig, default_eagle3_aux_layer_ids
 from graphrt.errors import CheckpointError
 from graphrt.gguf_checkpoint import find_gguf
 
@@ -99,11 +90,6 @@ def preset_config(name: str, **overrides) -> ModelConfig:
 def _as_config(x, what: str) -> ModelConfig:
     if isinstance(x, ModelConfig):
         return x
-    if isinstance(x, dict):
-        unknown = set(x) - set(config_fields())
-        if unknown:
-            raise KeyError(f"{what}: unknown ModelConfig fields {sorted(unknown)}")
-        return ModelConfig(**x)
     if isinstance(x, str) and x in PRESETS:
         return preset_config(x)
     if isinstance(x, (str, os.PathLike)) and os.path.isdir(x):
@@ -238,10 +224,11 @@ def _write_config(path: Path, cfg: ModelConfig) -> None:
 
 
 def draft_config(base: ModelConfig, target: ModelConfig, kind: str, *, num_layers: int | None = None,
-                 draft_vocab_size: int | None = None, fc_bias: bool = False, include_embed: bool | None = None,
-                 torch_dtype: str | None = None) -> ModelConfig:
+                 draft_vocab_size: int | None = None, fc_bias: bool = False, torch_dtype: str | None = None
+                 ) -> ModelConfig:
     """The config of an EAGLE-1/2 ("eagle") or EAGLE-3 ("eagle3") head with `base`'s layer shapes
-    serving `target` (vocab from the target; EAGLE-3 fc width from the target's hidden size)."""
+    serving `target` (vocab from the target; EAGLE-3 fc width from the target's hidden size), in
+    the published layouts: EAGLE-1/2 with embeddings of its own, EAGLE-3 without."""
     common = {name: getattr(base, name) for name in (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
         "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings")}
@@ -251,8 +238,7 @@ def draft_config(base: ModelConfig, target: ModelConfig, kind: str, *, num_layer
         if base.hidden_size != target.hidden_size:
             raise CheckpointError(f"EAGLE-1/2 head hidden_size {base.hidden_size} must equal the target's "
                                   f"{target.hidden_size}")
-        return ModelConfig(architecture="eagle", eagle_fc_bias=fc_bias, has_input_layernorm=False,
-                           has_embed_tokens=True if include_embed is None else include_embed, **common)
+        return ModelConfig(architecture="eagle", eagle_fc_bias=fc_bias, has_input_layernorm=False, **common)
     if kind == "eagle3":
         V, L = target.vocab_size, target.num_hidden_layers
         # Pin the aux layers only where the published default (2, L//2, L-3) does not fit the target.
@@ -260,27 +246,25 @@ def draft_config(base: ModelConfig, target: ModelConfig, kind: str, *, num_layer
         return ModelConfig(architecture="eagle3", eagle_aux_layer_ids=None if aux == (2, L // 2, L - 3) else aux,
                            target_hidden_size=target.hidden_size,
                            draft_vocab_size=draft_vocab_size or (32000 if V >= 64000 else max(1, V // 2)),
-                           has_embed_tokens=False if include_embed is None else include_embed, **common)
+                           has_embed_tokens=False, **common)
     raise ValueError(f"kind must be 'eagle' or 'eagle3' here, got {kind!r}")
 
 
-def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | ModelConfig | dict, *,
+def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | ModelConfig, *,
                             kind: str = "lm", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                             num_shards: int = 1, target: str | os.PathLike | ModelConfig | None = None,
                             num_layers: int | None = None, draft_vocab_size: int | None = None,
-                            init_std: float = 0.02, file_format: str = "safetensors", fc_bias: bool = False,
-                            include_embed: bool | None = None) -> ModelConfig:
+                            init_std: float = 0.02, file_format: str = "safetensors", fc_bias: bool = False
+                            ) -> ModelConfig:
     """Write a random checkpoint folder and return its ModelConfig (as the loader will read it).
 
-    preset_or_config: a PRESETS name, a ModelConfig, or a dict of ModelConfig fields. For kind="lm"
-        it is the model; num_layers overrides its layer count. For kind="eagle"/"eagle3" it gives the
-        head's layer shapes (hidden, heads, intermediate, RoPE) -- an eagle/eagle3 ModelConfig is
-        written as is.
+    preset_or_config: a PRESETS name or an LM's ModelConfig. For kind="lm" it is the model;
+        num_layers overrides its layer count. For kind="eagle"/"eagle3" it gives the head's layer
+        shapes (hidden, heads, intermediate, RoPE).
     target: for heads, the target (preset name, ModelConfig or checkpoint folder); default: the
         preset itself. The head takes its vocab (and the EAGLE-3 fc width) from it.
     num_layers: draft layers (default 1 for heads). draft_vocab_size: EAGLE-3 (default 32000 for
-        large vocabularies, V//2 for small ones). fc_bias: EAGLE-1/2 fc bias. include_embed: whether
-        the head stores its own embed_tokens.weight (default: EAGLE-1/2 yes, EAGLE-3 no).
+        large vocabularies, V//2 for small ones). fc_bias: EAGLE-1/2 fc bias.
     file_format: "safetensors" (default) or "bin" (torch.save of a plain state dict).
     """
     if dtype not in _DTYPE_NAME:
@@ -288,19 +272,14 @@ def write_random_checkpoint(path: str | os.PathLike, preset_or_config: str | Mod
     path = Path(path)
     base = _as_config(preset_or_config, "preset_or_config")
     tname = _DTYPE_NAME[dtype]
+    if base.kind != "lm":
+        raise ValueError(f"preset_or_config must be an LM's config, got architecture {base.architecture!r}")
     if kind == "lm":
-        if base.kind != "lm":
-            raise ValueError(f"kind='lm' needs an LM config, got architecture {base.architecture!r}")
         cfg = base.with_(num_hidden_layers=num_layers or base.num_hidden_layers, torch_dtype=tname)
-    elif kind in ("eagle", "eagle3"):
-        if base.kind == kind:
-            cfg = base.with_(torch_dtype=tname)
-        else:
-            tcfg = _as_config(target, "target") if target is not None else base
-            cfg = draft_config(base, tcfg, kind, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
-                               fc_bias=fc_bias, include_embed=include_embed, torch_dtype=tname)
     else:
-        raise ValueError(f"kind must be 'lm', 'eagle' or 'eagle3', got {kind!r}")
+        tcfg = _as_config(target, "target") if target is not None else base
+        cfg = draft_config(base, tcfg, kind, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
+                           fc_bias=fc_bias, torch_dtype=tname)
 
     entries: list[_Entry] = []
     for name, shape in expected_shapes(cfg).items():
@@ -332,7 +311,7 @@ def random_d2t(vocab_size: int, draft_vocab_size: int, seed: int = 0) -> tuple[t
 
 
 def self_draft(target_dir: str | os.PathLike, out_dir: str | os.PathLike, num_layers: int, kind: str = "lm", *,
-               fc_init: str = "embed", num_shards: int = 1) -> ModelConfig:
+               fc_init: str = "embed") -> ModelConfig:
     """Build a draft from the target's first `num_layers` layers, sharing its embeddings and LM head.
     `target_dir` may be a GGUF file (the draft is then written dequantized, in float32).
 
@@ -384,8 +363,8 @@ def self_draft(target_dir: str | os.PathLike, out_dir: str | os.PathLike, num_la
     elif kind == "eagle":
         if fc_init not in ("embed", "hidden"):
             raise ValueError(f"fc_init must be 'embed' or 'hidden', got {fc_init!r}")
-        cfg = draft_config(tcfg, tcfg, "eagle", num_layers=num_layers, include_embed=False,
-                           torch_dtype=_DTYPE_NAME.get(dtype_of)).with_(has_input_layernorm=(fc_init == "embed"))
+        cfg = draft_config(tcfg, tcfg, "eagle", num_layers=num_layers, torch_dtype=_DTYPE_NAME.get(dtype_of)).with_(
+            has_embed_tokens=False, has_input_layernorm=(fc_init == "embed"))
         H = tcfg.hidden_size
         eye, zero = torch.eye(H, dtype=dtype_of), torch.zeros(H, H, dtype=dtype_of)
         fc = torch.cat([eye, zero] if fc_init == "embed" else [zero, eye], dim=1)
@@ -401,6 +380,6 @@ def self_draft(target_dir: str | os.PathLike, out_dir: str | os.PathLike, num_la
     else:
         raise ValueError(f"self_draft kind must be 'lm' or 'eagle', got {kind!r}")
     _write_config(out, cfg)
-    _write_files(out, entries, num_shards, "safetensors")
+    _write_files(out, entries, 1, "safetensors")
     return cfg.with_(source=str(out))
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from graphrt.arg_types import int_list
+from graphrt.arg_types import dtype_arg, int_list
 from graphrt.errors import GraphrtError
 from graphrt.named_models import NAMED_MODELS, model_path
 
@@ -98,28 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dtype(name):
-    import torch
-
-    return {None: None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-
-
-def _target(args) -> str:
-    """The target path: the positional checkpoint or --model's file."""
-    if args.model is not None:
-        if args.checkpoint is not None:
-            raise GraphrtError(f"give a checkpoint or --model, not both ({args.checkpoint!r}, --model {args.model})")
-        return str(model_path(args.model))
-    if args.checkpoint is None:
-        raise GraphrtError("name a checkpoint (a folder or .gguf file) or a model (--model smollm2)")
-    return args.checkpoint
+def _target(path: str | None, model: str | None, what: str = "a checkpoint") -> str | None:
+    """The target path: `path` or --model's file."""
+    if model is None:
+        return path
+    if path is not None:
+        raise GraphrtError(f"give {what} or --model, not both ({path!r}, --model {model})")
+    return str(model_path(model))
 
 
 def cmd_generate(args) -> int:
     from graphrt import Runtime, SamplingParams
     from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer
 
-    target = _target(args)
+    target = _target(args.checkpoint, args.model)
+    if target is None:
+        raise GraphrtError("name a checkpoint (a folder or .gguf file) or a model (--model smollm2)")
     tokenizer = None
     if args.prompt is not None:
         tokenizer = load_tokenizer(target)
@@ -130,7 +124,7 @@ def cmd_generate(args) -> int:
         prompt = args.prompt_ids
     rt = Runtime.from_pretrained(target, args.draft, num_draft_tokens=args.num_draft_tokens,
                                  draft_quantization=args.draft_quantization,
-                                 device=args.device, dtype=_dtype(args.dtype), max_batch_size=1,
+                                 device=args.device, dtype=dtype_arg(args.dtype), max_batch_size=1,
                                  max_seq_len=len(prompt) + args.max_new_tokens + 1, tensor_parallel_size=args.tp)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, ignore_eos=args.ignore_eos)
@@ -171,10 +165,7 @@ def cmd_bench(args) -> int:
         return 0
     from graphrt import bench
 
-    if args.model is not None:
-        if args.target is not None:
-            raise GraphrtError(f"give --target or --model, not both ({args.target!r}, --model {args.model})")
-        args.target = str(model_path(args.model))
+    args.target = _target(args.target, args.model, "--target")
     bench.main(args)
     return 0
 

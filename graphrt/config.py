@@ -1,24 +1,16 @@
 """ModelConfig: the shapes and switches graphrt needs, normalised from a Hugging Face config.json.
 
 One frozen dataclass describes a target LM (Llama, Qwen2, Qwen3) or a draft (a standalone LM, an
-EAGLE-1/2 head, an EAGLE-3 head). `ModelConfig.from_hf_dict` reads the many spellings found in
-published config.json files (transformers 4 `rope_theta`/`rope_scaling`, transformers 5
-`rope_parameters`, `torch_dtype` or `dtype`, int or list `eos_token_id`) and rejects what graphrt
-does not run, naming the file and the field.
+EAGLE-1/2 head, an EAGLE-3 head). `ModelConfig.from_hf_dict` reads the spellings published
+config.json files use and rejects what graphrt does not run, naming the file and the field. The
+published EAGLE-1/2 and original EAGLE-3 heads say `"architectures": ["LlamaForCausalLM"]` with one
+layer, so the checkpoint's {name: shape} table decides what they are (`midlayer.*`/`d2t` ->
+EAGLE-3; `fc.weight` of width 2H -> EAGLE-1/2).
 
-EAGLE heads cannot always be told apart from their config: the published EAGLE-1/2 and the original
-EAGLE-3 checkpoints say `"architectures": ["LlamaForCausalLM"]` with one layer. The weight names
-decide (`midlayer.*`/`d2t` -> EAGLE-3; `fc.weight` of width 2H -> EAGLE-1/2), so `from_hf_dict`
-takes the checkpoint's {name: shape} table when it has one (`graphrt.checkpoint_config.load_config`
-reads it from the safetensors headers, which costs no tensor reads).
-
-EAGLE-3 aux layer ids (`eagle_aux_layer_ids`) use one convention throughout graphrt: id j is the
-target's residual stream *entering* decoder layer j (so j = output of layer j-1, 0 = the token
-embeddings, L = output of the last layer before the final norm). That is how the EAGLE reference
-(SafeAILab/EAGLE modeling_llama_kv.py: `if idx in (2, L//2, L-3): all_hidden_states += (hidden_states,)`
-before calling layer idx) and vLLM (`aux_hidden_states.append(hidden_states + residual)` before
-layer idx) capture them; the default for an L-layer target is (2, L//2, L-3), in that order
-(low, mid, high), concatenated along the feature dimension before `fc`.
+EAGLE-3 aux layer id j is the target's residual stream *entering* decoder layer j (0 = the token
+embeddings, L = the last layer's output before the final norm), as the EAGLE reference
+(SafeAILab/EAGLE modeling_llama_kv.py) and vLLM capture them; the states are concatenated low, mid,
+high along the feature dimension before `fc`.
 """
 
 from __future__ import annotations
@@ -27,13 +19,12 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from graphrt.errors import CheckpointError
+from graphrt.errors import CheckpointError, ConfigMismatchError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "eagle", "eagle3")
-KINDS = ("lm", "eagle", "eagle3")
 
 # HF `architectures[0]` spellings graphrt accepts, by what they mean.
 LM_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -85,22 +76,6 @@ class ModelConfig:
     o_proj bias). `rope_scaling` is None (plain RoPE) or the normalised llama3 dict
     {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
     "original_max_position_embeddings"}.
-
-    Draft-only fields:
-      target_hidden_size   EAGLE-3: width of each of the three fused target hidden states; fc.weight
-                           is [hidden_size, 3 * target_hidden_size]. None for other kinds.
-      draft_vocab_size     EAGLE-3: rows of the draft lm_head (d2t maps them into the target vocab).
-      eagle_fc_bias        EAGLE-1/2: whether fc has a bias (decided from the weights; the EAGLE repo's
-                           config key `bias`, default True there, says the same).
-      eagle_aux_layer_ids  EAGLE-3: target layers fused low/mid/high, "entering layer j" convention;
-                           None = default_eagle3_aux_layer_ids(target layers), resolved by
-                           `aux_layer_ids_for(target)`.
-      has_input_layernorm  EAGLE-1/2: whether draft layer 0 has input_layernorm (published EAGLE-1/2
-                           heads do not: layer 0 feeds fc's output straight into attention).
-      has_embed_tokens     drafts: whether the checkpoint carries its own embed_tokens.weight; when
-                           False the draft uses the target's embedding table.
-      norm_before_residual EAGLE-3: config switch `norm_before_residual` (vLLM): the residual taken
-                           around layer 0 is hidden_norm(fc_out) instead of fc_out. Default False.
     """
 
     architecture: str
@@ -124,13 +99,14 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     # drafts
-    target_hidden_size: int | None = None
-    draft_vocab_size: int | None = None
-    eagle_fc_bias: bool = False
+    target_hidden_size: int | None = None  # EAGLE-3: width of each fused target state; fc is [H, 3 * this]
+    draft_vocab_size: int | None = None  # EAGLE-3: rows of the draft lm_head (d2t maps them to target ids)
+    eagle_fc_bias: bool = False  # EAGLE-1/2: fc has a bias (the EAGLE repo's config key `bias`)
+    # EAGLE-3: the target layers fused low/mid/high; None: the default, resolved by aux_layer_ids_for
     eagle_aux_layer_ids: tuple[int, ...] | None = None
-    has_input_layernorm: bool = True
-    has_embed_tokens: bool = True
-    norm_before_residual: bool = False
+    has_input_layernorm: bool = True  # EAGLE-1/2: layer 0 has input_layernorm (published heads do not)
+    has_embed_tokens: bool = True  # drafts: an embed_tokens.weight of its own, else the target's table
+    norm_before_residual: bool = False  # EAGLE-3 (vLLM's switch): layer 0's residual is hidden_norm(fc_out)
     # where it came from, for error messages only
     source: str | None = field(default=None, compare=False, repr=False)
 
@@ -145,7 +121,7 @@ class ModelConfig:
             fail(f"architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "max_position_embeddings"):
-            _check_pos_int(where, name, getattr(self, name))
+            _check_int(where, name, getattr(self, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 fail(f"field 'num_attention_heads' ({self.num_attention_heads}) does not divide "
@@ -153,11 +129,11 @@ class ModelConfig:
             s(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
             s(self, "num_key_value_heads", self.num_attention_heads)
-        _check_pos_int(where, "num_key_value_heads", self.num_key_value_heads)
+        _check_int(where, "num_key_value_heads", self.num_key_value_heads)
         if self.num_attention_heads % self.num_key_value_heads:
             fail(f"field 'num_key_value_heads' ({self.num_key_value_heads}) must divide "
                  f"num_attention_heads ({self.num_attention_heads})")
-        _check_pos_int(where, "head_dim", self.head_dim)
+        _check_int(where, "head_dim", self.head_dim)
         if self.head_dim % 2:
             fail(f"field 'head_dim' must be even for RoPE, found {self.head_dim}")
         for name in ("rms_norm_eps", "rope_theta"):
@@ -176,18 +152,18 @@ class ModelConfig:
         if self.rope_scaling is not None:
             s(self, "rope_scaling", _normalise_rope_scaling(dict(self.rope_scaling), where, "rope_scaling"))
         if self.bos_token_id is not None:
-            _check_nonneg_int(where, "bos_token_id", self.bos_token_id)
+            _check_int(where, "bos_token_id", self.bos_token_id, 0)
         eos = tuple(self.eos_token_ids)
         for t in eos:
-            _check_nonneg_int(where, "eos_token_id", t)
+            _check_int(where, "eos_token_id", t, 0)
         s(self, "eos_token_ids", eos)
         if self.architecture == "eagle3":
             if self.target_hidden_size is None:
                 s(self, "target_hidden_size", self.hidden_size)
             if self.draft_vocab_size is None:
                 s(self, "draft_vocab_size", self.vocab_size)
-            _check_pos_int(where, "target_hidden_size", self.target_hidden_size)
-            _check_pos_int(where, "draft_vocab_size", self.draft_vocab_size)
+            _check_int(where, "target_hidden_size", self.target_hidden_size)
+            _check_int(where, "draft_vocab_size", self.draft_vocab_size)
             if self.draft_vocab_size > self.vocab_size:
                 fail(f"field 'draft_vocab_size' ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
         else:
@@ -202,7 +178,7 @@ class ModelConfig:
             if not ids:
                 fail("field 'eagle_aux_hidden_state_layer_ids' is empty")
             for i in ids:
-                _check_nonneg_int(where, "eagle_aux_hidden_state_layer_ids", i)
+                _check_int(where, "eagle_aux_hidden_state_layer_ids", i, 0)
             s(self, "eagle_aux_layer_ids", ids)
 
     # -- derived ------------------------------------------------------------------------------------
@@ -220,18 +196,16 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
-    @property
-    def dtype(self):
-        """The config's dtype as a torch.dtype (None when the config names none)."""
-        import torch
-
-        return None if self.torch_dtype is None else getattr(torch, self.torch_dtype)
-
     def aux_layer_ids_for(self, target: ModelConfig) -> tuple[int, ...]:
-        """EAGLE-3: the target layer ids to capture ("entering layer j"), pinned or default."""
-        if self.eagle_aux_layer_ids is not None:
-            return self.eagle_aux_layer_ids
-        return default_eagle3_aux_layer_ids(target.num_hidden_layers)
+        """EAGLE-3: the target layer ids to capture, pinned or default; ConfigMismatchError when
+        they are not three boundaries of `target`'s layers."""
+        ids = self.eagle_aux_layer_ids or default_eagle3_aux_layer_ids(target.num_hidden_layers)
+        n = target.num_hidden_layers
+        if len(ids) != 3 or not all(0 <= i <= n for i in ids):
+            raise ConfigMismatchError(f"draft {self.source or 'draft'} does not fit target {target.source or 'target'}"
+                                      f": field 'eagle_aux_hidden_state_layer_ids' {list(ids)}: an EAGLE-3 head "
+                                      f"fuses three target layer boundaries in [0, {n}]")
+        return ids
 
     def with_(self, **changes) -> ModelConfig:
         """A copy with some fields changed (validated again)."""
@@ -241,15 +215,13 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any], path: str | os.PathLike | None = None, *,
-                     weight_shapes: Mapping[str, tuple[int, ...]] | None = None, kind: str | None = None
-                     ) -> ModelConfig:
+                     weight_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ModelConfig:
         """Normalise a parsed HF config.json.
 
         path: the checkpoint folder or the config.json path (for messages).
         weight_shapes: {stored tensor name: shape} of the checkpoint, which tells EAGLE heads from
             one-layer Llamas and says what only the weights say (fc bias, layer-0 input norm,
             EAGLE-3 fc width, whether the draft carries embeddings).
-        kind: "lm" / "eagle" / "eagle3" to force the reading; None detects it.
         """
         src = None if path is None else str(path)
         where = _where(src)
@@ -259,8 +231,6 @@ class ModelConfig:
 
         if not isinstance(d, Mapping):
             fail(f"expected a JSON object at top level, found {type(d).__name__}")
-        if kind is not None and kind not in KINDS:
-            fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         shapes = dict(weight_shapes or {})
         stripped = {n[len("model."):] if n.startswith("model.") else n: shp for n, shp in shapes.items()}
 
@@ -271,7 +241,7 @@ class ModelConfig:
         model_type = d.get("model_type")
         if model_type is not None and not isinstance(model_type, str):
             fail(f"field 'model_type' must be a string, found {model_type!r}")
-        architecture = _detect_architecture(where, arch0, model_type, d, set(shapes), stripped, kind)
+        architecture = _detect_architecture(where, arch0, model_type, d, set(shapes), stripped)
 
         def req(name):
             if name not in d or d[name] is None:
@@ -402,17 +372,13 @@ def _read_json(file: str, *, required: bool) -> dict[str, Any] | None:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _check_pos_int(where: str, name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise CheckpointError(f"{where}: field {name!r} must be a positive integer, found {v!r}")
+def _check_int(where: str, name: str, v: Any, least: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        what = "a positive" if least == 1 else "a non-negative"
+        raise CheckpointError(f"{where}: field {name!r} must be {what} integer, found {v!r}")
 
 
-def _check_nonneg_int(where: str, name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CheckpointError(f"{where}: field {name!r} must be a non-negative integer, found {v!r}")
-
-
-def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> str:
+def _detect_architecture(where, arch0, model_type, d, names, stripped) -> str:
     """Decide llama / qwen2 / qwen3 / eagle / eagle3 from the config and (if given) the weight names."""
     fc, hidden = stripped.get("fc.weight"), d.get("hidden_size")
     eagle3 = (any(n.startswith(("midlayer.", "model.midlayer.")) for n in names) or "d2t" in stripped
@@ -420,12 +386,12 @@ def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> 
                                                    and not names))
     eagle = (arch0 in EAGLE_ARCHITECTURES or (fc is not None and isinstance(hidden, int) and len(fc) == 2
                                               and tuple(fc) == (hidden, 2 * hidden)))
-    if kind == "eagle3" or (kind is None and eagle3):
+    if eagle3:
         if arch0 is not None and arch0 not in EAGLE3_ARCHITECTURES and arch0 != "LlamaForCausalLM":
             raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-3 Llama head "
                                   f"({', '.join(EAGLE3_ARCHITECTURES)} or LlamaForCausalLM with midlayer.* weights)")
         return "eagle3"
-    if kind == "eagle" or (kind is None and eagle):
+    if eagle:
         if arch0 is not None and arch0 not in EAGLE_ARCHITECTURES and arch0 != "LlamaForCausalLM":
             raise CheckpointError(f"{where}: field 'architectures' is {[arch0]!r}, not an EAGLE-1/2 Llama head")
         return "eagle"
@@ -444,8 +410,6 @@ def _detect_architecture(where, arch0, model_type, d, names, stripped, kind) -> 
     if arch == "llama" and model_type is not None and model_type not in LLAMA_MODEL_TYPES:
         raise CheckpointError(f"{where}: field 'model_type' is {model_type!r} but architectures says "
                               "LlamaForCausalLM")
-    # kind="lm" forced on an EAGLE head's folder reads it as a Llama; the weight check then names
-    # the tensors that do not fit.
     return arch
 
 
@@ -522,7 +486,3 @@ def _read_aux_ids(d: Mapping[str, Any], where: str) -> tuple[int, ...] | None:
                               "EAGLE-3 heads that fuse three target layers")
     return None
 
-
-def config_fields() -> tuple[str, ...]:
-    """Names of ModelConfig's fields (the keys a PRESETS entry may set)."""
-    return tuple(f.name for f in fields(ModelConfig) if f.name != "source")

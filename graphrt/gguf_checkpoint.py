@@ -1,44 +1,27 @@
 """Load a GGUF file (llama.cpp's format) into the same Checkpoint an HF folder gives.
 
-Read with the `gguf` package (an optional dependency: `pip install gguf`). The config comes from the
-file's metadata, assembled into an HF-style dict and validated by `ModelConfig.from_hf_dict`, as a
-config.json is; the weights are dequantized to the asked dtype at load (float32 when none is asked):
-graphrt has no quantized kernels. Tensor types read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
-Q6_K. Architectures: llama, qwen2, qwen3.
-
-llama.cpp's names -> canonical names (checkpoint.py's module doc), i in [0, block_count):
-    token_embd.weight           embed_tokens.weight
-    output_norm.weight          norm.weight
-    output.weight               lm_head.weight (absent: tied to embed_tokens, the same tensor object)
-    blk.{i}.attn_norm.weight    layers.{i}.input_layernorm.weight
-    blk.{i}.attn_{q,k,v}.*      layers.{i}.self_attn.{q,k,v}_proj.*       (weight, bias)
-    blk.{i}.attn_output.*       layers.{i}.self_attn.o_proj.*
-    blk.{i}.attn_{q,k}_norm.*   layers.{i}.self_attn.{q,k}_norm.weight    (qwen3)
-    blk.{i}.ffn_norm.weight     layers.{i}.post_attention_layernorm.weight
-    blk.{i}.ffn_{gate,up,down}  layers.{i}.mlp.{gate,up,down}_proj.weight
+Read with the optional `gguf` package. The config comes from the file's metadata, assembled into an
+HF-style dict and validated by `ModelConfig.from_hf_dict` as a config.json is; the weights are
+dequantized to the asked dtype at load (float32 when none is asked): graphrt has no quantized
+kernels. llama.cpp's tensor names map to the canonical ones through _GLOBAL_NAMES and _LAYER_NAMES.
 
 llama.cpp's converter permutes the rows of a llama model's q and k projections (weights and biases)
 so that its rotary kernel can rotate adjacent pairs; graphrt rotates half against half, as HF does,
 so the permutation is undone here. Qwen2/Qwen3 are converted without it.
 
-Every problem is a CheckpointError naming the file and the metadata key or tensor, raised before any
-tensor is dequantized.
-
-gguf's reader parses every metadata field when it opens a file (4.4 s for SmolLM2-135M's 49152-token
-vocabulary on a 2-core machine), where graphrt needs only the scalar fields and the tensor table. So
-those are kept in $GRAPHRT_CACHE/gguf-index/<gguf_file_key>/index.json, one per GGUF file,
-and later loads read the tensors from their offsets without the reader.
+gguf's reader parses every metadata field (the whole tokenizer vocabulary) when it opens a file,
+where graphrt needs only the scalar fields and the tensor table, so those are kept in
+$GRAPHRT_CACHE/gguf-index/<gguf_file_key>/index.json and later loads read the tensors from their
+offsets without the reader.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphrt.checkpoint import Checkpoint, expected_shapes
+from graphrt.checkpoint import Checkpoint, check_names, expected_shapes
 from graphrt.config import ModelConfig
 from graphrt.errors import CheckpointError, GraphrtError
 
@@ -160,33 +143,29 @@ def _index_of(reader) -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _index(file: str, size: int, mtime_ns: int) -> dict:
-    """The file's index: from the cache, else parsed by gguf's reader and kept (best effort: a
-    read-only cache parses again next time). Remembered in this process for the file's size and
+    """The file's index, kept in the cache. Remembered in this process for the file's size and
     modification time: a config read followed by a load, or a target and its self-draft from one
     file, read it once."""
-    from graphrt.presets import cache_dir, write_once
+    from graphrt.presets import cache_dir, kept_in_cache
 
     gguf = gguf_module()
     try:
         version = importlib.metadata.version("gguf")
     except importlib.metadata.PackageNotFoundError:  # importable but not installed as a distribution
         version = "?"
-    kept = cache_dir() / "gguf-index" / gguf_file_key(file, version)
-    if kept.is_dir():
-        with contextlib.suppress(OSError, ValueError):
-            index = json.loads((kept / "index.json").read_text())
-            if isinstance(index, dict) and {"byte_order", "fields", "tensors"} <= index.keys():
-                return index
-        shutil.rmtree(kept, ignore_errors=True)  # a damaged copy: parse again, and replace it
 
-    def write(tmp: Path) -> None:
+    def read(kept: Path) -> dict:
+        index = json.loads((kept / "index.json").read_text())
+        if not (isinstance(index, dict) and {"byte_order", "fields", "tensors"} <= index.keys()):
+            raise ValueError("not an index")
+        return index
+
+    def write(index: dict, tmp: Path) -> None:
         tmp.mkdir()
         (tmp / "index.json").write_text(json.dumps(index))
 
-    index = _index_of(gguf.GGUFReader(file))
-    with contextlib.suppress(OSError):  # a read-only cache: the next process parses again
-        write_once(kept, write, done="index.json")
-    return index
+    return kept_in_cache(cache_dir() / "gguf-index" / gguf_file_key(file, version), read,
+                         lambda: _index_of(gguf.GGUFReader(file)), write, done="index.json")
 
 
 class GGUFFile:
@@ -313,7 +292,7 @@ def read_config(g: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> ModelConfig:
              attention_bias="layers.0.self_attn.q_proj.bias" in shapes,
              bos_token_id=g.get("tokenizer.ggml.bos_token_id", int, default=None),
              eos_token_id=list(dict.fromkeys(t for t in eos if t is not None)))
-    return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes, kind="lm")
+    return ModelConfig.from_hf_dict(d, g.file, weight_shapes=shapes)
 
 
 def gguf_config(file: str) -> ModelConfig:
@@ -322,24 +301,15 @@ def gguf_config(file: str) -> ModelConfig:
     return read_config(g, {t.canonical: t.shape for t in g.tensors()})
 
 
-def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                         kind: str | None = None) -> Checkpoint:
+def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+                         ) -> Checkpoint:
     """Load and strictly validate a GGUF file; every check runs before the first dequantization."""
-    if kind not in (None, "lm"):
-        raise CheckpointError(f"{file}: a GGUF file holds an LM (llama, qwen2, qwen3), not a {kind!r} head")
     g = GGUFFile(file)
     tensors = g.tensors()
-    by_canon = {t.canonical: t for t in tensors}
     cfg = read_config(g, {t.canonical: t.shape for t in tensors})
     expected = expected_shapes(cfg)
-    for name, shape in expected.items():
-        if name not in by_canon:
-            raise CheckpointError(f"{file}: missing tensor {gguf_tensor_name(name)!r} (canonical {name!r}; expected "
-                                  f"shape {list(shape)} for this {cfg.architecture} config)")
+    check_names(expected, {t.canonical: (file, t.name) for t in tensors}, file, gguf_tensor_name, cfg.architecture)
     for t in tensors:
-        if t.canonical not in expected:
-            raise CheckpointError(f"{file}: unexpected tensor {t.name!r} (canonical {t.canonical!r}) for this "
-                                  f"{cfg.architecture} config")
         if t.shape != expected[t.canonical]:
             raise CheckpointError(f"{file}: tensor {t.name!r} has shape {list(t.shape)}, but the metadata says "
                                   f"{list(expected[t.canonical])}")
@@ -358,7 +328,7 @@ def load_gguf_checkpoint(file: str, *, dtype: torch.dtype | None = None, device:
         weights[t.canonical] = w.to(device=device, dtype=dtype)
     if cfg.tie_word_embeddings:
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
-    return Checkpoint(config=cfg, weights=weights, path=file, kind="lm", files=dict.fromkeys(weights, file))
+    return Checkpoint(config=cfg, weights=weights, path=file, kind="lm")
 
 
 def _dequantize(g: GGUFFile, t: _Tensor) -> torch.Tensor:

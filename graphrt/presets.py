@@ -9,6 +9,7 @@ sets acceptance for cost measurements, and every report names the draft it used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.checkpoint_config import load_config
+from graphrt.checkpoint import load_config
 from graphrt.checkpoint_writer import self_draft, write_random_checkpoint
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -46,6 +47,21 @@ def write_once(path: Path, write, done: str = "config.json") -> Path:
     return path
 
 
+def kept_in_cache(path: Path, read, make, write, *, done: str):
+    """read(path) where an earlier process kept the value, else make() and keep it there with
+    write(value, tmp) through write_once. A damaged copy (read raises) is made again and replaced; a
+    read-only cache makes it again next time."""
+    if path.is_dir():
+        try:
+            return read(path)
+        except Exception:  # noqa: BLE001 - any failure to read a kept copy means the same thing
+            shutil.rmtree(path, ignore_errors=True)
+    value = make()
+    with contextlib.suppress(OSError):
+        write_once(path, lambda tmp: write(value, tmp), done=done)
+    return value
+
+
 def ensure_preset(name: str, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0, layers: int | None = None) -> Path:
     """layers: keep only the first N layers (a shape too large for the disk, timed per layer)."""
     cut = f"-{layers}l" if layers else ""
@@ -71,12 +87,10 @@ def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, see
 
 def describe_draft(draft: Path, target: Path) -> str:
     """What a draft folder is, in the words a report needs."""
-    from graphrt.models import eagle3_aux_layers
-
     d, t = load_config(draft), load_config(target)
     n = d.num_hidden_layers
     if d.kind == "eagle3":
-        aux = eagle3_aux_layers(d, t)
+        aux = d.aux_layer_ids_for(t)
         return (f"EAGLE-3 head ({n} layer{'s' * (n > 1)}, draft vocabulary {d.draft_vocab_size}, "
                 f"aux layers {aux})")
     if d.kind == "eagle":

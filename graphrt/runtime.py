@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint
-from graphrt.checkpoint_config import load_config
+from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint, load_config
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
@@ -103,7 +102,7 @@ class Runtime:
         if max_batch_size < 1 or max_seq_len < 2 or block_size < 1:
             raise ValueError("max_batch_size, max_seq_len and block_size must be positive")
         if draft is not None:
-            check_draft_compatible(target.config, draft.config, draft.kind)
+            check_draft_compatible(target.config, draft.config)
         if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
             raise ValueError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
                              f"{draft_quantization!r}{'' if draft is not None else ' without a draft'}")

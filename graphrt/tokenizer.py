@@ -3,25 +3,19 @@
 The runtime works on token ids; these helpers are for callers (and the CLI) who want text. The
 tokenizer is the checkpoint's: tokenizer.json and friends in an HF folder, or the vocabulary, merges
 and chat template in a GGUF file's metadata (transformers converts it; that needs the gguf package).
-Nothing is downloaded and no code from the checkpoint runs.
-
-Converting a GGUF vocabulary takes seconds (about 10 s for SmolLM2's 49152 tokens on 2 cores), every
-time a process starts, so the converted tokenizer is kept in the cache folder ($GRAPHRT_CACHE,
-graphrt/presets.cache_dir) under a key of the file's metadata bytes and the converting libraries'
-versions, and loaded from there (about 0.5 s) whenever the same file comes again.
+Nothing is downloaded and no code from the checkpoint runs. Converting a GGUF vocabulary takes
+seconds every time, so the converted tokenizer is kept in $GRAPHRT_CACHE (converted_tokenizer_dir).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 from pathlib import Path
 
 from graphrt.errors import GraphrtError
 from graphrt.gguf_checkpoint import find_gguf, gguf_file_key
 from graphrt.params import Generation
-from graphrt.presets import cache_dir, write_once
+from graphrt.presets import cache_dir, kept_in_cache
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -55,17 +49,13 @@ def converted_tokenizer_dir(gguf_file: str | os.PathLike) -> Path:
 
 def _gguf_tokenizer(gguf_file: str, auto):
     """The tokenizer in a GGUF file's metadata, from the cache where an earlier process converted it."""
-    kept = converted_tokenizer_dir(gguf_file)
-    if kept.is_dir():
-        try:
-            return auto.from_pretrained(kept, local_files_only=True, trust_remote_code=False)
-        except Exception:  # noqa: BLE001 - a damaged copy: convert again, and replace it
-            shutil.rmtree(kept, ignore_errors=True)
-    tokenizer = auto.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
-                                     local_files_only=True, trust_remote_code=False)
-    with contextlib.suppress(OSError):  # a read-only cache: the next process converts again
-        write_once(kept, tokenizer.save_pretrained, done="tokenizer.json")
-    return tokenizer
+    def convert():
+        return auto.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
+                                    local_files_only=True, trust_remote_code=False)
+
+    return kept_in_cache(converted_tokenizer_dir(gguf_file),
+                         lambda kept: auto.from_pretrained(kept, local_files_only=True, trust_remote_code=False),
+                         convert, lambda tokenizer, tmp: tokenizer.save_pretrained(tmp), done="tokenizer.json")
 
 
 def encode(tokenizer, text: str, *, chat: bool = False) -> list[int]:

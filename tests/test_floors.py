@@ -40,7 +40,7 @@ def test_llama_8b_shape_with_eagle_head_and_k1():
     V, H, inter = 128256, 4096, 14336
     layer = _layer(H, 32 * 128, 8 * 128, inter)
     target = 2 * (32 * layer + H + V * H)  # untied: the LM head is read, the embedding table only by rows
-    d = draft_config(t, t, "eagle", include_embed=True).with_(has_input_layernorm=False)
+    d = draft_config(t, t, "eagle").with_(has_input_layernorm=False)
     step = 2 * (2 * H * H + layer - H + V * H)  # fc, a layer without input norm, the target's LM head
     assert phase_bytes(t, d, 1) == {"TARGET_DECODE": target, "TARGET_VERIFY": target, "DRAFT_EXTEND": step}
     # an FP8 EAGLE-1/2 head reads its own weights at one byte, the target's LM head at two

@@ -17,8 +17,7 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from graphrt import Runtime, SamplingParams  # noqa: E402
-from graphrt.checkpoint import load_checkpoint  # noqa: E402
-from graphrt.checkpoint_config import load_config  # noqa: E402
+from graphrt.checkpoint import load_checkpoint, load_config  # noqa: E402
 from graphrt.config import ModelConfig  # noqa: E402
 from graphrt.errors import CheckpointError, GraphrtError  # noqa: E402
 from graphrt.gguf_checkpoint import SUPPORTED_TYPES  # noqa: E402
@@ -98,7 +97,7 @@ def test_checkpoint_looks_like_one_from_an_hf_folder(tmp_path):
     got = load_checkpoint(file)
     assert got.kind == "lm" and got.path == str(file)
     assert got.config == ref.config.with_(torch_dtype=None)  # a GGUF file names no stored dtype
-    assert set(got.weights) == set(ref.weights) and set(got.files) == set(got.weights)
+    assert set(got.weights) == set(ref.weights)
     assert got.weights["lm_head.weight"] is got.weights["embed_tokens.weight"]
     for k, v in ref.weights.items():
         assert got.weights[k].dtype == torch.float32 and got.weights[k].shape == v.shape, k
@@ -132,7 +131,7 @@ def test_folder_with_config_json_stays_an_hf_folder(tmp_path):
     write_gguf(tmp_path / "stray.gguf", TINY.with_(hidden_size=32), random_weights(TINY.with_(hidden_size=32)))
     got = load_checkpoint(tmp_path, dtype=torch.float32)
     assert got.config.hidden_size == ref.config.hidden_size == 64
-    assert all(f.endswith(".safetensors") for f in got.files.values())
+    assert got.path == str(tmp_path)  # read as the HF folder, not as the .gguf beside it
 
 
 def test_folder_with_two_gguf_files_is_refused(tmp_path, tiny_gguf):
@@ -274,11 +273,6 @@ def test_broken_file_is_a_clear_checkpoint_error(tmp_path, monkeypatch, case):
             load()
         assert str(file) in str(err.value)
     assert calls == []  # refused before the first tensor was dequantized
-
-
-def test_gguf_head_is_refused_as_a_draft_kind(tiny_gguf):
-    with pytest.raises(CheckpointError, match="a GGUF file holds an LM"):
-        load_checkpoint(tiny_gguf, kind="eagle3")
 
 
 def test_without_the_gguf_package_the_error_says_how_to_install_it(monkeypatch, tiny_gguf):

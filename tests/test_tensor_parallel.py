@@ -166,7 +166,7 @@ def test_a_hung_rank_prints_its_stack_at_the_timeout(capfd):
 
 
 def test_shard_rule():
-    from graphrt.checkpoint_config import load_config
+    from graphrt.checkpoint import load_config
     from graphrt.parallel import TensorParallel, target_shard_rule
 
     cfg = load_config(tiny_dir())  # 4 q heads, 2 KV heads of 16, intermediate 128, vocab 512
@@ -189,7 +189,7 @@ def test_shard_rule():
 def test_draft_shard_rule(tmp_path):
     """An EAGLE-3 head splits as a target layer does, its LM head over the draft vocabulary; fc, d2t
     and the norms stay whole. Other drafts, and heads the ranks do not divide, stay replicated."""
-    from graphrt.checkpoint_config import load_config
+    from graphrt.checkpoint import load_config
     from graphrt.checkpoint_writer import write_random_checkpoint
     from graphrt.parallel import TensorParallel, draft_shard_rule
 
@@ -210,8 +210,7 @@ def test_draft_shard_rule(tmp_path):
 def test_sliced_load_reads_the_rank_slice():
     """load_checkpoint(shard=rule) gives what slicing the whole checkpoint gives, for every rank
     of 2 and 4, and records which slice it holds."""
-    from graphrt.checkpoint import load_checkpoint
-    from graphrt.checkpoint_config import load_config
+    from graphrt.checkpoint import load_checkpoint, load_config
     from graphrt.parallel import TensorParallel, shard_checkpoint, target_shard_rule
 
     path = tiny_dir("tiny-tied")  # tied: the LM head is the embedding's slice, one tensor

@@ -12,7 +12,6 @@ rows=(indices, metadata), into=buffer): every row's KV, then only those rows' st
 
 from __future__ import annotations
 
-from graphrt.errors import ConfigMismatchError
 from graphrt.kernels.fp8_weight import quantize_fp8
 from graphrt.models.decoder_lm import DecoderLM
 from graphrt.models.eagle import Eagle3Head, EagleHead
@@ -34,7 +33,7 @@ def build_draft(ckpt, target: DecoderLM, max_positions: int, device, tp=None):
         return EagleHead(ckpt.config, ckpt.weights, target, max_positions, device)
     if ckpt.kind == "eagle3":
         return Eagle3Head(ckpt.config, ckpt.weights, target, max_positions, device,
-                          aux_layer_ids=eagle3_aux_layers(ckpt.config, target.cfg), tp=tp)
+                          aux_layer_ids=ckpt.config.aux_layer_ids_for(target.cfg), tp=tp)
     raise ValueError(f"unknown draft kind {ckpt.kind!r}")
 
 
@@ -53,17 +52,6 @@ def quantize_draft(draft, method: str) -> None:
         draft.fc_weight = quantize_fp8(draft.fc_weight)
     if not isinstance(draft, EagleHead):  # an EAGLE-1/2 head's LM head is the target's
         draft.lm_head = quantize_fp8(draft.lm_head)
-
-
-def eagle3_aux_layers(cfg, target_cfg) -> tuple[int, ...]:
-    """The target layers an EAGLE-3 head reads (ModelConfig.aux_layer_ids_for), checked against
-    the target's depth."""
-    ids = cfg.aux_layer_ids_for(target_cfg)
-    n = target_cfg.num_hidden_layers
-    if len(ids) != 3 or not all(0 <= i <= n for i in ids):
-        raise ConfigMismatchError(
-            f"EAGLE-3 aux layer ids {ids} do not fit a target of {n} layers (config field eagle_aux_layer_ids)")
-    return ids
 
 
 __all__ = ["DecoderLM", "EagleHead", "Eagle3Head", "build_target", "build_draft", "quantize_draft",
