@@ -1,38 +1,25 @@
 """Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) with M = a few rows.
 
-At decode time every projection reads its whole weight matrix to produce a handful of rows, so the
-time is the weight read: the kernel has to stream w from DRAM at close to peak bandwidth. cuBLAS
-picks tiles made for large M, which at M = 1 read the weights at a fraction of that bandwidth.
-
-Three code paths in one kernel, all deterministic:
-  - FMA (USE_DOT=False, M <= 4): each program streams a [BLOCK_N, BLOCK_K] tile of w per step with
-    one tl.load per tile (BLOCK_N * BLOCK_K / (8 * threads) independent 16-byte loads in flight per
-    thread: Triton does not software-pipeline plain loads, so the tile size is the unrolling).
-    Per row of x it either keeps per-lane fp32 partials and reduces along K once at the end, or
-    (REDUCE_EACH) reduces every step: a few shuffles more, far fewer registers, so more programs
-    stay resident and more bytes are in flight; at M = 1 that measured faster on every projection
-    swept.
-  - DOT (USE_DOT=True, any M <= 64): y^T = w x^T on tensor cores, x padded to BLOCK_M >= 16
-    columns, the weight tile on the product's M side; Triton pipelines the loads that feed a dot
-    (num_stages), so no manual unrolling is needed.
-  - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, weights of at most ROWS_MAX_BYTES): each program is
-    the M = 1 program of one row of x, the rows of one weight tile adjacent in the grid, so the M
-    programs reading a tile run together and all but the first find it in L2. One launch serves a
-    verify step (M = K + 1 at batch 1) with the M = 1 path's epilogue and prologue fusions and, row
-    for row, the bits of a one-row launch with the same tiles (the dispatcher gives the rows tiles of
-    their own: gemv_config._SMALL). Every row still pulls the whole matrix through L2: on large matrices that
-    traffic costs more than the launches saved (even at 16 MiB, llama-1b-shape's qkv and o), so
-    only small ones, bound by launch latency, take it (docs/notes/benchmarks-history.md has the verify timings).
-Where N / BLOCK_N tiles are too few to fill the SMs, K is split over SPLIT_K programs. Each writes
-fp32 partials to a workspace; the last program of an output tile to arrive (a per-tile counter,
-reset by that program) sums the partials in split order and writes y, in the same launch. When the
-counter buffer is unavailable (first call inside a CUDA graph capture, or more tiles than counters)
-a second small kernel does the sum instead. Either way the order of the sum is fixed: the result
-does not depend on which program finishes first.
+At decode time a projection's cost is the read of its weights, and cuBLAS's tiles, made for large
+M, read them at a fraction of DRAM bandwidth. Three deterministic paths in one kernel:
+  - FMA (M <= 4): each program streams [BLOCK_N, BLOCK_K] weight tiles, one tl.load per tile (Triton
+    does not pipeline plain loads, so the tile size is the unrolling), and keeps per-lane fp32
+    partials per row of x, reduced once at the end, or (REDUCE_EACH) every step: fewer registers,
+    more programs resident, more bytes in flight.
+  - DOT (M <= 64): y^T = w x^T on tensor cores, x padded to BLOCK_M >= 16 columns, the weight tile
+    on the product's M side; Triton pipelines the loads that feed a dot (num_stages).
+  - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, small weights only): each program is the M = 1
+    program of one row, the rows of a weight tile adjacent in the grid so that all but the first
+    find it in L2. A verify step's rows keep the one-row path's fusions and, row for row, its bits;
+    on large matrices the extra L2 traffic costs more than the launches saved.
+Where the tiles are too few to fill the SMs, K is split: each split writes fp32 partials and the
+last program of a tile to arrive (a per-tile counter) sums them in split order, in the same launch,
+or a second kernel does where the counter buffer is unavailable. The sum's order never depends on
+which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
-exposed (the sweep in scripts/gemv_sweep.py uses them); `linear` the dispatcher (select_config, in
-kernels/gemv_config.py, says where it beats cuBLAS).
+exposed (scripts/gemv_sweep.py); `linear` the dispatcher (gemv_config.select_config says where it
+beats cuBLAS).
 """
 
 from __future__ import annotations
@@ -425,10 +412,7 @@ def _gemv_reduce_kernel(
     bias_ptr,  # [N] (HAS_BIAS only)
     y_ptr,  # [M, N]
     M, N, stride_ym, SPLIT_K,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     if USE_PDL:
         wait_for_producer()
@@ -502,33 +486,26 @@ def gemv_triton(
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
-    bf16/fp16 (fp32 too, for the interpreter tests); fp32 accumulation; 1 <= M <= 64 (FMA path:
-    M <= 4). w may be a kernels/fp8_weight.Fp8Weight: the kernel then reads its e4m3 matrix and
-    scales each output row, for the result of w.dense up to summation order.
-    out: optional preallocated [M, N] (last dim contiguous). The split-K workspace ([split_k, M, N]
-    fp32) comes from torch's caching allocator, i.e. from the graph's pool under capture.
-    use_dot / reduce_each / block_n / block_k / split_k / num_warps / num_stages override the
-    configuration (select_config's, or the path's default where it has none); the sweep and the
-    tests use them. fused (default: when split_k > 1 and the counter buffer is available):
-    the split-K sum in the same launch; fused=False forces the second kernel. pdl: launch as a
-    programmatic dependent (default kernels/pdl.pdl_enabled); the FMA path then reads its first
-    weight tile before waiting for the producer of x.
-    per_row: the FMA path with one M = 1 program per row (2 <= M <= ROWS_MAX_M, unsplit); each row
-    of y is then bit for bit what gemv_triton(x[i:i+1], w) gives with the same tiles. Default: the configuration's,
-    unless use_dot or split_k is given.
-    gated: w is a fused [2I, K] gate_up matrix and the result is silu(x.gate^T) * (x.up^T), [M, I],
-    bit for bit silu_and_mul(gemv_triton(x, w)) under the same configuration (one row per program:
-    M = 1 or per_row; or the DOT path, half as many weight rows per program; no split, no bias, no
-    out): the gate_up output never goes to memory and the activation needs no launch of its own.
-    norm: x is then norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), and the product is
-    taken with norm.materialize() as its x, bit for bit under the same configuration, in one launch
-    (FMA path, one row per program, no split, no out); norm.stream holds x + residual afterwards.
-    push: a tensor-parallel group's PushTarget (kernels/push_reduce.py): y is then summed over the
-    ranks in the same launch, the same bits on every rank (M = 1 or 2 on the unsplit FMA path, not
-    per_row; or the DOT path, split K only with the counters; no bias, not gated). A collective:
-    every rank makes the same call.
-    propose: a draft step's top-1 instead of y (one row, unsplit FMA path, no bias, gate or push; out a
-    [1] int64): argmax_triton(y, propose=propose)'s index, bit for bit, without y going to memory.
+    bf16/fp16 (fp32 for the interpreter tests), fp32 accumulation, 1 <= M <= 64 (FMA path: M <= 4).
+    w may be an Fp8Weight (kernels/fp8_weight.py): its e4m3 matrix is read and each output row
+    scaled, giving w.dense's result up to summation order. out: a preallocated y. Workspaces come
+    from torch's caching allocator (the graph's pool under capture).
+    use_dot, reduce_each, block_n, block_k, split_k, num_warps, num_stages: override the
+    configuration (select_config's or the path's default; the sweep and the tests use them).
+    fused (default: when split and the counters exist): the split-K sum in the same launch. pdl: a
+    programmatic dependent (default pdl_enabled); the FMA path reads its first weight tile before
+    the wait. per_row: one M = 1 program per row (2 <= M <= ROWS_MAX_M, unsplit), each row of y the
+    bits of gemv_triton(x[i:i+1], w) with the same tiles; default the configuration's unless
+    use_dot or split_k is given.
+    Fusions, each bit for bit the unfused launches under the same configuration:
+    - gated: w is [2I, K] gate rows then up rows, y = silu(x.gate^T) * (x.up^T) [M, I] (one row per
+      program or the DOT path; no split, bias or out);
+    - norm: x is norm.x, the input of an RMSNorm (kernels/norm.PendingNorm), normalised in the
+      prologue (one row per program, unsplit, no out); norm.stream holds x + residual afterwards;
+    - push: y summed over a tensor-parallel group in the epilogue (kernels/push_reduce.py; one or two
+      rows on the unsplit FMA path, or the DOT path; no bias or gate), a collective;
+    - propose: a draft step's top-1 instead of y (one row, unsplit FMA path, no bias, gate or push;
+      out [1] int64): argmax_triton(y, propose=propose)'s token, y never written.
     """
     w, scale = weight_and_scale(w)
     _validate(x, w, scale, bias, out if propose is None else None)
