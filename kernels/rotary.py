@@ -36,19 +36,18 @@ __all__ = ["apply_rotary_reference", "rotary_store_kv", "rotary_store_kv_referen
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-# ---------------------------------------------------------------------------------------------
-# References
-# ---------------------------------------------------------------------------------------------
-
-
 def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """x: [N, heads, head_dim]; positions: [N] int64; cos, sin: [max_positions, head_dim] fp32."""
-    c = cos[positions][:, None, :]
-    s = sin[positions][:, None, :]
+    return rotate_reference(x, cos[positions][:, None, :], sin[positions][:, None, :])
+
+
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x * cos + rotate_half(x) * sin) in fp32, rounded to x's dtype; cos, sin broadcast against x
+    (also the training head's rotation, graphrt/train/head.py)."""
     xf = x.float()
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * c + rotated * s).to(x.dtype)
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 def rotary_store_kv_reference(
@@ -67,11 +66,6 @@ def rotary_store_kv_reference(
     k = apply_rotary_reference(k, positions, cos, sin)
     store_kv(k, v.contiguous(), k_cache, v_cache, slot_mapping)  # CPU: store_kv_reference
     return q
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton
-# ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
