@@ -44,11 +44,6 @@ __all__ = [
 _LOG2E = 1.4426950408889634
 
 
-# ---------------------------------------------------------------------------------------------
-# Validation shared by both implementations
-# ---------------------------------------------------------------------------------------------
-
-
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
@@ -98,11 +93,6 @@ def _check_store_args(key, value, k_cache, v_cache, slot_mapping):
     for name, t in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
         if t.device != k_cache.device:
             raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
-
-
-# ---------------------------------------------------------------------------------------------
-# store_kv
-# ---------------------------------------------------------------------------------------------
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -192,11 +182,6 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 
-# ---------------------------------------------------------------------------------------------
-# paged_attention: reference
-# ---------------------------------------------------------------------------------------------
-
-
 def paged_attention_reference(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None,
@@ -244,24 +229,20 @@ def paged_attention_reference(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# paged_attention: Triton split-KV flash decoding
-# ---------------------------------------------------------------------------------------------
-#
-# Kernel 1 (_paged_attn_partial_kernel), grid (B * Hkv, num_splits, num_q_tiles). A program owns
-# one request, one kv head, one split of that request's KV range and one tile of query rows. Its
-# BLOCK_M "rows" are (query row, query head of the GQA group) pairs, m = q_local * GROUP + g, so
-# each K/V page is read once per kv head and feeds all GROUP query heads through tl.dot. It walks
-# its KV range BLOCK_N tokens at a time (gathering per token through the block table) with an
-# online softmax in the exp2 domain, fp32 accumulators.
+# Split-KV flash decoding. Kernel 1 (_paged_attn_partial_kernel), grid (B * Hkv, num_splits,
+# num_q_tiles): a program owns one request, one kv head, one split of that request's KV range and
+# one tile of query rows. Its BLOCK_M "rows" are (query row, query head of the GQA group) pairs,
+# m = q_local * GROUP + g, so each K/V page is read once per kv head and feeds all GROUP query heads
+# through tl.dot. It walks its KV range BLOCK_N tokens at a time (gathering per token through the
+# block table) with an online softmax in the exp2 domain, fp32 accumulators.
 #   * num_splits == 1: the program normalises and writes `out` directly (no second kernel).
 #   * num_splits > 1: it writes (acc / l, lse) to the fp32 workspace and kernel 2
-#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H)) combines the splits.
+#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H, D / BLOCK_DM)) combines the splits.
 #
 # CUDA graphs: the grid depends only on static sizes (B, Hkv, query_len, max_seq_len); the device
 # seq_lens only decide each program's range. The split length is derived on the device from the
-# live length , so every split has work at any live length up to max_seq_len, and a
-# split or tile whose range is empty does nothing (the merge kernel recomputes which splits
+# live length, so every split has work at any live length up to max_seq_len, and a split or tile
+# whose range is empty does nothing (the merge kernel recomputes which splits
 # wrote, from seq_lens, so it never reads a stale workspace entry).
 
 
@@ -638,7 +619,7 @@ def paged_attention_triton(
         raise ValueError(f"query dtype {query.dtype} differs from the cache's {k_cache.dtype}")
     if num_stages is None and num_splits > 1 and max_seq_len <= 2 * block_n * num_splits:
         # A split of one or two KV steps has nothing to software-pipeline; the stages' prologue
-        # only delays its first load (B = 1 sweep above: one stage fastest at every tile).
+        # only delays its first load (one stage measured fastest at every tile at B = 1).
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
@@ -687,12 +668,8 @@ def paged_attention(
     Triton split buffer, for callers that keep static buffers per captured graph. The reference
     ignores both.
     """
+    args = (query, k_cache, v_cache, block_tables, seq_lens)
+    kw = dict(query_len=query_len, scale=scale, out=out, max_seq_len=max_seq_len)
     if query.is_cuda:
-        return paged_attention_triton(
-            query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-            max_seq_len=max_seq_len, workspace=workspace,
-        )  # fmt: skip
-    return paged_attention_reference(
-        query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-        max_seq_len=max_seq_len,
-    )  # fmt: skip
+        return paged_attention_triton(*args, **kw, workspace=workspace)
+    return paged_attention_reference(*args, **kw)

@@ -30,11 +30,6 @@ __all__ = ["PendingNorm", "rms_norm", "rms_norm_reference", "rms_norm_triton", "
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-# ---------------------------------------------------------------------------------------------
-# References
-# ---------------------------------------------------------------------------------------------
-
-
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [..., H] float; weight: [H]. Returns [..., H] in promote_types(weight, x)."""
     # Normalise in fp32 and cast back before the weight, as the reference implementations do, so
@@ -51,11 +46,6 @@ def add_rms_norm_reference(
     """x, residual: [N, H] same dtype; weight: [H]. Returns (rms_norm(x + residual), x + residual)."""
     r = residual + x
     return rms_norm_reference(r, weight, eps), r
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton
-# ---------------------------------------------------------------------------------------------
 
 
 @triton.jit

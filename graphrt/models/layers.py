@@ -9,12 +9,9 @@ the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no
 mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), and each [residual add +] RMSNorm in the
 prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
 At 3-16 tokens (a verify step at batch 1 to 4) the rotary + KV store and SiLU * mul still run in
-the qkv and gate_up launches; the norms run as their own launches.
-The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each
-entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
-bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
-decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
-otherwise (CPU included). The decode-step timings of these paths are in docs/notes/benchmarks-history.md."""
+the qkv and gate_up launches; the norms run as their own launches. On CPU each kernel entry point
+runs its PyTorch reference; the GEMMs go through kernels/gemv.linear (F.linear off CUDA and at
+prefill-sized M)."""
 
 from __future__ import annotations
 
