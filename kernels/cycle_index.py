@@ -195,29 +195,27 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
                       block_tables=torch.empty(B, MB, dtype=block_tables.dtype, device=dev),
                       seq_lens=torch.empty((T, B) if step_major else (B,), dtype=torch.int32, device=dev),
                       slot_mapping=torch.empty((T, B) if step_major else (B * T,), dtype=torch.int64, device=dev))
-    last = drafts = temp = seed = None
-    if tokens is not None:
-        last, drafts = tokens
+    last, drafts = tokens if tokens is not None else (None, None)
+    temp, seed = sampling if sampling is not None else (None, None)
+    emit, nemit = emitted if emitted is not None else (None, None)
+    if tokens is not None or emitted is not None:
         out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
     if sampling is not None:
-        temp, seed = sampling
         out.temperature = torch.empty(B, dtype=torch.float32, device=dev)
         out.seed = torch.empty(B, dtype=torch.int64, device=dev)
     if emitted is not None:
-        out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
         out.last = torch.empty(B, dtype=torch.int64, device=dev)
         out.last_seq_lens = torch.empty(B, dtype=torch.int32, device=dev)
     if B == 0:
         return out
-    any_ = out.positions  # a valid pointer for the arguments a variant does not read
+
+    def ptr(t):  # a valid pointer for the arguments a variant does not read
+        return out.positions if t is None else t
+
     _cycle_inputs_kernel[(B,)](
-        slots, src, block_tables, any_ if last is None else last, any_ if drafts is None else drafts,
-        any_ if temp is None else temp, any_ if seed is None else seed, any_ if n_out is None else n_out,
-        out.positions, out.block_tables, out.seq_lens, out.slot_mapping,
-        any_ if out.tokens is None else out.tokens, any_ if out.temperature is None else out.temperature,
-        any_ if out.seed is None else out.seed, any_ if emitted is None else emitted[0],
-        any_ if emitted is None else emitted[1], any_ if out.last is None else out.last,
-        any_ if out.last_seq_lens is None else out.last_seq_lens, base_add, block_size, MB,
+        slots, src, block_tables, ptr(last), ptr(drafts), ptr(temp), ptr(seed), ptr(n_out), out.positions,
+        out.block_tables, out.seq_lens, out.slot_mapping, ptr(out.tokens), ptr(out.temperature), ptr(out.seed),
+        ptr(emit), ptr(nemit), ptr(out.last), ptr(out.last_seq_lens), base_add, block_size, MB,
         1 if drafts is None else drafts.shape[1], B, T=T, TP=triton.next_power_of_2(T),
         BLOCK_MB=min(1024, triton.next_power_of_2(MB)), BY_SLOT=by_slot, N_OUT=n_out is not None,
         TOKENS=tokens is not None, SAMPLING=sampling is not None, STEP_MAJOR=step_major,
