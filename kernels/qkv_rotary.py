@@ -3,22 +3,18 @@ with rotary embedding of q and k and the store of k and v into the paged cache i
 
     qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
 
-bit for bit on the GPU under the dispatcher's one-row-per-program GEMV configuration (M = 1, or per
-row up to gemv_config.ROWS_MAX_M tokens): the same weight tiles summed in the same order (kernels/gemv.py's
-FMA path), the qkv outputs rounded to the model dtype before
-the rotation as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. At batch 1 the
-separate rotary launch (and the qkv round trip through memory) is a fixed cost of every layer;
-with it gone the layer is the GEMV's weight read plus one epilogue.
+bit for bit on the GPU: the GEMV's own K loops (kernels/gemv.py's _fma_k_loop one row per
+program, M = 1 or per row up to gemv_config.ROWS_MAX_M tokens; _dot_k_loop unsplit at 3-16
+tokens), the qkv outputs rounded to the model dtype as the unfused GEMV stores them, then
+kernels/rotary.py's arithmetic. At batch 1 the separate rotary launch (and the qkv round trip
+through memory) is a fixed cost of every layer.
 
 Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
 pair i is head i // (D/2), dims (i % (D/2), + D/2), so the two halves a rotation mixes are summed by
-the same program; v heads are paired the same way and stored as they come. At 3-16 tokens, where
-the GEMV runs unsplit on its DOT path, _qkv_rotary_dot_kernel does the same for every token at once
-(its layer's input norm then runs as its own launch). No per-head q/k norm
-(Qwen3): the norm needs a whole head, which no program holds; those models keep the two-launch path
-(qkv_rotary_store decides).
-
-`qkv_rotary_store_reference` (linear + rotary_store_kv, also the fallback) sits beside the kernel.
+the same program; v heads are paired the same way and stored as they come. _qkv_rotary_dot_kernel
+does the same for every token at once (its layer's input norm then runs as its own launch). No
+per-head q/k norm (Qwen3): it needs a whole head, which no program holds; those models keep the
+two-launch path (qkv_rotary_store decides).
 """
 
 from __future__ import annotations

@@ -17,9 +17,6 @@ Positions index the tables as torch indexing does: a negative position p reads r
 max_positions. Hazard (the position analogue of vLLM #43682): padded rows may carry any position;
 the kernel clamps the row into the table so it never reads out of bounds (the reference raises
 instead), and such rows' outputs are don't-care.
-
-`rotary_store_kv_reference` (PyTorch, CPU path and oracle) and `rotary_store_kv_triton` (one
-program per (token, head)) sit side by side; `rotary_store_kv` dispatches CUDA -> Triton.
 """
 
 from __future__ import annotations
@@ -55,10 +52,8 @@ def rotary_store_kv_reference(
 ) -> torch.Tensor:
     """q: [N, Hq, D], k, v: [N, Hkv, D] (any strides); positions: [N] int64; cos, sin:
     [max_positions, D] fp32; k_cache, v_cache: [num_blocks, page, Hkv, D]; slot_mapping: [N] int64;
-    q_norm, k_norm: [D] or None. Stores k, v; returns the rotated q, [N, Hq, D] contiguous.
-
-    Eager PyTorch, several kernels; the store goes through attention.store_kv, so this also serves
-    as the capturable CUDA fallback (store_kv_reference syncs on CUDA)."""
+    q_norm, k_norm: [D] or None. Stores k, v; returns the rotated q, [N, Hq, D] contiguous. Also the
+    capturable CUDA fallback: the store goes through attention.store_kv."""
     if q_norm is not None:  # Qwen3 normalises each head before the rotation
         q = rms_norm_reference(q, q_norm, eps)
         k = rms_norm_reference(k, k_norm, eps)
@@ -195,16 +190,13 @@ def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_
     if slot_mapping.shape != (n,) or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be [{n}] int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     if cos.dim() != 2 or cos.shape[1] != d or cos.dtype != torch.float32 or not cos.is_contiguous():
-        raise ValueError(
-            f"cos must be a contiguous [max_positions, {d}] fp32 table, got {tuple(cos.shape)} {cos.dtype}"
-        )
+        raise ValueError(f"cos must be a contiguous [max_positions, {d}] fp32 table, got {tuple(cos.shape)} "
+                         f"{cos.dtype}")
     if sin.shape != cos.shape or sin.dtype != torch.float32 or not sin.is_contiguous():
         raise ValueError(f"sin must match cos ({tuple(cos.shape)} fp32), got {tuple(sin.shape)} {sin.dtype}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (k.shape[1], d):
-        raise ValueError(
-            f"k_cache and v_cache must be [num_blocks, page, {k.shape[1]}, {d}], got {tuple(k_cache.shape)} "
-            f"and {tuple(v_cache.shape)}"
-        )
+        raise ValueError(f"k_cache and v_cache must be [num_blocks, page, {k.shape[1]}, {d}], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache must be contiguous along head_dim")
     if (q_norm is None) != (k_norm is None):
@@ -252,10 +244,6 @@ def rotary_store_kv(
     """Rotate q and k (after the optional per-head norm), store k and v, return the rotated q.
     CUDA -> Triton (norm weights in a dtype other than q's fall back to the reference), else the
     reference."""
-    if q.is_cuda and (q_norm is None or (q_norm.dtype == q.dtype and k_norm.dtype == q.dtype)):
-        return rotary_store_kv_triton(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
-        )
-    return rotary_store_kv_reference(
-        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
-    )
+    fast = q.is_cuda and (q_norm is None or (q_norm.dtype == q.dtype and k_norm.dtype == q.dtype))
+    fn = rotary_store_kv_triton if fast else rotary_store_kv_reference
+    return fn(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps)
