@@ -69,9 +69,7 @@ def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query
                          f"{query_len}")
     if block_tables.dtype not in (torch.int32, torch.int64) or seq_lens.dtype not in (torch.int32, torch.int64):
         raise ValueError("block_tables and seq_lens must be integer tensors (int32)")
-    for name, t in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device != k_cache.device:
-            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+    _check_devices(k_cache.device, "the cache", query=query, block_tables=block_tables, seq_lens=seq_lens)
 
 
 def _check_store_args(key, value, k_cache, v_cache, slot_mapping):
@@ -81,9 +79,13 @@ def _check_store_args(key, value, k_cache, v_cache, slot_mapping):
         raise ValueError(f"key and value must be [N, {hkv}, {d}], got {tuple(key.shape)} and {tuple(value.shape)}")
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
-    for name, t in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
-        if t.device != k_cache.device:
-            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+    _check_devices(k_cache.device, "the cache", key=key, value=value, slot_mapping=slot_mapping)
+
+
+def _check_devices(device, where: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device}, {where} on {device}")
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:

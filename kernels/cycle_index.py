@@ -1,21 +1,11 @@
 """The cycle's index bookkeeping, one launch each instead of a dozen small torch kernels.
 
 Before its forward, a phase gathers each batch row's state by slot and derives the attention
-metadata from it; after the target's rejection kernel, it advances each request by the tokens it
-emitted. Written with torch ops that is about twenty one-thread-block kernels per phase (gathers,
-casts, divisions, scatters), each costing a launch and a hand-off on the GPU. Here:
-
-  cycle_inputs   per batch row b with slot s = slots[b] and base = src[s or b] + base_add:
-                 positions[b, j] = base + j (j < T), the row's block table, its seq_len (base + T),
-                 slot_mapping[b * T + j] = table[min(pos // bs, MB - 1)] * bs + pos % bs, and on
-                 request src[s] itself (n), the tokens [last_token[s], draft_tokens[s, :T-1]], and
-                 the row's temperature and seed. step_major: T one-token steps instead of one
-                 T-token row, positions, seq_lens (pos + 1) and slot_mapping laid out [T, B].
-                 emitted (DRAFT_EXTEND): tokens = the verify step's emitted tokens with -1 read as
-                 0, the row of each request's last emitted one, b * T + num_emitted[b] - 1, and
-                 its KV length, base + num_emitted[b];
-  advance        num_tokens[s] = n[b] + num_emitted[b], last_token[s] = emitted[b, num_emitted[b] - 1]
-                 for every row whose slot is not the scratch slot, which stays pinned (pin_scratch).
+metadata from it (cycle_inputs: positions, block tables, seq_lens, slot_mapping, and optionally
+the rows' tokens and sampling parameters); after the target's rejection kernel, it advances each
+request by the tokens it emitted (advance). Written with torch ops that is about twenty
+one-thread-block kernels per phase, each costing a launch and a hand-off on the GPU. The
+references (cycle_inputs_reference, advance_reference) state what each computes.
 
 Positions are never negative (the cycle's state invariant), so floor and truncating division agree.
 Static shapes, no host sync: both sit inside the captured phase graphs. Triton on CUDA, the torch

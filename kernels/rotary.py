@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.attention import store_kv
+from graphrt.kernels.attention import _check_cache, _check_devices, store_kv
 from graphrt.kernels.norm import rms_norm_reference
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
@@ -194,22 +194,17 @@ def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_
                          f"{cos.dtype}")
     if sin.shape != cos.shape or sin.dtype != torch.float32 or not sin.is_contiguous():
         raise ValueError(f"sin must match cos ({tuple(cos.shape)} fp32), got {tuple(sin.shape)} {sin.dtype}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (k.shape[1], d):
-        raise ValueError(f"k_cache and v_cache must be [num_blocks, page, {k.shape[1]}, {d}], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
+    _check_cache(k_cache, v_cache)
+    if tuple(k_cache.shape[2:]) != (k.shape[1], d):
+        raise ValueError(f"k_cache must be [num_blocks, page, {k.shape[1]}, {d}], got {tuple(k_cache.shape)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm must be given together")
     if q_norm is not None:
         for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
             if w.shape != (d,) or w.dtype != q.dtype or w.stride(0) != 1:
                 raise ValueError(f"{name} must be a contiguous [{d}] {q.dtype} vector, got {tuple(w.shape)} {w.dtype}")
-    tensors = {"k": k, "v": v, "positions": positions, "cos": cos, "sin": sin, "k_cache": k_cache,
-               "v_cache": v_cache, "slot_mapping": slot_mapping, "q_norm": q_norm, "k_norm": k_norm}
-    for name, t in tensors.items():
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    _check_devices(q.device, "q", k=k, v=v, positions=positions, cos=cos, sin=sin, k_cache=k_cache,
+                   slot_mapping=slot_mapping, q_norm=q_norm, k_norm=k_norm)
 
 
 def rotary_store_kv_triton(
