@@ -511,16 +511,6 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_
     return max(1, min(want, by_len, _MAX_SPLITS))
 
 
-def _tiles(query_len: int, group: int) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_M): all rows in one tile for decode phases, BLOCK_Q-row tiles for prefill."""
-    if query_len * group <= _MAX_BLOCK_M:
-        block_q = query_len
-    else:
-        block_q = max(1, _MAX_BLOCK_M // group)
-    block_m = max(16, triton.next_power_of_2(block_q * group))
-    return block_q, block_m
-
-
 def attention_workspace(
     total_rows: int, num_q_heads: int, head_dim: int, num_splits: int, device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -559,7 +549,9 @@ def paged_attention_triton(
     if block_tables.dtype != torch.int32 or not block_tables.stride(-1) == 1:
         raise ValueError("block_tables must be int32, contiguous along its last dim")
 
-    block_q, block_m = _tiles(query_len, group)
+    # All rows in one tile for decode phases, BLOCK_Q-row tiles for prefill.
+    block_q = query_len if query_len * group <= _MAX_BLOCK_M else max(1, _MAX_BLOCK_M // group)
+    block_m = max(16, triton.next_power_of_2(block_q * group))
     num_q_tiles = triton.cdiv(query_len, block_q)
     block_d = triton.next_power_of_2(max(d, 16))
     if block_n is None:

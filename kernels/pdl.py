@@ -1,14 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the Triton kernels of the decode path.
 
 A kernel launched with the programmatic-serialization attribute may be scheduled while the kernel
-before it on the stream is still running; it must execute `gdc_wait` (griddepcontrol.wait) before it
-touches anything that kernel reads or writes, and then sees all of its memory. Between the
-microsecond kernels of a batch-1 decode step this hides the launch and ramp-up latency that
-otherwise sits between every pair of nodes of a CUDA graph. Stream capture records the attribute
-as a programmatic edge, so graphs keep it.
-
-Each kernel that supports it takes a USE_PDL constexpr (`wait_for_producer()` before its first
-access to memory the previous kernel may touch) and its launcher passes `**pdl_launch(pdl)`.
+before it on the stream is still running; it must execute griddepcontrol.wait before it touches
+anything that kernel reads or writes. Between the microsecond kernels of a batch-1 decode step this
+hides the launch and ramp-up latency between the nodes of a CUDA graph (stream capture keeps the
+attribute as a programmatic edge). Each kernel that supports it takes a USE_PDL constexpr
+(`wait_for_producer()` before that first access) and its launcher passes `**pdl_launch(pdl)`.
 
 Settled memory. With dependents released before the wait, a kernel that starts guarantees only
 that its predecessors on the stream have *started*, back to the nearest node whose incoming edge

@@ -295,32 +295,27 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     _check_args(q_out, kv, kv, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
     num_blocks, page = k_cache.shape[:2]
     pdl = pdl_enabled(x.device)
+    # What both kernels take: the operands, then (after each one's own) sizes, strides and constexprs.
+    operands = (x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin,
+                q_out, k_cache, v_cache, slot_mapping)
+    sizes = (m, x.shape[1], cos.shape[0], num_blocks * page, *k_cache.stride()[:3], *v_cache.stride()[:3])
+    shared = dict(NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, HAS_BIAS=bias is not None,
+                  USE_PDL=pdl, HAS_SCALE=scale is not None, **pdl_launch(pdl))
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
         _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
-            x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin,
-            q_out, k_cache, v_cache, slot_mapping, m, x.shape[1], cos.shape[0], num_blocks * page,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
-            BLOCK_K=dot["block_k"], BLOCK_M=max(16, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-            USE_PDL=pdl, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_SCALE=scale is not None,
-            num_warps=dot["num_warps"], num_stages=dot["num_stages"], **pdl_launch(pdl),
+            *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"],
+            BLOCK_M=max(16, triton.next_power_of_2(m)), DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=dot["num_warps"], num_stages=dot["num_stages"],
         )  # fmt: skip
         return q_out
     block_n = cfg["block_n"]
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
-        x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin, q_out,
-        k_cache, v_cache, slot_mapping, res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
+        *operands, res, g, stream, eps, *sizes, **shared, BLOCK_N=block_n,
         BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
-        HAS_BIAS=bias is not None, USE_PDL=pdl, NORM=norm is not None, NORM_RES=has_res,
-        BLOCK_H=triton.next_power_of_2(x.shape[1]), HAS_SCALE=scale is not None, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-        **pdl_launch(pdl),
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(x.shape[1]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return q_out
 

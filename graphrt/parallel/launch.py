@@ -12,12 +12,6 @@ import sys
 import time
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool, deadline: float | None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -54,7 +48,9 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
     rest. fn must be importable (a module-level function). start_method "fork" (CPU only: CUDA
     needs "spawn") saves each rank its imports."""
     ctx = mp.get_context(start_method)
-    port = _free_port()
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     # wall clock: the ranks are other processes, and each dumps its stacks just before it
     deadline = None if timeout_s is None else time.time() + timeout_s
     procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet, deadline))
