@@ -5,9 +5,6 @@
 
 The Triton kernel reproduces torch's rounding chain for bf16/fp16: silu computed in fp32 and
 rounded to the input dtype, then the product computed in fp32 and rounded once.
-
-`silu_and_mul_reference` (PyTorch, the CPU path and test oracle) and `silu_and_mul_triton` sit side
-by side; `silu_and_mul` dispatches CUDA -> Triton, else the reference.
 """
 
 from __future__ import annotations
@@ -59,10 +56,8 @@ def silu_mul(gate, up):
 
 
 def silu_and_mul_triton(gu: torch.Tensor) -> torch.Tensor:
-    """gu: [N, 2 * I] fp32/fp16/bf16 with unit column stride (any row stride).
-
-    Returns a new contiguous [N, I] tensor in gu's dtype. Grid (N, cdiv(I, BLOCK_I)); no host sync.
-    """
+    """gu: [N, 2 * I] fp32/fp16/bf16 with unit column stride (any row stride). Returns a new
+    contiguous [N, I] tensor in gu's dtype. Grid (N, cdiv(I, BLOCK_I)); no host sync."""
     if gu.dim() != 2:
         raise ValueError(f"gu must be [N, 2 * I], got shape {tuple(gu.shape)}")
     if gu.shape[1] % 2:

@@ -13,12 +13,10 @@ Query rows of request b are `b * query_len .. b * query_len + query_len - 1`, in
 position `seq_lens[b] - query_len + t` and attends causally to KV positions [0, that position].
 Rows whose position is negative (padded batch rows, seq_len < query_len) produce zeros.
 
-Each entry point comes twice: a PyTorch reference (`*_reference`, what is computed) and a Triton
-kernel (`*_triton`, how fast); `store_kv` and `paged_attention` dispatch on the device.
-
-Hazard (vLLM #43682): block-table entries past ceil(seq_len / block_size) may hold -1, garbage or
-stale ids (padded rows, freed blocks). Nothing here ever dereferences them; each place that
-defends against it says so.
+Each entry point has a PyTorch reference (`*_reference`) and a Triton kernel (`*_triton`);
+`store_kv` and `paged_attention` dispatch on the device. Hazard (vLLM #43682): block-table entries
+past ceil(seq_len / block_size) may hold -1, garbage or stale ids (padded rows, freed blocks);
+nothing here dereferences them (each place that defends against it says so).
 """
 
 from __future__ import annotations
@@ -44,17 +42,10 @@ __all__ = [
 _LOG2E = 1.4426950408889634
 
 
-# ---------------------------------------------------------------------------------------------
-# Validation shared by both implementations
-# ---------------------------------------------------------------------------------------------
-
-
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+        raise ValueError("k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if k_cache.dtype != v_cache.dtype or k_cache.device != v_cache.device:
         raise ValueError("k_cache and v_cache must share dtype and device")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -71,46 +62,35 @@ def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query
     if query_len < 1:
         raise ValueError(f"query_len must be >= 1, got {query_len}")
     if block_tables.dim() != 2 or seq_lens.dim() != 1 or seq_lens.shape[0] != block_tables.shape[0]:
-        raise ValueError(
-            f"block_tables must be [B, max_blocks] and seq_lens [B], got {tuple(block_tables.shape)} "
-            f"and {tuple(seq_lens.shape)}"
-        )
+        raise ValueError(f"block_tables must be [B, max_blocks] and seq_lens [B], got {tuple(block_tables.shape)} "
+                         f"and {tuple(seq_lens.shape)}")
     if query.shape[0] != block_tables.shape[0] * query_len:
-        raise ValueError(
-            f"query has {query.shape[0]} rows, expected B * query_len = {block_tables.shape[0]} * {query_len}"
-        )
+        raise ValueError(f"query has {query.shape[0]} rows, expected B * query_len = {block_tables.shape[0]} * "
+                         f"{query_len}")
     if block_tables.dtype not in (torch.int32, torch.int64) or seq_lens.dtype not in (torch.int32, torch.int64):
         raise ValueError("block_tables and seq_lens must be integer tensors (int32)")
-    for name, t in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device != k_cache.device:
-            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+    _check_devices(k_cache.device, "the cache", query=query, block_tables=block_tables, seq_lens=seq_lens)
 
 
 def _check_store_args(key, value, k_cache, v_cache, slot_mapping):
     _check_cache(k_cache, v_cache)
     _, _, hkv, d = k_cache.shape
     if key.shape != value.shape or key.dim() != 3 or tuple(key.shape[1:]) != (hkv, d):
-        raise ValueError(
-            f"key and value must be [N, {hkv}, {d}], got {tuple(key.shape)} and {tuple(value.shape)}"
-        )
+        raise ValueError(f"key and value must be [N, {hkv}, {d}], got {tuple(key.shape)} and {tuple(value.shape)}")
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
-    for name, t in (("key", key), ("value", value), ("slot_mapping", slot_mapping)):
-        if t.device != k_cache.device:
-            raise ValueError(f"{name} is on {t.device}, the cache on {k_cache.device}")
+    _check_devices(k_cache.device, "the cache", key=key, value=value, slot_mapping=slot_mapping)
 
 
-# ---------------------------------------------------------------------------------------------
-# store_kv
-# ---------------------------------------------------------------------------------------------
+def _check_devices(device, where: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device}, {where} on {device}")
 
 
 def store_kv_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
-    """Write key[i], value[i] to slot slot_mapping[i]; negative slots are skipped.
-
-    key, value: [N, Hkv, D]; slot_mapping: [N] int64. Boolean indexing syncs on CUDA: this is the
-    CPU path and the oracle for tests.
-    """
+    """Write key[i], value[i] ([N, Hkv, D]) to slot slot_mapping[i] ([N] int64); negative slots are
+    skipped. Boolean indexing syncs on CUDA: the CPU path and the tests' oracle."""
     _check_store_args(key, value, k_cache, v_cache, slot_mapping)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slot_mapping >= 0
@@ -142,9 +122,8 @@ def _store_kv_kernel(
     n = tl.program_id(0)
     h_tile = tl.program_id(1)
     slot = tl.load(slot_ptr + n).to(tl.int64)
-    # A negative slot means "skip this row"; a slot past the pool would write out of bounds, so it
-    # is skipped too (the reference raises on it instead).
-    # (Broadcast through a tensor: the interpreter rejects a scalar-and-tensor mask.)
+    # A negative slot means "skip this row"; one past the pool is skipped too (the reference raises).
+    # Broadcast through a tensor: the interpreter rejects a scalar-and-tensor mask.
     offs_h = h_tile * BLOCK_H + tl.arange(0, BLOCK_H)
     slot_h = offs_h.to(tl.int64) * 0 + slot  # [BLOCK_H]
     keep = (slot_h >= 0) & (slot_h < num_slots) & (offs_h < NUM_KV_HEADS)
@@ -192,20 +171,13 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         store_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 
-# ---------------------------------------------------------------------------------------------
-# paged_attention: reference
-# ---------------------------------------------------------------------------------------------
-
-
 def paged_attention_reference(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Gather each request's live blocks, masked softmax in fp32. Vectorized over the batch.
-
-    query: [B * query_len, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B].
-    Keys are padded to max_seq_len (default: the table's capacity) and masked.
-    """
+    """Gather each request's live blocks, masked softmax in fp32, vectorized over the batch. query:
+    [B * query_len, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B]. Keys are padded to
+    max_seq_len (default: the table's capacity) and masked."""
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     _, page, hkv, d = k_cache.shape
     bsz, max_blocks = block_tables.shape
@@ -244,25 +216,20 @@ def paged_attention_reference(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# paged_attention: Triton split-KV flash decoding
-# ---------------------------------------------------------------------------------------------
-#
-# Kernel 1 (_paged_attn_partial_kernel), grid (B * Hkv, num_splits, num_q_tiles). A program owns
-# one request, one kv head, one split of that request's KV range and one tile of query rows. Its
-# BLOCK_M "rows" are (query row, query head of the GQA group) pairs, m = q_local * GROUP + g, so
-# each K/V page is read once per kv head and feeds all GROUP query heads through tl.dot. It walks
-# its KV range BLOCK_N tokens at a time (gathering per token through the block table) with an
-# online softmax in the exp2 domain, fp32 accumulators.
+# Split-KV flash decoding. Kernel 1 (_paged_attn_partial_kernel), grid (B * Hkv, num_splits,
+# num_q_tiles): a program owns one request, one kv head, one split of that request's KV range and
+# one tile of query rows. Its BLOCK_M "rows" are (query row, query head of the GQA group) pairs,
+# m = q_local * GROUP + g, so each K/V page is read once per kv head and feeds all GROUP query heads
+# through tl.dot. It walks its KV range BLOCK_N tokens at a time (gathering per token through the
+# block table) with an online softmax in the exp2 domain, fp32 accumulators.
 #   * num_splits == 1: the program normalises and writes `out` directly (no second kernel).
 #   * num_splits > 1: it writes (acc / l, lse) to the fp32 workspace and kernel 2
-#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H)) combines the splits.
+#     (_paged_attn_merge_kernel, grid (B * query_len, Hq / BLOCK_H, D / BLOCK_DM)) combines the splits.
 #
-# CUDA graphs: the grid depends only on static sizes (B, Hkv, query_len, max_seq_len); the device
-# seq_lens only decide each program's range. The split length is derived on the device from the
-# live length , so every split has work at any live length up to max_seq_len, and a
-# split or tile whose range is empty does nothing (the merge kernel recomputes which splits
-# wrote, from seq_lens, so it never reads a stale workspace entry).
+# CUDA graphs: the grid depends only on static sizes (B, Hkv, query_len, max_seq_len); seq_lens only
+# decide each program's range. The split length is derived on the device from the live length, so
+# every split has work at any live length up to max_seq_len; a split or tile whose range is empty
+# does nothing (the merge kernel recomputes from seq_lens which splits wrote).
 
 
 @triton.jit
@@ -428,9 +395,8 @@ def _paged_attn_partial_kernel(
             mask=row_ok[:, None] & d_ok[None, :],
         )
     else:
-        # Empty splits write nothing; the merge kernel knows which splits wrote (same formula).
-        # (The scalar test is broadcast through a [BLOCK_M] tensor: the interpreter rejects a
-        # scalar-and-tensor mask.)
+        # Empty splits write nothing; the merge kernel knows which splits wrote (same formula). The
+        # scalar test goes through a [BLOCK_M] tensor: the interpreter rejects a scalar-and-tensor mask.
         wrote = row_ok & ((offs_m * 0 + kv_start) < kv_end)  # [BLOCK_M]
         ws_row = (split * total_rows + row).to(tl.int64) * NUM_Q_HEADS + head  # [BLOCK_M]
         tl.store(
@@ -507,15 +473,12 @@ def _paged_attn_merge_kernel(
     )
 
 
-# Heuristics (see choose_num_splits), tuned with kernels/attention_bench.py (figures in
-# docs/notes/benchmarks-history.md).
+# choose_num_splits's heuristics, tuned with kernels/attention_bench.py. Fewer tokens per split
+# than _MIN_SPLIT_TOKENS (one BLOCK_N step at D = 128) cost more in merging than they gain.
+# Programs per SM to aim for: 2, but 4 (one- or two-KV-step splits) for single-token queries on a
+# grid so small that only latency matters; a verify-sized query keeps 2, since every split writes
+# an fp32 partial per query row.
 _MAX_SPLITS = 64
-# Fewer tokens per split than this cost more in merging than they gain. 64 = one BLOCK_N step at
-# D = 128. Programs per SM to aim for when splitting: 2, except for single-token queries on a grid
-# so small (a request or two) that only latency matters: there 4, i.e. one- or two-KV-step splits.
-# A verify-sized query (query_len > 1) keeps 2: every split writes an fp32 partial per query row,
-# and that workspace traffic grows with the rows. Short contexts run fastest with one KV step per
-# split.
 _MIN_SPLIT_TOKENS = 64
 _PROGRAMS_PER_SM = 2
 _PROGRAMS_PER_SM_TINY = 4  # query_len 1 and an un-split grid under 1/8 of the SMs
@@ -534,12 +497,9 @@ def _device_sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_len: int = 1) -> int:
-    """Splits of the KV range per (request, kv head, query tile): from static sizes only.
-
-    Splitting only pays when the un-split grid leaves SMs idle (small batch, long context); it is
-    capped at one split per started _MIN_SPLIT_TOKENS of max_seq_len. Never depends on seq_lens:
-    the result fixes a CUDA graph's grid.
-    """
+    """Splits of the KV range per (request, kv head, query tile), from static sizes only (the result
+    fixes a CUDA graph's grid): only where the un-split grid leaves SMs idle, at most one per started
+    _MIN_SPLIT_TOKENS of max_seq_len."""
     if num_programs >= sm_count:
         return 1
     tiny = query_len == 1 and 8 * num_programs <= sm_count
@@ -549,16 +509,6 @@ def choose_num_splits(num_programs: int, max_seq_len: int, sm_count: int, query_
     # less of two steps (one-step splits are the faster).
     by_len = -(-max_seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(want, by_len, _MAX_SPLITS))
-
-
-def _tiles(query_len: int, group: int) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_M): all rows in one tile for decode phases, BLOCK_Q-row tiles for prefill."""
-    if query_len * group <= _MAX_BLOCK_M:
-        block_q = query_len
-    else:
-        block_q = max(1, _MAX_BLOCK_M // group)
-    block_m = max(16, triton.next_power_of_2(block_q * group))
-    return block_q, block_m
 
 
 def attention_workspace(
@@ -576,18 +526,13 @@ def paged_attention_triton(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None, num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Split-KV flash-decoding over the paged cache. Graph-safe: no host sync, static grid.
+    """Split-KV flash decoding over the paged cache; no host sync, static grid.
 
-    max_seq_len: static upper bound of seq_lens used to size the split count (default: the table's
-      capacity, block_tables.shape[1] * block_size). Not a correctness bound: any live length up to
-      the table's capacity is handled.
-    num_splits: override the heuristic (tests, tuning). workspace: preallocated
-      attention_workspace(...) with at least num_splits splits; otherwise it is allocated here
-      (inside CUDA-graph capture that allocation comes from the graph's pool, which is fine).
-    Under PDL both kernels read seq_lens and block_tables before waiting for their producer: the
-    caller vouches for the rule in kernels/pdl.py ("Settled memory"), that no kernel that may still
-    run when they start writes either of them.
-    """
+    max_seq_len: the static bound of seq_lens that sizes the split count (default: the table's
+    capacity), not a correctness bound. num_splits: override the heuristic (tests, tuning).
+    workspace: attention_workspace(...) with at least num_splits splits, else allocated here (from
+    the graph's pool inside a capture). Under PDL both kernels read seq_lens and block_tables before
+    their wait: the caller vouches that they are settled (kernels/pdl.py)."""
     _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
     if query.stride(-1) != 1:
         raise ValueError("query must be contiguous along head_dim")
@@ -604,7 +549,9 @@ def paged_attention_triton(
     if block_tables.dtype != torch.int32 or not block_tables.stride(-1) == 1:
         raise ValueError("block_tables must be int32, contiguous along its last dim")
 
-    block_q, block_m = _tiles(query_len, group)
+    # All rows in one tile for decode phases, BLOCK_Q-row tiles for prefill.
+    block_q = query_len if query_len * group <= _MAX_BLOCK_M else max(1, _MAX_BLOCK_M // group)
+    block_m = max(16, triton.next_power_of_2(block_q * group))
     num_q_tiles = triton.cdiv(query_len, block_q)
     block_d = triton.next_power_of_2(max(d, 16))
     if block_n is None:
@@ -626,10 +573,8 @@ def paged_attention_triton(
         if any(t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] < num_splits for t in workspace) or (
             tuple(ws_out.shape[1:]) != (total_rows, hq, d) or tuple(ws_lse.shape[1:]) != (total_rows, hq)
         ):
-            raise ValueError(
-                f"workspace must be contiguous fp32 ([>={num_splits}, {total_rows}, {hq}, {d}], "
-                f"[>={num_splits}, {total_rows}, {hq}])"
-            )
+            raise ValueError(f"workspace must be contiguous fp32 ([>={num_splits}, {total_rows}, {hq}, {d}], "
+                             f"[>={num_splits}, {total_rows}, {hq}])")
     else:
         ws_out = ws_lse = out  # unused by the kernel when NUM_SPLITS == 1
 
@@ -638,7 +583,7 @@ def paged_attention_triton(
         raise ValueError(f"query dtype {query.dtype} differs from the cache's {k_cache.dtype}")
     if num_stages is None and num_splits > 1 and max_seq_len <= 2 * block_n * num_splits:
         # A split of one or two KV steps has nothing to software-pipeline; the stages' prologue
-        # only delays its first load (B = 1 sweep above: one stage fastest at every tile).
+        # only delays its first load (one stage measured fastest at every tile at B = 1).
         num_stages = 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
@@ -679,20 +624,11 @@ def paged_attention(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Causal attention of B * query_len query rows over the paged KV cache. CUDA -> Triton.
-
-    Returns [B * query_len, Hq, D] in query's dtype (fp32 accumulation). See the module docstring
-    for the layout and which positions each row attends to. max_seq_len (static, default the
-    table's capacity) sizes the Triton grid; workspace (attention_workspace(...), optional) is the
-    Triton split buffer, for callers that keep static buffers per captured graph. The reference
-    ignores both.
-    """
+    """Causal attention of B * query_len query rows over the paged KV cache (module docstring),
+    [B * query_len, Hq, D] in query's dtype. CUDA -> Triton, whose grid max_seq_len sizes and whose
+    split buffer workspace is (for callers that keep static buffers per captured graph)."""
+    args = (query, k_cache, v_cache, block_tables, seq_lens)
+    kw = dict(query_len=query_len, scale=scale, out=out, max_seq_len=max_seq_len)
     if query.is_cuda:
-        return paged_attention_triton(
-            query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-            max_seq_len=max_seq_len, workspace=workspace,
-        )  # fmt: skip
-    return paged_attention_reference(
-        query, k_cache, v_cache, block_tables, seq_lens, query_len=query_len, scale=scale, out=out,
-        max_seq_len=max_seq_len,
-    )  # fmt: skip
+        return paged_attention_triton(*args, **kw, workspace=workspace)
+    return paged_attention_reference(*args, **kw)

@@ -11,7 +11,7 @@ K = 3). Every request has the full context; blocks are shuffled across the pool.
     ratio     ours_us / floor_us (target at 4k context: <= 1.5)
 
 python -m graphrt.kernels.attention_bench [--sweep | --sweep-small | --sweep-short]: the default table,
-or one of the grids in SWEEPS that retune the defaults in attention.py.
+or one of the SWEEPS grids (the defaults in attention.py come from them).
 """
 
 from __future__ import annotations

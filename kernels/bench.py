@@ -4,21 +4,18 @@
 
 For each (B, V): argmax (ours vs torch.argmax vs the bytes-read floor); for each (B, K, V):
 rejection_sample greedy / one-hot q / full q (ours vs a plain-torch sampler vs the bf16 read-once
-floor); one-hot with top_k = 50 and top_p = 0.9 on every request at K = 3, V = 128256 (ours,
-filtered and not, filtered without the draws from the candidates, vs the sort-based torch filter in
-front of the plain-torch sampler; `--filters`: these rows only). Inputs
-rotate over enough sets to exceed L2 (50 MB), so the timings are of DRAM reads. Rows of
-graphrt.kernels.attention_bench.run() are appended when that module exists.
+floor); the filtered one-hot sampler (_filter_rows; `--filters`: these rows only); then
+graphrt.kernels.attention_bench.run()'s rows. Inputs rotate over enough sets to exceed L2 (50 MB).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 
 import torch
+from graphrt.kernels import attention_bench
 from graphrt.kernels.argmax import argmax_triton
 from graphrt.kernels.rejection import filter_stage, launch_config, rejection_sample_triton
 from graphrt.kernels.rejection_reference import RACE_CHUNK, apply_thresholds, thresholds_reference
@@ -124,12 +121,9 @@ def filter_cases(b: int):
 
 
 def _filter_rows(bw_gbs, Bs=(1, 64, 256), k=3, v=128256):
-    """One-hot rejection sampling with filters on every request: top_k = 50 with top_p = 0.9 (the
-    issue's case), top_k = 50 alone and top_p = 0.9 alone. Ours (ours_us; unfiltered_us: the same
-    call without the filters; whole_rows_us: with filter_draw off, every row read whole again after
-    its threshold; thresholds_us: the filters' kernels alone as the sampler launches them, the
-    draws of the rows whose candidates hold their threshold included) vs torch (torch_us: the
-    reference's sort-based thresholds and masking, then the plain-torch sampler). The logits are
+    """One-hot rejection sampling with FILTER_CASES on every request: ours (ours_us; unfiltered_us:
+    without the filters; whole_rows_us: filter_draw off; thresholds_us: the filters' kernels alone)
+    vs torch (torch_us: the reference's sort-based thresholds, then the plain-torch sampler). The logits are
     randn: flat enough that top_p alone keeps most of the vocabulary, so its rows overflow the
     candidate buffer and take the whole-row search (kernels/rejection_filter.py): its worst case.
     topp0.9_oneflat (B > 1): top_p = 0.9 on every request, all but the first request's logits scaled
@@ -168,27 +162,13 @@ def _one_flat(sets):
     return out
 
 
-def extra_benches(**kw) -> list[dict]:
-    """Rows from other kernel benchmarks that live beside this one (optional modules)."""
-    rows = []
-    for name in ("graphrt.kernels.attention_bench",):
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        rows.extend(mod.run(**kw))
-    return rows
-
-
 def run(out_json=None, Bs=(1, 8, 64, 256), Ks=(1, 3, 5), Vs=(32000, 128256, 151936),
         attention_contexts=(4096, 32768)) -> list[dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("the kernel benchmarks need CUDA")
     bw = memory_bandwidth_gbs()
     rows = _argmax_rows(bw, Bs, Vs) + _rejection_rows(bw, Bs, Ks, Vs) + _filter_rows(bw)
-    return _report(rows, bw, out_json, extra_benches(contexts=attention_contexts))
+    return _report(rows, bw, out_json, attention_bench.run(contexts=attention_contexts))
 
 
 def run_filters(out_json=None, Bs=(1, 64, 256)) -> list[dict]:

@@ -1,21 +1,11 @@
 """The cycle's index bookkeeping, one launch each instead of a dozen small torch kernels.
 
 Before its forward, a phase gathers each batch row's state by slot and derives the attention
-metadata from it; after the target's rejection kernel, it advances each request by the tokens it
-emitted. Written with torch ops that is about twenty one-thread-block kernels per phase (gathers,
-casts, divisions, scatters), each costing a launch and a hand-off on the GPU. Here:
-
-  cycle_inputs   per batch row b with slot s = slots[b] and base = src[s or b] + base_add:
-                 positions[b, j] = base + j (j < T), the row's block table, its seq_len (base + T),
-                 slot_mapping[b * T + j] = table[min(pos // bs, MB - 1)] * bs + pos % bs, and on
-                 request src[s] itself (n), the tokens [last_token[s], draft_tokens[s, :T-1]], and
-                 the row's temperature and seed. step_major: T one-token steps instead of one
-                 T-token row, positions, seq_lens (pos + 1) and slot_mapping laid out [T, B].
-                 emitted (DRAFT_EXTEND): tokens = the verify step's emitted tokens with -1 read as
-                 0, the row of each request's last emitted one, b * T + num_emitted[b] - 1, and
-                 its KV length, base + num_emitted[b];
-  advance        num_tokens[s] = n[b] + num_emitted[b], last_token[s] = emitted[b, num_emitted[b] - 1]
-                 for every row whose slot is not the scratch slot, which stays pinned (pin_scratch).
+metadata from it (cycle_inputs: positions, block tables, seq_lens, slot_mapping, and optionally
+the rows' tokens and sampling parameters); after the target's rejection kernel, it advances each
+request by the tokens it emitted (advance). Written with torch ops that is about twenty
+one-thread-block kernels per phase, each costing a launch and a hand-off on the GPU. The
+references (cycle_inputs_reference, advance_reference) state what each computes.
 
 Positions are never negative (the cycle's state invariant), so floor and truncating division agree.
 Static shapes, no host sync: both sit inside the captured phase graphs. Triton on CUDA, the torch
@@ -195,29 +185,27 @@ def cycle_inputs_triton(slots, src, block_tables, *, T: int, block_size: int, ba
                       block_tables=torch.empty(B, MB, dtype=block_tables.dtype, device=dev),
                       seq_lens=torch.empty((T, B) if step_major else (B,), dtype=torch.int32, device=dev),
                       slot_mapping=torch.empty((T, B) if step_major else (B * T,), dtype=torch.int64, device=dev))
-    last = drafts = temp = seed = None
-    if tokens is not None:
-        last, drafts = tokens
+    last, drafts = tokens if tokens is not None else (None, None)
+    temp, seed = sampling if sampling is not None else (None, None)
+    emit, nemit = emitted if emitted is not None else (None, None)
+    if tokens is not None or emitted is not None:
         out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
     if sampling is not None:
-        temp, seed = sampling
         out.temperature = torch.empty(B, dtype=torch.float32, device=dev)
         out.seed = torch.empty(B, dtype=torch.int64, device=dev)
     if emitted is not None:
-        out.tokens = torch.empty(B, T, dtype=torch.int64, device=dev)
         out.last = torch.empty(B, dtype=torch.int64, device=dev)
         out.last_seq_lens = torch.empty(B, dtype=torch.int32, device=dev)
     if B == 0:
         return out
-    any_ = out.positions  # a valid pointer for the arguments a variant does not read
+
+    def ptr(t):  # a valid pointer for the arguments a variant does not read
+        return out.positions if t is None else t
+
     _cycle_inputs_kernel[(B,)](
-        slots, src, block_tables, any_ if last is None else last, any_ if drafts is None else drafts,
-        any_ if temp is None else temp, any_ if seed is None else seed, any_ if n_out is None else n_out,
-        out.positions, out.block_tables, out.seq_lens, out.slot_mapping,
-        any_ if out.tokens is None else out.tokens, any_ if out.temperature is None else out.temperature,
-        any_ if out.seed is None else out.seed, any_ if emitted is None else emitted[0],
-        any_ if emitted is None else emitted[1], any_ if out.last is None else out.last,
-        any_ if out.last_seq_lens is None else out.last_seq_lens, base_add, block_size, MB,
+        slots, src, block_tables, ptr(last), ptr(drafts), ptr(temp), ptr(seed), ptr(n_out), out.positions,
+        out.block_tables, out.seq_lens, out.slot_mapping, ptr(out.tokens), ptr(out.temperature), ptr(out.seed),
+        ptr(emit), ptr(nemit), ptr(out.last), ptr(out.last_seq_lens), base_add, block_size, MB,
         1 if drafts is None else drafts.shape[1], B, T=T, TP=triton.next_power_of_2(T),
         BLOCK_MB=min(1024, triton.next_power_of_2(MB)), BY_SLOT=by_slot, N_OUT=n_out is not None,
         TOKENS=tokens is not None, SAMPLING=sampling is not None, STEP_MAJOR=step_major,

@@ -53,10 +53,9 @@ def dense(w) -> torch.Tensor:
 
 
 def for_rows(w, m: int):
-    """The operand a product of m rows reads: an FP8 matrix at one row, its dense matrix otherwise.
-    At one row the GEMV is a weight read and FP8 halves it; at 4 rows the FMA path's conversions
-    and the DOT path's widened tiles both ran slower than the bf16 matrix (H200, llama-8b-shape's
-    EAGLE-3 head: RESULTS.md, "FP8 draft weights")."""
+    """The operand a product of m rows reads: an FP8 matrix at one row (a weight read, which FP8
+    halves), its dense matrix otherwise (at 4 rows both GEMV paths ran slower on FP8: RESULTS.md,
+    "FP8 draft weights")."""
     return w if m == 1 or not isinstance(w, Fp8Weight) else w.dense
 
 

@@ -23,9 +23,8 @@ ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
-# under 4 MiB: its verify step runs faster than on the classic M = 4 paths). Six rows: K = 5 at B = 1
-# (smollm2-135m-shape, H200, TARGET_VERIFY 835 -> 790 us); at eight (K = 3, B = 2) it only matched
-# the DOT path (815 against 814 us) and at sixteen it lost (845 -> 1331 us).
+# under 4 MiB). Six rows won on smollm2-135m-shape at K = 5, B = 1; eight only matched the DOT path
+# and sixteen lost (docs/notes/benchmarks-history.md, `ROWS_MAX_M`).
 ROWS_MAX_M = 6
 ROWS_MAX_BYTES = 4 << 20
 
@@ -44,11 +43,8 @@ _M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (128256, 2048): dict(reduce_each=False, block_n=4, block_k=512),
 }
 # M = 1 exceptions for one device kind (first matching substring of the device name), on top of the
-# above. H100: the llama-1b o and down and the llama-8b qkv and o projections run faster without the
-# per-step reduction. H200: the llama-1b and -8b projections and the 8b's slices at TP = 2 take the
-# tiles scripts/gemv_sweep.py --ms 1 found fastest for them, each kept only where the decode graph
-# measured faster too (RESULTS.md, "GEMV tiles at one row"; the sweep's picks for SmolLM2-135M's
-# matrices slowed its decode graph, and those for the 8b's slices at TP = 4 were not run in one).
+# above: the tiles scripts/gemv_sweep.py --ms 1 found fastest, each kept only where the decode graph
+# measured faster too (RESULTS.md, "GEMV tiles at one row").
 _NO_REDUCE = dict(reduce_each=False)
 _4X1024 = dict(block_n=4, block_k=1024)
 _4X1024_NO_REDUCE = dict(_4X1024, reduce_each=False)
@@ -66,10 +62,9 @@ _M1_DEVICE_OVERRIDES: dict[str, dict[tuple[int, int], dict]] = {
 }
 
 
-# FP8 weights at one row (kernels/fp8_weight.py; no other M reads them): a 16-byte load holds 16
-# weights, and the reads stop near 80% of DRAM bandwidth whatever the tile (not DRAM-bound). From
-# scripts/gemv_sweep.py --fp8 --ms 1 on the EAGLE-3 heads' matrices (H200): (8, 1024) tiles without
-# the per-step reduction were the best or within 10% on the 8b head's, and these shapes took others.
+# FP8 weights at one row (kernels/fp8_weight.py; no other M reads them), from scripts/gemv_sweep.py
+# --fp8 --ms 1 on the EAGLE-3 heads' matrices: (8, 1024) tiles without the per-step reduction, and
+# the shapes below took others.
 _FP8_M1 = dict(reduce_each=False, block_n=8, block_k=1024)
 _FP8_M1_OVERRIDES: dict[tuple[int, int], dict] = {
     (6144, 8192): dict(block_n=4, block_k=2048), (2048, 8192): dict(block_n=4, block_k=2048),
@@ -80,12 +75,8 @@ _FP8_M1_OVERRIDES: dict[tuple[int, int], dict] = {
 
 # The per-row launches' tiles (2-6 rows of a latency-bound matrix: a verify step on SmolLM2-135M):
 # four output rows a program and fewer warps than the one-row default, so fewer, shorter programs.
-# From a sweep of block_n x block_k x warps x reduce_each at SmolLM2-135M's projections (norm
-# prologue and SiLU epilogue on where the runtime fuses them), H200, graph replays, us at four rows
-# per row, default -> this: qkv 3.91 -> 2.49, o 2.58 -> 1.92, gate_up 8.00 -> 5.35, down 2.93 ->
-# 2.36. At one row the same tiles matched the default alone but slowed the decode graph (plain step
-# 404 -> 489 us on smollm2-135m-shape: longer PDL waits), so one row keeps the default, and the
-# rows of a verify step no longer carry the decode step's bits (as on the larger matrices' paths).
+# At one row the same tiles slowed the decode graph (longer PDL waits), so one row keeps the
+# default, and the rows of a verify step do not carry the decode step's bits.
 _SMALL = dict(block_n=4, num_warps=2)
 _SMALL_WIDE = dict(block_n=4, block_k=512, num_warps=1, reduce_each=False)  # N >= 4K: gate_up
 
@@ -96,10 +87,6 @@ def _device_overrides(index: int) -> dict[tuple[int, int], dict]:
     return next((o for key, o in _M1_DEVICE_OVERRIDES.items() if key in name), {})
 
 
-def _current_device_overrides() -> dict[tuple[int, int], dict]:
-    return _device_overrides(torch.cuda.current_device()) if torch.cuda.is_available() else {}
-
-
 def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
     """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
     where cuBLAS measured as fast or faster; fp8: the weights are FP8 (one row only). Keys are
@@ -108,21 +95,18 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
 
     Tuned with scripts/gemv_sweep.py (graph replays, weights rotated past L2) over the llama-1b
     and llama-8b projections, M in 1, 2, 4, 8, 16 (figures: docs/notes/benchmarks-history.md):
-      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit: the best swept config,
-        or close to it, on all eight projections, all faster than cuBLAS.
+      - M = 1: FMA path with per-step reduction, (2, 2048) tiles, unsplit.
       - 2 <= M <= ROWS_MAX_M on matrices of at most ROWS_MAX_BYTES (latency-bound): the FMA path
         one row per program (per_row) with the _SMALL / _SMALL_WIDE tiles.
-      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj).
-        qkv and gate_up stay on cuBLAS (two x rows per weight load lose there).
-      - 3 <= M <= 16: DOT path. Where K >= N (o, down): (64, 256) tiles, 4 warps, 4 stages, K
-        split to one program per SM, faster than cuBLAS. Where N >= 4K (gate_up, LM heads):
-        unsplit (128, 128) tiles, (64, 128) for an LM head: as fast as cuBLAS or faster, and an
-        unsplit gate_up launch takes the SiLU into its epilogue. qkv (K < N < 4K) stays on cuBLAS
-        (neither measured faster).
-      (The FMA path at M = 4 loses to cuBLAS: each weight load needs M x loads and conversions, so
-      it is bound by L1 and ALU, not DRAM; so did [BLOCK_M, BLOCK_N] outputs per program with
-      per-thread partial sums. The DOT path with the norm in its prologue lost to norm + cuBLAS:
-      the normalised x tile breaks the dot's load pipelining. docs/notes/benchmarks-history.md has the figures.)
+      - M = 2: FMA path, (4, 1024), without per-step reduction, where K >= N (o_proj, down_proj);
+        qkv and gate_up stay on cuBLAS.
+      - 3 <= M <= 16: DOT path. Where K >= N (o, down): (64, 256) tiles, K split to one program
+        per SM. Where N >= 4K (gate_up, LM heads): unsplit (128, 128) tiles, (64, 128) for an LM
+        head, so that a gate_up launch takes the SiLU into its epilogue. qkv: unsplit (64, 256),
+        so that its launch takes the rotary (kernels/qkv_rotary.py).
+      (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
+      conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
+      x tile breaks the dot's load pipelining.)
     """
     if fp8:
         if m != 1:
@@ -149,7 +133,7 @@ def _m1_config(n: int, k: int, device_overrides: dict[tuple[int, int], dict] | N
     """The one-row configuration: the FMA default, the shape's exception, then the device kind's
     (device_overrides: a kind's table of _M1_DEVICE_OVERRIDES; the current device's by default)."""
     if device_overrides is None:
-        device_overrides = _current_device_overrides()
+        device_overrides = _device_overrides(torch.cuda.current_device()) if torch.cuda.is_available() else {}
     return _fma_config(k, _M1_OVERRIDES.get((n, k), {}), device_overrides.get((n, k), {}))
 
 

@@ -12,9 +12,6 @@ weight was kept in fp32). The Triton kernel reproduces the rounding chain: fp32 
 rounding of the normalised row to x's dtype, then the weight product in fp32 rounded once to the
 output dtype (what torch does for a bf16 * bf16 multiply). Only the order of the sum of squares
 differs from torch's reduction, so GPU results agree to a few ulps of fp32 before rounding.
-
-Each entry point comes twice: `*_reference` (PyTorch, the CPU path and test oracle) and `*_triton`
-(one program per row); `rms_norm` and `add_rms_norm` dispatch CUDA -> Triton, else the reference.
 """
 
 from __future__ import annotations
@@ -28,11 +25,6 @@ __all__ = ["PendingNorm", "rms_norm", "rms_norm_reference", "rms_norm_triton", "
            "add_rms_norm_reference", "add_rms_norm_triton"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-# ---------------------------------------------------------------------------------------------
-# References
-# ---------------------------------------------------------------------------------------------
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,11 +43,6 @@ def add_rms_norm_reference(
     """x, residual: [N, H] same dtype; weight: [H]. Returns (rms_norm(x + residual), x + residual)."""
     r = residual + x
     return rms_norm_reference(r, weight, eps), r
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton
-# ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -155,10 +142,8 @@ def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
         raise ValueError(f"weight is on {weight.device}, x on {x.device}")
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(
-                f"residual must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(residual.shape)}, "
-                f"{residual.dtype}"
-            )
+            raise ValueError(f"residual must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(residual.shape)}, "
+                             f"{residual.dtype}")
         if x.shape[1] > 0 and residual.stride(1) != 1:
             raise ValueError(f"residual must be contiguous along H, got strides {residual.stride()}")
         if residual.device != x.device:
@@ -173,20 +158,17 @@ def _launch(x, weight, eps, residual):
         return out, total
     block_h = triton.next_power_of_2(h)
     pdl = pdl_enabled(x.device)
-    num_warps = norm_num_warps(block_h)
     _rms_norm_kernel[(n,)](
         x, residual if residual is not None else x, weight, out, total, h, float(eps),
-        x.stride(0), residual.stride(0) if residual is not None else 0,
-        HAS_RESIDUAL=residual is not None, BLOCK_H=block_h, USE_PDL=pdl, num_warps=num_warps, **pdl_launch(pdl),
+        x.stride(0), residual.stride(0) if residual is not None else 0, HAS_RESIDUAL=residual is not None,
+        BLOCK_H=block_h, USE_PDL=pdl, num_warps=norm_num_warps(block_h), **pdl_launch(pdl),
     )  # fmt: skip
     return out, total
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [N, H] fp32/fp16/bf16 with unit column stride (any row stride); weight: [H].
-
-    Returns a new contiguous [N, H] tensor in promote_types(weight, x). No host sync.
-    """
+    """x: [N, H] fp32/fp16/bf16 with unit column stride (any row stride); weight: [H]. Returns a new
+    contiguous [N, H] tensor in promote_types(weight, x). No host sync."""
     _check_norm_args(x, weight)
     return _launch(x, weight, eps, None)[0]
 
@@ -194,11 +176,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 def add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual: [N, H] same dtype, unit column stride; weight: [H].
-
-    Returns (rms_norm(x + residual), x + residual), both new contiguous tensors. One pass: each
-    row is read once from x and residual and written twice. No host sync.
-    """
+    """x, residual: [N, H] same dtype, unit column stride; weight: [H]. Returns (rms_norm(x +
+    residual), x + residual), new contiguous tensors, in one pass. No host sync."""
     _check_norm_args(x, weight, residual)
     return _launch(x, weight, eps, residual)
 
@@ -224,9 +203,8 @@ class PendingNorm:
 
     At batch 1 a norm launch is a fixed cost of every layer, and a GEMV that runs one row per
     program on the FMA path already streams all of its row: it applies the norm in its prologue
-    instead (norm_stats and normed_tile above: the norm kernel's load, sum and rounding chain, so
-    the GEMV sees the bits the norm kernel would have stored). Any other consumer calls materialize(). Either way
-    `stream` is afterwards x + residual (x itself without a residual): what the next norm adds to.
+    instead (norm_stats and normed_tile: the norm kernel's bits). Any other consumer calls
+    materialize(). Either way `stream` is then x + residual (or x): what the next norm adds to.
     """
 
     def __init__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):

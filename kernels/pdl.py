@@ -1,14 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the Triton kernels of the decode path.
 
 A kernel launched with the programmatic-serialization attribute may be scheduled while the kernel
-before it on the stream is still running; it must execute `gdc_wait` (griddepcontrol.wait) before it
-touches anything that kernel reads or writes, and then sees all of its memory. Between the
-microsecond kernels of a batch-1 decode step this hides the launch and ramp-up latency that
-otherwise sits between every pair of nodes of a CUDA graph. Stream capture records the attribute
-as a programmatic edge, so graphs keep it.
-
-Each kernel that supports it takes a USE_PDL constexpr (`wait_for_producer()` before its first
-access to memory the previous kernel may touch) and its launcher passes `**pdl_launch(pdl)`.
+before it on the stream is still running; it must execute griddepcontrol.wait before it touches
+anything that kernel reads or writes. Between the microsecond kernels of a batch-1 decode step this
+hides the launch and ramp-up latency between the nodes of a CUDA graph (stream capture keeps the
+attribute as a programmatic edge). Each kernel that supports it takes a USE_PDL constexpr
+(`wait_for_producer()` before that first access) and its launcher passes `**pdl_launch(pdl)`.
 
 Settled memory. With dependents released before the wait, a kernel that starts guarantees only
 that its predecessors on the stream have *started*, back to the nearest node whose incoming edge
@@ -34,14 +31,12 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 @triton.jit
 def wait_for_producer():
-    """launch_dependents (the next kernel may be scheduled now) then griddepcontrol.wait (all of the
-    previous kernel's writes visible). Releasing before the wait lets the next kernel be scheduled,
-    and prefetch its weights, while this one still waits for its producer (plain decode measured
-    faster than with the release after the wait). Safe: before its own wait a
-    dependent reads only settled memory (see "Settled memory" above) and otherwise only forms L2
-    prefetch addresses (prefetch_l2), and each wait is for a completed producer, which itself
-    completed only after its own producer. Nothing under the interpreter, which runs one grid at a
-    time and has no griddepcontrol (so the CPU tests still run the code around it)."""
+    """launch_dependents, then griddepcontrol.wait (all of the previous kernel's writes visible).
+    Releasing first lets the next kernel be scheduled, and prefetch its weights, while this one still
+    waits (plain decode measured faster than releasing after the wait). Safe: before its own wait a
+    dependent reads only settled memory and otherwise only forms L2 prefetch addresses, and each
+    wait is for a completed producer. Nothing under the interpreter, which runs one grid at a time
+    (so the CPU tests still run the code around it)."""
     if not _INTERPRETED:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -61,33 +56,27 @@ def prefetch_l2(ptrs, mask):
             is_pure=False, pack=1)
 
 
-@functools.cache
-def pdl_supported(device_index: int) -> bool:
-    """Compute capability 9.0+ (griddepcontrol), never under the Triton interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def pdl_launch(pdl: bool) -> dict:
     """Launch keyword arguments for a Triton kernel call: {'launch_pdl': True} or nothing."""
     return {"launch_pdl": True} if pdl else {}
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether the decode-path kernels launch as programmatic dependents on `device`: on a device
-    that supports it unless GRAPHRT_PDL=0 (read per call, so a benchmark can compare both).
-    It shortens the gap between small kernels of a graph (scripts/pdl_probe.py, docs/notes/benchmarks-history.md); a
-    Triton kernel after a cuBLAS one gains nothing (cuBLAS apparently does not release its
-    dependents early)."""
-    return os.environ.get("GRAPHRT_PDL", "1") != "0" and pdl_available(device)
-
-
-def pdl_available(device: torch.device) -> bool:
-    """A CUDA device of compute capability 9.0+, outside the interpreter (the switch aside)."""
-    if device.type != "cuda":
+    """Whether the decode-path kernels launch as programmatic dependents on `device`: a CUDA device
+    of compute capability 9.0+, outside the interpreter, unless GRAPHRT_PDL=0 (read per call, so a
+    benchmark can compare both). A Triton kernel after a cuBLAS one gains nothing (cuBLAS
+    apparently does not release its dependents early)."""
+    if os.environ.get("GRAPHRT_PDL", "1") == "0" or device.type != "cuda":
         return False
-    return pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
+    return _supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _supported(device_index: int) -> bool:
+    """Compute capability 9.0+ (griddepcontrol), never under the Triton interpreter."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 @triton.jit

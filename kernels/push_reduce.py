@@ -1,11 +1,9 @@
 """The all-reduce of a row-parallel projection at 1-16 tokens a step, inside the GEMV that makes the
 partial sums: no launch of its own, no barrier, no fence.
 
-Under tensor parallelism a decode step at batch 1 runs two all-reduces a layer of one hidden row
-each (8 KB on llama-8b-shape); a verify step at batch 1 and K = 3, of four. As a kernel of its own,
-an all-reduce costs its launch, two barriers across the GPUs and, being torch's, a break in the
-programmatic-dependent-launch chain (kernels/pdl.py) on both sides: about 9 us a layer on two H100s
-(scripts/push_bench.py).
+Under tensor parallelism a decode step runs two all-reduces a layer. As a kernel of its own, an
+all-reduce costs its launch, two barriers across the GPUs and, being torch's, a break in the
+programmatic-dependent-launch chain (kernels/pdl.py) on both sides (scripts/push_bench.py).
 
 Here each program of the GEMV, once it has its outputs, stores them to every rank (its own
 included) as 8-byte words that carry two bf16/fp16 outputs and a sequence number (NCCL's LL
@@ -19,11 +17,11 @@ and only for programs that never wait; the others free their slots at once, wher
 Buffers (graphrt/parallel/group.py makes them; data in symmetric memory): on each rank,
 data [2, W, words] int64 (slot, source rank, word; a word is two adjacent outputs of one row) and
 seq [words] int32, how many pushes have covered each word, the same count on every rank (they run
-the same launches); the program that reads a word's sums advances it after its reads. The k-th push over word w uses
-slot k % 2 and number k. A rank writes a slot's word again only at push k + 2, inside a launch that
-began after its push k + 1 had read every rank's word k + 1, which each peer wrote after its push k,
-the last reader of that slot, had finished (a launch's programs write only after the wait for the
-launch before, under PDL too).
+the same launches); the program that reads a word's sums advances it after its reads. The k-th
+push over word w uses slot k % 2 and number k. A rank writes a slot's word again only at push
+k + 2, inside a launch that began after its push k + 1 had read every rank's word k + 1, which each
+peer wrote after its push k, the last reader of that slot, had finished (a launch's programs write
+only after the wait for the launch before, under PDL too).
 
 Several rows (push_reduce_tile: the GEMV's FMA path at two rows, its DOT path at 3-16) push the
 same words, a tile's rows one after another; there every tile's program waits for its own tile's
@@ -36,12 +34,12 @@ CUDA only (symmetric memory); the CPU and gloo all-reduce as before.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.pdl import _INTERPRETED
 
 __all__ = ["PushTarget", "push_reduce_row", "push_reduce_tile", "no_push_args", "embedding_pushed",
            "embedding_pushed_reference", "MAX_ROWS"]
@@ -49,7 +47,6 @@ __all__ = ["PushTarget", "push_reduce_row", "push_reduce_tile", "no_push_args", 
 MAX_ROWS = 16  # rows of a product the buffers take: the GEMV's DOT path (3-16 tokens)
 
 GROUP = tl.constexpr(64)  # programs whose outputs one program adds up
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @dataclass
@@ -162,12 +159,8 @@ def push_reduce_row(vals, pid, BLOCK_N: tl.constexpr, n, y_ptr, tab_ptr, seq_ptr
                     W: tl.constexpr):
     """The epilogue of program pid of a one-row product: vals [BLOCK_N] (y's dtype, BLOCK_N even)
     are outputs pid * BLOCK_N + arange(BLOCK_N) of this rank's partial (n even); y_ptr [n] gets
-    their sum over the W ranks. Call after the wait for the launch before (seq is settled then).
-
-    Every program stores its words to every rank, its own included, and leaves; the last program
-    of each GROUP waits for the group's words from every rank, adds them in rank order and stores
-    the sum. The others' slots are free at once for the next launch's weight prefetch (PDL), and
-    the only programs that wait, wait for programs that never do."""
+    their sum over the W ranks (the last program of each GROUP waits and adds). Call after the wait
+    for the launch before (seq is settled then)."""
     HALF: tl.constexpr = BLOCK_N // 2
     w = pid * HALF + tl.arange(0, HALF)
     _send(vals, w, w * 2 < n, seq_ptr, tab_ptr, rank, words, W)
@@ -189,13 +182,8 @@ def push_reduce_tile(vals, tile, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
     [BLOCK_M, BLOCK_N] (y's dtype; rows past M and columns past n are never read) is this rank's
     partial of rows arange(BLOCK_M), columns tile * BLOCK_N + arange(BLOCK_N); y_ptr [M, n] (row
     stride stride_ym) gets their sum over the W ranks. Call after the wait for the launch before
-    (seq is settled then).
-
-    The tile's words are (tile * M + row) * BLOCK_N / 2 onward (M = 1: push_reduce_row's). The
-    program stores them to every rank, its own included, then waits for the tile's words from
-    every rank, adds them in rank order in fp32 and stores the sums: every program waits, each only
-    for the programs of its own tile, which push before they wait, so the wait ends wherever the
-    tile's program has started on every rank."""
+    (seq is settled then). The tile's words are (tile * M + row) * BLOCK_N / 2 onward; every
+    program waits, each only for its own tile's programs, which push before they wait."""
     HALF: tl.constexpr = BLOCK_N // 2
     r = tl.arange(0, BLOCK_M)[:, None]
     i = tl.arange(0, HALF)[None, :]

@@ -3,22 +3,18 @@ with rotary embedding of q and k and the store of k and v into the paged cache i
 
     qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
 
-bit for bit on the GPU under the dispatcher's one-row-per-program GEMV configuration (M = 1, or per
-row up to gemv_config.ROWS_MAX_M tokens): the same weight tiles summed in the same order (kernels/gemv.py's
-FMA path), the qkv outputs rounded to the model dtype before
-the rotation as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. At batch 1 the
-separate rotary launch (and the qkv round trip through memory) is a fixed cost of every layer;
-with it gone the layer is the GEMV's weight read plus one epilogue.
+bit for bit on the GPU: the GEMV's own K loops (kernels/gemv.py's _fma_k_loop one row per
+program, M = 1 or per row up to gemv_config.ROWS_MAX_M tokens; _dot_k_loop unsplit at 3-16
+tokens), the qkv outputs rounded to the model dtype as the unfused GEMV stores them, then
+kernels/rotary.py's arithmetic. At batch 1 the separate rotary launch (and the qkv round trip
+through memory) is a fixed cost of every layer.
 
 Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
 pair i is head i // (D/2), dims (i % (D/2), + D/2), so the two halves a rotation mixes are summed by
-the same program; v heads are paired the same way and stored as they come. At 3-16 tokens, where
-the GEMV runs unsplit on its DOT path, _qkv_rotary_dot_kernel does the same for every token at once
-(its layer's input norm then runs as its own launch). No per-head q/k norm
-(Qwen3): the norm needs a whole head, which no program holds; those models keep the two-launch path
-(qkv_rotary_store decides).
-
-`qkv_rotary_store_reference` (linear + rotary_store_kv, also the fallback) sits beside the kernel.
+the same program; v heads are paired the same way and stored as they come. _qkv_rotary_dot_kernel
+does the same for every token at once (its layer's input norm then runs as its own launch). No
+per-head q/k norm (Qwen3): it needs a whole head, which no program holds; those models keep the
+two-launch path (qkv_rotary_store decides).
 """
 
 from __future__ import annotations
@@ -299,32 +295,27 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     _check_args(q_out, kv, kv, positions, cos, sin, k_cache, v_cache, slot_mapping, None, None)
     num_blocks, page = k_cache.shape[:2]
     pdl = pdl_enabled(x.device)
+    # What both kernels take: the operands, then (after each one's own) sizes, strides and constexprs.
+    operands = (x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin,
+                q_out, k_cache, v_cache, slot_mapping)
+    sizes = (m, x.shape[1], cos.shape[0], num_blocks * page, *k_cache.stride()[:3], *v_cache.stride()[:3])
+    shared = dict(NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, HAS_BIAS=bias is not None,
+                  USE_PDL=pdl, HAS_SCALE=scale is not None, **pdl_launch(pdl))
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
         _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
-            x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin,
-            q_out, k_cache, v_cache, slot_mapping, m, x.shape[1], cos.shape[0], num_blocks * page,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
-            BLOCK_K=dot["block_k"], BLOCK_M=max(16, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-            USE_PDL=pdl, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_SCALE=scale is not None,
-            num_warps=dot["num_warps"], num_stages=dot["num_stages"], **pdl_launch(pdl),
+            *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"],
+            BLOCK_M=max(16, triton.next_power_of_2(m)), DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=dot["num_warps"], num_stages=dot["num_stages"],
         )  # fmt: skip
         return q_out
     block_n = cfg["block_n"]
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     _qkv_rotary_kernel[(triton.cdiv(n_out // 2, block_n) * m,)](
-        x, w_qkv, scale if scale is not None else cos, bias if bias is not None else x, positions, cos, sin, q_out,
-        k_cache, v_cache, slot_mapping, res, g, stream, eps, m, x.shape[1], cos.shape[0], num_blocks * page,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d, PAGE=page, BLOCK_N=block_n,
+        *operands, res, g, stream, eps, *sizes, **shared, BLOCK_N=block_n,
         BLOCK_K=min(cfg["block_k"], triton.next_power_of_2(x.shape[1])), REDUCE_EACH=cfg["reduce_each"],
-        HAS_BIAS=bias is not None, USE_PDL=pdl, NORM=norm is not None, NORM_RES=has_res,
-        BLOCK_H=triton.next_power_of_2(x.shape[1]), HAS_SCALE=scale is not None, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-        **pdl_launch(pdl),
+        NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(x.shape[1]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return q_out
 

@@ -4,10 +4,9 @@ stream + mlp_out (the target defers its adds into the next norm, kernels/norm.Pe
     residual_add(stream, out) = stream + out      # in their dtype, one rounding (as torch's add)
 
 A torch add there would be a graph node without a programmatic edge between the decode path's
-PDL kernels (kernels/pdl.py): the next kernels could not start early, and, being no kernel of
-graphrt's, it would break the rule that only graphrt's kernels (or the forward's input gather) run
-between a phase's metadata and the attention that reads it before its wait (tests/test_capture.py).
-`residual_add_reference` (torch, the CPU path and oracle) and `residual_add_triton` sit side by side.
+PDL kernels (kernels/pdl.py): the next kernels could not start early, and it would break the rule
+that only graphrt's kernels (or the forward's input gather) run between a phase's metadata and the
+attention that reads it before its wait (tests/test_capture.py).
 """
 
 from __future__ import annotations

@@ -17,9 +17,6 @@ Positions index the tables as torch indexing does: a negative position p reads r
 max_positions. Hazard (the position analogue of vLLM #43682): padded rows may carry any position;
 the kernel clamps the row into the table so it never reads out of bounds (the reference raises
 instead), and such rows' outputs are don't-care.
-
-`rotary_store_kv_reference` (PyTorch, CPU path and oracle) and `rotary_store_kv_triton` (one
-program per (token, head)) sit side by side; `rotary_store_kv` dispatches CUDA -> Triton.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.attention import store_kv
+from graphrt.kernels.attention import _check_cache, _check_devices, store_kv
 from graphrt.kernels.norm import rms_norm_reference
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
@@ -36,19 +33,18 @@ __all__ = ["apply_rotary_reference", "rotary_store_kv", "rotary_store_kv_referen
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-# ---------------------------------------------------------------------------------------------
-# References
-# ---------------------------------------------------------------------------------------------
-
-
 def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """x: [N, heads, head_dim]; positions: [N] int64; cos, sin: [max_positions, head_dim] fp32."""
-    c = cos[positions][:, None, :]
-    s = sin[positions][:, None, :]
+    return rotate_reference(x, cos[positions][:, None, :], sin[positions][:, None, :])
+
+
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x * cos + rotate_half(x) * sin) in fp32, rounded to x's dtype; cos, sin broadcast against x
+    (also the training head's rotation, graphrt/train/head.py)."""
     xf = x.float()
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * c + rotated * s).to(x.dtype)
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 def rotary_store_kv_reference(
@@ -56,10 +52,8 @@ def rotary_store_kv_reference(
 ) -> torch.Tensor:
     """q: [N, Hq, D], k, v: [N, Hkv, D] (any strides); positions: [N] int64; cos, sin:
     [max_positions, D] fp32; k_cache, v_cache: [num_blocks, page, Hkv, D]; slot_mapping: [N] int64;
-    q_norm, k_norm: [D] or None. Stores k, v; returns the rotated q, [N, Hq, D] contiguous.
-
-    Eager PyTorch, several kernels; the store goes through attention.store_kv, so this also serves
-    as the capturable CUDA fallback (store_kv_reference syncs on CUDA)."""
+    q_norm, k_norm: [D] or None. Stores k, v; returns the rotated q, [N, Hq, D] contiguous. Also the
+    capturable CUDA fallback: the store goes through attention.store_kv."""
     if q_norm is not None:  # Qwen3 normalises each head before the rotation
         q = rms_norm_reference(q, q_norm, eps)
         k = rms_norm_reference(k, k_norm, eps)
@@ -67,11 +61,6 @@ def rotary_store_kv_reference(
     k = apply_rotary_reference(k, positions, cos, sin)
     store_kv(k, v.contiguous(), k_cache, v_cache, slot_mapping)  # CPU: store_kv_reference
     return q
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton
-# ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -201,29 +190,21 @@ def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_
     if slot_mapping.shape != (n,) or slot_mapping.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_mapping must be [{n}] int64, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     if cos.dim() != 2 or cos.shape[1] != d or cos.dtype != torch.float32 or not cos.is_contiguous():
-        raise ValueError(
-            f"cos must be a contiguous [max_positions, {d}] fp32 table, got {tuple(cos.shape)} {cos.dtype}"
-        )
+        raise ValueError(f"cos must be a contiguous [max_positions, {d}] fp32 table, got {tuple(cos.shape)} "
+                         f"{cos.dtype}")
     if sin.shape != cos.shape or sin.dtype != torch.float32 or not sin.is_contiguous():
         raise ValueError(f"sin must match cos ({tuple(cos.shape)} fp32), got {tuple(sin.shape)} {sin.dtype}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (k.shape[1], d):
-        raise ValueError(
-            f"k_cache and v_cache must be [num_blocks, page, {k.shape[1]}, {d}], got {tuple(k_cache.shape)} "
-            f"and {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
+    _check_cache(k_cache, v_cache)
+    if tuple(k_cache.shape[2:]) != (k.shape[1], d):
+        raise ValueError(f"k_cache must be [num_blocks, page, {k.shape[1]}, {d}], got {tuple(k_cache.shape)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm must be given together")
     if q_norm is not None:
         for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
             if w.shape != (d,) or w.dtype != q.dtype or w.stride(0) != 1:
                 raise ValueError(f"{name} must be a contiguous [{d}] {q.dtype} vector, got {tuple(w.shape)} {w.dtype}")
-    tensors = {"k": k, "v": v, "positions": positions, "cos": cos, "sin": sin, "k_cache": k_cache,
-               "v_cache": v_cache, "slot_mapping": slot_mapping, "q_norm": q_norm, "k_norm": k_norm}
-    for name, t in tensors.items():
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    _check_devices(q.device, "q", k=k, v=v, positions=positions, cos=cos, sin=sin, k_cache=k_cache,
+                   slot_mapping=slot_mapping, q_norm=q_norm, k_norm=k_norm)
 
 
 def rotary_store_kv_triton(
@@ -258,10 +239,6 @@ def rotary_store_kv(
     """Rotate q and k (after the optional per-head norm), store k and v, return the rotated q.
     CUDA -> Triton (norm weights in a dtype other than q's fall back to the reference), else the
     reference."""
-    if q.is_cuda and (q_norm is None or (q_norm.dtype == q.dtype and k_norm.dtype == q.dtype)):
-        return rotary_store_kv_triton(
-            q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
-        )
-    return rotary_store_kv_reference(
-        q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps
-    )
+    fast = q.is_cuda and (q_norm is None or (q_norm.dtype == q.dtype and k_norm.dtype == q.dtype))
+    fn = rotary_store_kv_triton if fast else rotary_store_kv_reference
+    return fn(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm=q_norm, k_norm=k_norm, eps=eps)

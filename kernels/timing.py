@@ -58,15 +58,11 @@ def time_in_graph(
 
 
 def memory_bandwidth_gbs(nbytes: int = 1 << 31) -> float:
-    """Achievable device-memory bandwidth in GB/s, for byte floors of read-mostly kernels.
-
-    The largest of three measurements: a reduction that only reads (torch.amax over `nbytes`), a
-    device-to-device copy (bytes read + bytes written) and graphrt's own one-row GEMV streaming a
-    weight matrix of nbytes / 8 (the decode phases' main kernel, whose bytes the phase floors
-    count). A copy alone understates what a kernel that only reads can reach, which would make
-    floors look too easy; on the H200 the GEMV also outran both torch kernels, which put decode
-    phases above 100% of a floor that is meant to bound them.
-    """
+    """Achievable device-memory bandwidth in GB/s, for byte floors of read-mostly kernels: the
+    largest of a reduction that only reads (torch.amax over `nbytes`), a device-to-device copy and
+    graphrt's own one-row GEMV streaming a weight matrix of nbytes / 8. A copy alone understates
+    what a kernel that only reads can reach, and the GEMV has outrun both torch kernels: a floor
+    meant to bound the decode phases must not sit below them."""
     from graphrt.kernels.gemv import linear
 
     x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()

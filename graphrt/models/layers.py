@@ -9,12 +9,9 @@ the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no
 mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), and each [residual add +] RMSNorm in the
 prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
 At 3-16 tokens (a verify step at batch 1 to 4) the rotary + KV store and SiLU * mul still run in
-the qkv and gate_up launches; the norms run as their own launches.
-The fused kernels live in kernels/norm.py, kernels/rotary.py and kernels/activation.py; on CPU each
-entry point runs its PyTorch reference, which is the eager code this file used to hold, bit for
-bit. The four GEMMs go through kernels/gemv.linear: a bandwidth-bound Triton kernel on CUDA for
-decode-sized M (cuBLAS reads the small decode matrices far below peak bandwidth), F.linear
-otherwise (CPU included). The decode-step timings of these paths are in docs/notes/benchmarks-history.md."""
+the qkv and gate_up launches; the norms run as their own launches. On CPU each kernel entry point
+runs its PyTorch reference; the GEMMs go through kernels/gemv.linear (F.linear off CUDA and at
+prefill-sized M)."""
 
 from __future__ import annotations
 
@@ -101,9 +98,7 @@ class AttentionBlock:
         [B] int64, their one-query metadata): every row's k and v are stored, then only those rows
         attend and are projected ([B, H] out)."""
         n = (x.x if isinstance(x, PendingNorm) else x).shape[0]
-        # One token: the rotation and the KV store run in the qkv GEMV's epilogue; otherwise one
-        # launch normalises (Qwen3) and rotates q and k, stores k and v and returns q contiguous.
-        q = qkv_rotary_store(
+        q = qkv_rotary_store(  # the GEMV's epilogue where it can take it (module docstring)
             x, self.qkv_weight, self.qkv_bias, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
             meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
@@ -157,15 +152,11 @@ class DecoderLayer:
         return residual_add(residual, out, into)
 
     def forward_residual(self, x, residual, positions, meta, k_cache, v_cache, rows=None):
-        """vLLM-style residual carrying: the stream entering this layer is x + residual (x alone
-        when residual is None); returns (mlp_out, residual') whose sum is the stream leaving it, and
-        the stream entering it (the sum the input norm formed anyway: what an EAGLE-3 head's aux
-        states are, without an add launch of their own).
-        Deferring each residual add into the next norm saves a launch per add on CUDA, and handing
-        each norm to its projection as a PendingNorm lets a one-token step run it in the GEMV's
-        prologue (kernels/norm.PendingNorm), which saves the norm's launch too.
-        rows: (indices [B], their one-query metadata): every row's KV is stored, then only those
-        rows go on (AttentionBlock), and mlp_out and residual' are theirs."""
+        """vLLM-style residual carrying, each add deferred into the next norm (a PendingNorm): the
+        stream entering this layer is x + residual (x alone when residual is None); returns
+        (mlp_out, residual') whose sum is the stream leaving it, and the stream entering it (what an
+        EAGLE-3 head's aux states are, without an add launch of their own). rows: as
+        AttentionBlock's; mlp_out and residual' are then those rows'."""
         if self.input_norm is not None:
             h = PendingNorm(x, residual, self.input_norm, self.eps)
         else:

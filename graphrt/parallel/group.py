@@ -24,10 +24,9 @@ from graphrt.kernels.push_reduce import MAX_ROWS, PushTarget
 class _OneShotAllReduce:
     """Decode-sized all-reduces through torch's symmetric memory: one kernel copies the rank's
     input into its buffer, waits for every peer's, sums all of them over NVLink loads in rank order
-    (so every rank gets the same bits) and waits again before the buffer may be reused. At 8-512 KB
-    it takes a third to a half of NCCL's ring time inside a graph (scripts/allreduce_bench.py);
-    larger inputs (prefill) and other dtypes go to NCCL. Capturable: its barriers reset their own
-    signals."""
+    (so every rank gets the same bits) and waits again before the buffer may be reused: faster than
+    NCCL's ring inside a graph at decode sizes (scripts/allreduce_bench.py). Capturable: its
+    barriers reset their own signals."""
 
     def __init__(self, group, device, dtype, numel: int):
         import torch.distributed._symmetric_memory as symm_mem

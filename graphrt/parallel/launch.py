@@ -12,33 +12,24 @@ import sys
 import time
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, world_size: int, port: int, fn, args, quiet: bool, deadline: float | None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if quiet and rank:  # rank 0 reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-    if deadline is not None:  # the ranks a moment apart, so that their dumps do not interleave
-        _dump_stacks_before(deadline, margin_s=3.0 - 2.0 * rank / world_size)
+    if deadline is not None:
+        # Every thread's stack to stderr just before the deadline (what a stopped rank waited in), from a
+        # watchdog thread: no signal handler runs while a rank blocks in NCCL or CUDA. The ranks a
+        # moment apart, so that their dumps do not interleave.
+        margin_s = 3.0 - 2.0 * rank / world_size
+        faulthandler.dump_traceback_later(max(1.0, deadline - time.time() - margin_s), exit=False)
     _exit_rank(fn(*args) or 0)
-
-
-def _dump_stacks_before(deadline: float, margin_s: float = 3.0) -> None:
-    """Print every thread's stack (stderr) margin_s before the wall-clock deadline unless the
-    process has ended, so that a rank stopped at a deadline says what it was waiting in. A watchdog
-    thread: a signal handler does not get to run while the rank is blocked inside NCCL or CUDA."""
-    faulthandler.dump_traceback_later(max(1.0, deadline - time.time() - margin_s), exit=False)
 
 
 def _exit_rank(code: int = 0):
     """End this rank's process now. An NCCL group is not destroyed: with CUDA graphs that captured
-    its collectives still alive, destroy_process_group never returns (torch 2.11, NCCL 2.28, 2 x
-    H200), and the process's exit releases the communicator anyway. Not sys.exit: gloo's worker
+    its collectives still alive, destroy_process_group has been seen never to return, and the
+    process's exit releases the communicator anyway. Not sys.exit: gloo's worker
     threads can still hold tensors at interpreter teardown, which then aborts the process
     ("terminate called without an active exception", SIGABRT) now and then."""
     import torch.distributed as dist
@@ -57,7 +48,9 @@ def run_ranks(world_size: int, fn, *args, quiet: bool = True, timeout_s: float |
     rest. fn must be importable (a module-level function). start_method "fork" (CPU only: CUDA
     needs "spawn") saves each rank its imports."""
     ctx = mp.get_context(start_method)
-    port = _free_port()
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     # wall clock: the ranks are other processes, and each dumps its stacks just before it
     deadline = None if timeout_s is None else time.time() + timeout_s
     procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, quiet, deadline))

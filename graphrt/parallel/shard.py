@@ -14,9 +14,9 @@ An EAGLE-3 head is split the same way (draft_shard_rule): its layer's projection
 intermediate rows, its draft-vocabulary LM head by rows, which the vocab-parallel argmax reads; fc
 (3 H -> H, DRAFT_EXTEND only), d2t, the norms and an own embedding table stay whole. A draft step
 reads the whole head once per token, as a target step does, so splitting it pays as the target's
-split does: on 4 x H200, llama-70b-shape's replicated head took as long per draft step at TP = 4
-as at TP = 1. Other drafts (a standalone LM, an EAGLE-1/2 head, which already projects with the
-target's vocab-parallel LM head) are replicated.
+split does (a replicated head takes as long per draft step at TP = 4 as at TP = 1). Other drafts
+(a standalone LM, an EAGLE-1/2 head, which already projects with the target's vocab-parallel LM
+head) are replicated.
 """
 
 from __future__ import annotations

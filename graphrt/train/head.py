@@ -30,15 +30,8 @@ from torch import nn
 from graphrt.checkpoint_writer import draft_config, stored_name
 from graphrt.config import ModelConfig
 from graphrt.kernels.norm import rms_norm_reference as _rms
+from graphrt.kernels.rotary import rotate_reference as _rotate
 from graphrt.models.layers import rope_inv_freq
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, T, D]; cos, sin: [B, 1, T, D] fp32 (graphrt's apply_rotary_reference)."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 class Eagle3Trainable(nn.Module):

@@ -1,10 +1,9 @@
 """The target as a teacher: its aux residual streams and next-token logits over whole sequences.
 
 It runs through Hugging Face transformers, built from the weights graphrt loaded, not through
-graphrt's own forward: the aux streams are the inputs of transformers' own decoder layers (the stream entering layer j,
-graphrt's aux-id convention), an implementation graphrt does not share.
-A head trained on these features and then run by graphrt only keeps its acceptance if graphrt feeds
-it the same layers, positions and states; the estimate this teacher gives is the check.
+graphrt's own forward: the aux streams (the stream entering layer j, graphrt's aux-id convention)
+come from an implementation graphrt does not share, so a head trained on them keeps its
+acceptance in graphrt only if graphrt feeds it the same states; the estimate is the check.
 """
 
 from __future__ import annotations
