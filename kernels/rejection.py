@@ -1,15 +1,10 @@
 """Fused speculative rejection sampler: accept a prefix of the drafts, emit one correction/bonus token.
 
-The entry points (rejection_sample, which dispatches on the device; rejection_sample_triton) and
-the Triton path's launch. What every path computes, and the PyTorch reference that defines it:
-kernels/rejection_reference.py. The Triton path matches the reference token for token (see
-there) in two launches, the row pass and the walk (kernels/rejection_kernels.py), four in full q
-(draft logits given: its race pass and finish are kernels/rejection_fullq.py), chained by
-programmatic dependent launch (PDL) on Hopper so that each kernel's launch hides behind the one
-before. With top_k / top_p / min_p, three kernels before them find each row's threshold
-(kernels/rejection_filter.py); in one-hot mode the last of them also draws each sampled row whose
-kept entries it holds in its candidate buffer, and the row pass skips those rows (filter_stage,
-LaunchConfig.filter_draw).
+The entry points and the Triton path's launch; the rules and their PyTorch reference are in
+kernels/rejection_reference.py. The Triton path is two launches, the row pass and the walk
+(kernels/rejection_kernels.py), four in full q (kernels/rejection_fullq.py), chained by PDL; with
+top_k / top_p / min_p the filters' kernels (kernels/rejection_filter.py) find each row's threshold
+before them, and in one-hot mode draw the rows their candidates hold (LaunchConfig.filter_draw).
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from graphrt.kernels.rejection_filter import FILTER_CAP, Draws, thresholds_trito
 from graphrt.kernels.rejection_fullq import race_and_finish
 from graphrt.kernels.rejection_kernels import (
     _NUM_FPLANES,
+    WARPS,
     _chunk_splits,
     _row_stats_kernel,
     _splits,
@@ -34,8 +30,6 @@ from graphrt.kernels.rejection_reference import (
     RejectionOutput,
     _check_race_chunk,
     _validate,
-    capturing,
-    check_filters,
     rejection_sample_reference,
 )
 
@@ -47,54 +41,42 @@ __all__ = ["LaunchConfig", "RACE_CHUNK", "RejectionOutput", "launch_config", "re
 class LaunchConfig:
     """How one call is launched; never what it draws (every config gives the same tokens).
 
-    block_v, num_warps: the row pass's tile (vocab entries) and warps. target_programs: how many
-    row pass programs to aim for (splits per row ~ target_programs / rows); num_splits: splits per
-    row instead (and full q's race pass splits). fuse_race (one-hot only): the row pass also races
-    every split, draft excluded, so the walk reads no logits. race_block_v: the tile of the one-hot
-    walk's race over a chunk (cut to the chunk) or of full q's race pass; race_warps,
-    race_programs: that race pass. prune: skip the one-hot race's tiles that cannot win
-    (_race_tile), wherever it runs. walk_warps: None picks 16 for the walk's chunk race (8 when
-    pruned), else 1 or 4 by the number of splits the walk merges. pdl: programmatic dependent
-    launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only after the
-    row pass's and the race pass's hot loops; off where pdl_enabled is not. filter_block_v,
-    filter_warps: the filters' kernels (kernels/rejection_filter.py), launched only when the call
-    passes filters; filter_cand_block_v: the threshold kernel's tile over the group maxima and the
-    candidates (filter_block_v is the whole-row search's, a kernel of its own), filter_cand_warps its
-    warps (filter_warps when None), filter_kept_block_v its tile over what the filters keep of the
-    candidates; filter_stats_block_v: the tile of the filters' first kernel (one per program);
-    filter_cap: their candidates per row (past it a row's threshold search reads the whole row; 0:
-    every row's does). filter_draw
-    (one-hot): a sampled row whose threshold the candidates held is drawn by the threshold kernel
-    from them (its lse, argmax, draft's logit and two-level race), and the row pass skips it; off:
-    every row is read whole again after its threshold.
+    block_v: the row pass's tile (vocab entries); num_splits: splits per row (and full q's race
+    pass splits) instead of ~PROGRAMS programs in all. fuse_race (one-hot only): the row pass also
+    races every split, draft excluded, so the walk reads no logits. race_block_v: the tile of the
+    one-hot walk's race over a chunk (cut to the chunk) or of full q's race pass. prune: skip the
+    one-hot race's tiles that cannot win (_race_tile), wherever it runs. pdl: programmatic
+    dependent launch (kernels/pdl.py): 0 off, 1 dependents released at the start, 2 released only
+    after the row pass's and the race pass's hot loops; off where pdl_enabled is not.
+    The filters' kernels (kernels/rejection_filter.py), launched only when the call passes filters:
+    filter_block_v the weighing's and whole-row search's tile, filter_cand_block_v and filter_cand_warps the
+    threshold kernel's tile over the group maxima and the candidates and its warps (None: FILTER_WARPS),
+    filter_kept_block_v its tile over what the filters keep of the candidates; filter_cap their
+    candidates per row (past it a row's threshold search reads the whole row; 0: every row's does).
+    filter_draw (one-hot): a sampled row whose threshold the candidates held is drawn by the
+    threshold kernel from them (its lse, argmax, draft's logit and two-level race), and the row
+    pass skips it; off: every row is read whole again after its threshold.
     """
 
     block_v: int = 1024
-    num_warps: int = 4
-    target_programs: int = 1024
     num_splits: int | None = None
     fuse_race: bool = False
     race_block_v: int = 1024
-    race_warps: int = 4
-    race_programs: int = 1024
     prune: bool = False
-    walk_warps: int | None = None
     pdl: int = 0
     filter_block_v: int = 1024
     filter_cand_block_v: int = 1024
-    filter_warps: int = 8
     filter_cand_warps: int | None = None
     filter_kept_block_v: int = 256
-    filter_stats_block_v: int = 8192
     filter_cap: int = FILTER_CAP
     filter_draw: bool = True
 
 
 def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
-    """The default launch by batch size and rows (B*(K+1)), from scripts/rejection_sweep.py at
-    K = 3, V = 128256 bf16 on the H100 and the H200.
+    """The default launch by batch size and rows (B*(K+1)), from scripts/rejection_sweep.py and
+    scripts/filter_launch_sweep.py at K = 3, V = 128256 bf16 on the H100 and the H200 (figures in
+    docs/notes/benchmarks-history.md).
 
-    - ~1024 row pass programs: about two waves of a few programs per SM.
     - The row pass races too (fuse_race) only up to 8 rows: it costs two logs per entry of every
       row, against one chunk per request in the walk.
     - 1024-entry row tiles; full q past 8 rows keeps 2048 (the sweeps that favoured 1024 were of
@@ -106,44 +88,63 @@ def launch_config(batch: int, k: int, full_q: bool) -> LaunchConfig:
     - PDL releases dependents at the start from 9 to 128 rows, late otherwise: late was faster at
       B = 1 and at large B, where an early launch of the next kernel holds SM slots the row pass
       still needs.
-    - The filters' kernels (filters only) on 4096-entry tiles and 8 warps up to 8 rows, 2048 beyond:
-      1024-entry tiles on 4 warps made the threshold kernel faster alone but the filtered sampler
-      slower in the graph benchmark at B = 1 and 64 (top_k 50 + top_p 0.9), and the whole-row
-      fallback several times slower. The threshold kernel's pass over the maxima and the
-      candidates (at most filter_cap entries, usually a few hundred) takes 1024-entry tiles: with
-      the whole-row tile it spent its time on masked lanes.
+    - The filters' whole-row search on 4096-entry tiles up to 8 rows, 2048 beyond; the threshold
+      kernel's pass over the maxima and the candidates (at most filter_cap entries, usually a few
+      hundred) on 1024-entry tiles: with the whole-row tile it spent its time on masked lanes.
     - The threshold kernel draws the filtered rows from what their filters keep (filter_draw) from 8
-      rows (B = 2 at K = 3), where the row pass it spares costs more than the draw (H100, top_k 50 +
-      top_p 0.9: 27.9 against 30.6 us at B = 2); at B = 1 the row pass spread over many programs
-      is faster (25.3 against 27.4 us; docs/notes/benchmarks-history.md).
+      rows (B = 2 at K = 3), where the row pass it spares costs more than the draw; at B = 1 the
+      row pass spread over many programs is faster.
     - From 512 rows the threshold kernel runs 2 warps on 256-entry tiles (128 over what the filters
-      keep): its programs then share SMs, and a small program per row beat a wide one (H100, B = 256,
-      top_k 50 + top_p 0.9: 189.5 against 234.4 us for the filtered sampler); at 256 rows and below
-      the 8-warp program's latency wins.
+      keep): its programs then share SMs, and a small program per row beat a wide one; at 256 rows
+      and below the 8-warp program's latency wins.
     """
     rows = batch * (k + 1)
-    prune = batch >= 128
-    many = rows >= 512
-    return LaunchConfig(block_v=2048 if full_q and rows > 8 else 1024, fuse_race=rows <= 8 and not full_q,
-                        race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK, prune=prune,
-                        pdl=1 if 8 < rows <= 128 else 2, filter_block_v=4096 if rows <= 8 else 2048,
-                        filter_cand_block_v=256 if many else 1024, filter_cand_warps=2 if many else None,
-                        filter_kept_block_v=128 if many else 256, filter_draw=rows >= 8)
+    few, many, prune = rows <= 8, rows >= 512, batch >= 128
+    return LaunchConfig(
+        block_v=2048 if full_q and not few else 1024,
+        fuse_race=few and not full_q,
+        race_block_v=1024 if full_q else 2048 if prune else RACE_CHUNK,
+        prune=prune,
+        pdl=1 if 8 < rows <= 128 else 2,
+        filter_block_v=4096 if few else 2048,
+        filter_cand_block_v=256 if many else 1024,
+        filter_cand_warps=2 if many else None,
+        filter_kept_block_v=128 if many else 256,
+        filter_draw=rows >= 8,
+    )
 
 
-def filter_launch(cfg: LaunchConfig, dev: torch.device) -> dict:
-    """thresholds_triton's launch keywords, as the sampler launches it on dev."""
-    return dict(block_v=cfg.filter_block_v, cand_block_v=cfg.filter_cand_block_v, num_warps=cfg.filter_warps,
-                cand_warps=cfg.filter_cand_warps, kept_block_v=cfg.filter_kept_block_v,
-                stats_block_v=cfg.filter_stats_block_v, cap=cfg.filter_cap,
-                pdl=cfg.pdl if pdl_enabled(dev) else 0)
+def walk_warps(chunk_race: bool, prune: bool, r: int, splits: int) -> int:
+    """The walk's warps: 16 for the one-hot chunk race in the walk (8 when pruned, launch_config),
+    else 1 or 4 by the number of split stats it merges."""
+    if chunk_race:
+        return 8 if prune else 16
+    return 1 if r * splits <= 256 else 4
+
+
+def new_outputs(b: int, r: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (token_ids [B, K+1] int64, num_emitted [B] int32, logprobs [B, K+1] fp32)."""
+    return (torch.empty((b, r), dtype=torch.int64, device=dev), torch.empty((b,), dtype=torch.int32, device=dev),
+            torch.empty((b, r), dtype=torch.float32, device=dev))
+
+
+def draft_args(draft_token_ids, seed, num_draft_tokens, acceptance_counts) -> tuple:
+    """The kernels' (draft ids, their strides, num_draft_tokens, acceptance_counts), seed standing
+    in for what is absent (a valid pointer; a K = 0 tensor may carry no storage)."""
+    if draft_token_ids.shape[1] > 0:
+        ids, strides = draft_token_ids, (draft_token_ids.stride(0), draft_token_ids.stride(1))
+    else:
+        ids, strides = seed, (0, 0)
+    return (ids, strides, num_draft_tokens if num_draft_tokens is not None else seed,
+            acceptance_counts if acceptance_counts is not None else seed)
 
 
 def filter_stage(target_logits, ids, temperature, seed, position, num_draft_tokens, top_k, top_p, min_p,
-                 cfg: LaunchConfig, full_q: bool, chunk: int) -> tuple[torch.Tensor | None, Draws | None]:
+                 cfg: LaunchConfig, full_q: bool, chunk: int, **launch) -> tuple[torch.Tensor | None, Draws | None]:
     """The filters' kernels as the sampler launches them -> (tau or None without filters, the rows
     drawn from their candidates or None: one-hot with filter_draw only). ids: the draft ids, any [B]
-    tensor at K = 0; chunk: the race chunk."""
+    tensor at K = 0; chunk: the race chunk; launch: more of thresholds_triton's keywords
+    (scripts/filter_kernel_times.py times other tiles and warps)."""
     if top_k is None and top_p is None and min_p is None:
         return None, None
     b, r, _ = target_logits.shape
@@ -153,8 +154,10 @@ def filter_stage(target_logits, ids, temperature, seed, position, num_draft_toke
         draws = Draws(ids, num_draft_tokens, seed, position, chunk,
                       torch.empty((3, b * r), dtype=torch.int32, device=dev),
                       torch.empty((4, b * r), dtype=torch.float32, device=dev))
-    tau = thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **filter_launch(cfg, dev), draws=draws)
-    return tau, draws
+    launch = {"block_v": cfg.filter_block_v, "cand_block_v": cfg.filter_cand_block_v,
+              "cand_warps": cfg.filter_cand_warps, "kept_block_v": cfg.filter_kept_block_v, "cap": cfg.filter_cap,
+              "pdl": cfg.pdl if pdl_enabled(dev) else 0, **launch}
+    return thresholds_triton(target_logits, temperature, top_k, top_p, min_p, **launch, draws=draws), draws
 
 
 def _on_gpu(dev: torch.device) -> bool:
@@ -179,25 +182,10 @@ def _check_no_group(vocab_size, target_logits) -> None:
                          "(no process group)")
 
 
-def rejection_sample_triton(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
-    *,
-    draft_logits: torch.Tensor | None = None,
-    num_draft_tokens: torch.Tensor | None = None,
-    acceptance_counts: torch.Tensor | None = None,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    top_k: torch.Tensor | None = None,
-    top_p: torch.Tensor | None = None,
-    min_p: torch.Tensor | None = None,
-    config: LaunchConfig | None = None,
-    race_chunk: int | None = None,
-    group=None,
-    vocab_size: int | None = None,
-) -> RejectionOutput:
+def rejection_sample_triton(target_logits, draft_token_ids, temperature, seed, position, *, draft_logits=None,
+                            num_draft_tokens=None, acceptance_counts=None, out=None, top_k=None, top_p=None,
+                            min_p=None, config: LaunchConfig | None = None, race_chunk: int | None = None,
+                            group=None, vocab_size: int | None = None) -> RejectionOutput:
     """Triton rejection sampler; same arguments and results as `rejection_sample`.
 
     Capturable in a CUDA graph: no host sync, no value-dependent Python branch. The workspaces
@@ -218,11 +206,10 @@ def rejection_sample_triton(
                                impl="triton", config=config)
     _check_no_group(vocab_size, target_logits)
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
-              num_draft_tokens, acceptance_counts, out)
+              num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p)
     b, r, v = target_logits.shape
     k = r - 1
     dev = target_logits.device
-    check_filters(b, dev, top_k, top_p, min_p, dev.type == "cpu" and not capturing())
     full_q = draft_logits is not None and k > 0
     rows = b * r
     cfg = config if config is not None else launch_config(b, k, full_q)
@@ -232,36 +219,26 @@ def rejection_sample_triton(
     if not full_q:  # tiles and the walk's race tiles both lie inside one chunk
         block_v, race_block_v = min(block_v, chunk), min(race_block_v, chunk)
     vec = min(4 if target_logits.dtype == torch.float32 else 8, block_v, race_block_v)  # 16-byte loads
-    fast = _on_gpu(dev)
     pdl = cfg.pdl if pdl_enabled(dev) else 0
     launch = pdl_launch(bool(pdl))
     if full_q:
-        splits, tiles_per_split = _splits(rows, v, block_v, cfg.num_splits, cfg.target_programs)
+        splits, tiles_per_split = _splits(rows, v, block_v, cfg.num_splits)
         spc = 1
     else:
-        splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, cfg.num_splits,
-                                                     cfg.target_programs)
+        splits, tiles_per_split, spc = _chunk_splits(rows, v, block_v, chunk, cfg.num_splits)
     nc_pow2 = triton.next_power_of_2(triton.cdiv(splits, spc))
     # One-hot: the walk views a row's splits as [chunks, SPC] (a power of two >= splits).
     splits_pow2 = triton.next_power_of_2(splits) if full_q else nc_pow2 * spc
-    if out is None:
-        out = (torch.empty((b, r), dtype=torch.int64, device=dev),
-               torch.empty((b,), dtype=torch.int32, device=dev),
-               torch.empty((b, r), dtype=torch.float32, device=dev))
-    tok, nemit, lp = out
+    tok, nemit, lp = out if out is not None else new_outputs(b, r, dev)
     fstat = torch.empty((_NUM_FPLANES, rows, splits), dtype=torch.float32, device=dev)
     istat = torch.empty((2, rows, splits), dtype=torch.int32, device=dev)
     race_i = torch.empty((b, 3), dtype=torch.int32, device=dev)
     race_f = torch.empty((b, 3), dtype=torch.float32, device=dev)
     q = draft_logits if full_q else target_logits  # a valid pointer when unused
-    q_strides = (q.stride(0), q.stride(1))
-    nd = num_draft_tokens if num_draft_tokens is not None else seed
-    counts = acceptance_counts if acceptance_counts is not None else seed
-    ids_strides = (draft_token_ids.stride(0), draft_token_ids.stride(1)) if k > 0 else (0, 0)
-    ids = draft_token_ids if k > 0 else seed  # a K = 0 tensor may carry no storage
+    ids, ids_strides, nd, counts = draft_args(draft_token_ids, seed, num_draft_tokens, acceptance_counts)
     tau, draws = filter_stage(target_logits, ids, temperature, seed, position, num_draft_tokens, top_k, top_p,
                               min_p, cfg, full_q, chunk)
-    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=fast, PDL=pdl,
+    common = dict(HAS_ND=num_draft_tokens is not None, FULL_Q=full_q, VEC=vec, FAST=_on_gpu(dev), PDL=pdl,
                   FILTER=tau is not None)
     if draws is not None:
         common.update(DRAWN=True, dstat_i_ptr=draws.stats_i)
@@ -270,26 +247,24 @@ def rejection_sample_triton(
     # keys drift by an ulp and near-ties could pick different tokens.
     _row_stats_kernel[(rows, splits)](
         target_logits, q, ids, temperature, seed, position, nd, fstat, istat, tau_arg,
-        target_logits.stride(0), target_logits.stride(1), *q_strides, *ids_strides,
+        target_logits.stride(0), target_logits.stride(1), q.stride(0), q.stride(1), *ids_strides,
         r, v, splits, tiles_per_split, 0, v,
         FUSE_RACE=fuse_race, BLOCK_V=block_v, XSUM=not full_q, PRUNE=cfg.prune and fuse_race,
-        num_warps=cfg.num_warps, enable_fp_fusion=False, **common, **launch,
+        num_warps=WARPS, enable_fp_fusion=False, **common, **launch,
     )
-    walk_warps = cfg.walk_warps or ((8 if cfg.prune else 16) if not (full_q or fuse_race)
-                                    else 1 if r * splits <= 256 else 4)
     _walk_kernel[(b,)](
         target_logits, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
         race_i, race_f, tau_arg, target_logits.stride(0), target_logits.stride(1), *ids_strides,
         r, v, splits,
         HAS_COUNTS=acceptance_counts is not None, FUSE_RACE=fuse_race,
         R_POW2=triton.next_power_of_2(r), SPLITS_POW2=splits_pow2, CHUNK=chunk, SPC=spc, NC_POW2=nc_pow2,
-        RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, num_warps=walk_warps, enable_fp_fusion=False,
+        RACE_BLOCK_V=race_block_v, PRUNE=cfg.prune, enable_fp_fusion=False,
+        num_warps=walk_warps(not (full_q or fuse_race), cfg.prune, r, splits),
         **common, **({} if draws is None else dict(dstat_f_ptr=draws.stats_f)), **launch,
     )
     if full_q:
         race_and_finish(target_logits, q, temperature, seed, position, race_i, race_f, tok, lp, tau,
-                        block_v=race_block_v, vec=vec, num_splits=cfg.num_splits,
-                        race_programs=cfg.race_programs, num_warps=cfg.race_warps, pdl=pdl)
+                        block_v=race_block_v, vec=vec, num_splits=cfg.num_splits, pdl=pdl)
     return RejectionOutput(tok, nemit, lp)
 
 

@@ -6,32 +6,18 @@ Up to six launches (seven for fp16 logits, nine for fp32), all but the third spr
 programs per row:
   1. _filter_stats_kernel, grid (rows, tiles): the row's largest key (atomic max), and the max of
      each GROUP-entry group and of each SUPER-group supergroup (buffers in the logits' dtype).
-     One read of the row and no compaction: on the H200 a gather inside this streaming pass, in
-     every form tried, cost several times the read itself.
+     One read of the row and no compaction: a gather inside this streaming pass, in every form
+     tried, cost several times the read itself.
   2. _filter_weigh_kernel, grid (rows, splits), top_p rows without top_k only: the row's exact
      weight (relative to its max, fixed point) and a histogram of its entries by half-octave of
      weight.
-  3. _threshold_kernel, grid rows: the groups that may hold a kept entry (_group_bar: top_k: from
-     the k-th largest supergroup max up, since k entries reach it and the row's top k all lie in
-     groups whose max does; top_p: from the highest histogram bin under which the row weighs at
-     most 1 - top_p; min_p alone: over its bar), found supergroup first, have their entries
-     copied to a per-row candidate buffer (_group_candidates); then the exact threshold over them
-     (_row_tau), bit for bit the reference's: a radix select over the order-preserving integer
-     keys (_select), top_k's from the supergroup bar up. What top_k keeps (a few dozen of the
-     candidates) is copied to a buffer of its own (_compact), and top_p and min_p read only that.
-     A row whose candidates overflow the buffer, or weigh less than top_p of the row, is flagged
-     for kernels 4 and 5 instead (need, and a list of the flagged rows whose count kernel 1 zeroes
-     on the next call). It also resets the workspace rows it used, which every call and
-     graph replay shares (_workspace); kernel 5 resets a flagged row's.
-     With Draws (the one-hot sampler), a sampled row whose threshold came from its candidates is
-     also drawn there (_candidate_draws): every entry the filter keeps is a candidate, so once
-     those are copied out (_compact) the kept row's lse, its argmax, the draft's x and the
-     two-level race (same keys, bit for bit, as the whole-row race's: counter-based bits by vocab
-     id) need nothing else of the row.
-  4. and 5. The whole-row search of the flagged rows, shared out at run time over a fixed grid,
-     each row spread over programs (passes of pivots, then the window of keys holding the
-     threshold); where that does not apply (top_k), one program's _row_tau over the row
-     (kernels/rejection_filter_whole.py). The exact search itself is kernels/rejection_filter_select.py.
+  3. _threshold_kernel, grid rows: copies the groups that may hold a kept entry (_group_bar) to a
+     per-row candidate buffer (_group_candidates), then finds the exact threshold over them
+     (_row_tau), bit for bit the reference's. A row whose candidates overflow the buffer, or weigh
+     less than top_p of the row, is flagged for kernels 4 and 5 instead. With Draws (the one-hot
+     sampler) it also draws each sampled row whose threshold came from its candidates
+     (_candidate_draws): every entry the filter keeps is a candidate.
+  4. and 5. The whole-row search of the flagged rows (kernels/rejection_filter_whole.py).
 The sampler then reads the thresholds (tau [B*(K+1)] fp32) in its row pass, its walk and full q's
 race; its row pass skips the rows drawn here, and its walk takes their results (Draws.stats_i,
 stats_f) instead of the planes'.
@@ -70,6 +56,7 @@ from graphrt.kernels.rng import tl_race_gumbel, tl_race_key
 
 _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}  # always-zero low bits
 FILTER_CAP = 4096  # candidates a row keeps for the exact pass; past that the pass reads the row
+FILTER_WARPS = 8  # the filters' kernels' warps (the threshold kernel's: LaunchConfig.filter_cand_warps)
 GROUP = 16  # entries per group: kernel 1 keeps each group's max, kernel 3 takes candidates by whole groups
 SUPER = 16  # groups per supergroup (at most): kernel 3 finds top_k's bar and the groups to take from their maxima
 
@@ -99,8 +86,7 @@ def _filter_stats_kernel(
     if (row == 0) & (tl.program_id(1) == 0):  # the last call's kernels 4 and 5 have read it
         tl.store(flag_ptr, 0)
     if active:
-        # a flat tile reshaped into groups: loaded through [supergroups, groups, GROUP] offsets it
-        # ran slower (docs/notes/benchmarks-history.md)
+        # a flat tile reshaped into groups: loaded through [supergroups, groups, GROUP] offsets it ran slower
         offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
         raw = tl.load(logits_ptr + b * stride_lb + (row % R) * stride_lj + offs, mask=offs < V,
                       other=float("-inf")).to(tl.float32)
@@ -402,13 +388,9 @@ _workspaces: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 def _workspace(dev: torch.device, rows: int, cap: int, ng: int, ns: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
-    """(kmax [rows'] int32, mass [rows'] int64, hist [rows', 64] int32, group and supergroup maxima
-    [rows', ng] and [rows', ns] dtype, candidates [rows', cap] fp32, their supergroups' and groups'
-    ids [rows', 2 * (cap // GROUP)] int32, what the filters keep of the candidates [rows', cap] fp32
-    and its vocab ids [rows', cap] int32, the flagged rows' count and list [1 + rows'] int32) with
-    rows' >= rows, one per device, cap, ng, ns and
-    dtype (counters.shared_workspace: None inside a capture that would have to grow it): the
-    threshold kernel leaves each row it used as it found it."""
+    """Kernels 1-3's buffers (as _threshold_kernel's arguments) for rows' >= rows, one per device,
+    cap, ng, ns and dtype (counters.shared_workspace: None inside a capture that would have to grow
+    it): the threshold kernel leaves each row it used as it found it."""
     def make(n):  # 1024 rows from the start: B = 256 at K = 3
         return (torch.full((n,), -(2**31 - 1), dtype=torch.int32, device=dev),
                 torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros((n, 64), dtype=torch.int32, device=dev),
@@ -435,10 +417,10 @@ class Draws(NamedTuple):
     stats_f: torch.Tensor  # [4, B*(K+1)] fp32 out: the raw max, the lse, x of the draft, x of the winner
 
 
-def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, num_warps: int,
-                      pdl: int, cap: int = FILTER_CAP, stats_block_v: int = 8192, programs: int = 1024,
-                      cand_block_v: int | None = None, cand_warps: int | None = None, kept_block_v: int = 256,
-                      draws: Draws | None = None,
+def thresholds_triton(target_logits, temperature, top_k, top_p, min_p, *, block_v: int, pdl: int,
+                      num_warps: int = FILTER_WARPS, cap: int = FILTER_CAP, stats_block_v: int = 8192,
+                      programs: int = 1024, cand_block_v: int | None = None, cand_warps: int | None = None,
+                      kept_block_v: int = 256, draws: Draws | None = None,
                       whole: torch.Tensor | None = None) -> torch.Tensor:
     """tau [B*(K+1)] fp32 for target_logits [B, K+1, V] bf16/fp16/fp32 (vocab dim contiguous),
     temperature [B] fp32 and the filter tensors ([B] int32/int64, [B] fp32, [B] fp32; None: off);

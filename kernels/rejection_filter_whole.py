@@ -17,8 +17,8 @@ that flags nothing costs launches whose programs read one count and exit.
      keys. Rows it cannot take (top_k, a range still wider than the window) get _row_tau over the
      whole row in one program instead.
 Apart from the threshold kernel, which every filtered row runs, so that their tiles over the row
-do not set its registers. Before the pivots, a weight histogram by key bin (int64 atomics per
-entry) did kernel 4's part; the atomics contended as flagged rows grew (docs/notes/benchmarks-history.md).
+do not set its registers. Pivots, not a weight histogram by key bin: its int64 atomics per entry
+contended as flagged rows grew.
 """
 
 import torch
@@ -313,7 +313,7 @@ def whole_row_search(target_logits, temperature, filters, tau, need, state, *, b
     # the interpreter runs programs one after another: on the CPU a few serve as well as many
     programs = SPREAD_PROGRAMS if target_logits.is_cuda else min(SPREAD_PROGRAMS, 64)
     # a few rows: each its own programs (a split of the row each), as many as the flagged ones could
-    # use; more: the flagged rows shared out at run time (a list read first: ~6 us at B = 1, H100)
+    # use; more: the flagged rows shared out at run time (the list costs two dependent reads before a row's first tile)
     listed = spread and rows > STATIC_ROWS
     if listed:
         grid = (max(programs, rows),)  # no fewer than rows: one program a row at least

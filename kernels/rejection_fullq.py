@@ -21,6 +21,7 @@ from graphrt.kernels.pdl import pdl_launch, release_dependents
 from graphrt.kernels.rejection_kernels import (
     _INT32_MAX,
     _NEG_INF,
+    WARPS,
     _inv_temperature,
     _keep,
     _pdl_wait,
@@ -165,16 +166,16 @@ def _finish_kernel(
 
 
 def race_and_finish(target_logits, draft_logits, temperature, seed, position, race_i, race_f, tok, lp, tau, *,
-                    block_v, vec, num_splits, race_programs, num_warps, pdl):
+                    block_v, vec, num_splits, pdl):
     """Launch kernels 3 and 4 after the walk. target_logits [B, K+1, V] and draft_logits [B, K, V]
     bf16/fp16/fp32 (vocab dim contiguous), temperature [B] fp32, seed / position [B] int64,
     race_i [B, 3] int32 and race_f [B, 3] fp32 from the walk; writes tok [B, K+1] int64 and
     lp [B, K+1] fp32 at each sampled request's race row; tau [B*(K+1)] fp32: the filters'
     thresholds (None: no filter). block_v: the race tile; splits per row
-    num_splits, or about race_programs programs in all."""
+    num_splits, or about PROGRAMS programs in all."""
     b, r, v = target_logits.shape
     dev = target_logits.device
-    splits, tiles = _splits(b, v, block_v, num_splits, race_programs)
+    splits, tiles = _splits(b, v, block_v, num_splits)
     part_k = torch.empty((2, b, splits), dtype=torch.float32, device=dev)
     part_i = torch.empty((2, b, splits), dtype=torch.int32, device=dev)
     part_x = torch.empty((2, b, splits), dtype=torch.float32, device=dev)
@@ -183,7 +184,7 @@ def race_and_finish(target_logits, draft_logits, temperature, seed, position, ra
         target_logits, draft_logits, temperature, seed, position, race_i, race_f, part_k, part_i, part_x,
         tau if tau is not None else race_f, target_logits.stride(0), target_logits.stride(1),
         draft_logits.stride(0), draft_logits.stride(1),
-        r, v, splits, tiles, BLOCK_V=block_v, VEC=vec, num_warps=num_warps, enable_fp_fusion=False,
+        r, v, splits, tiles, BLOCK_V=block_v, VEC=vec, num_warps=WARPS, enable_fp_fusion=False,
         PDL=pdl, FILTER=tau is not None, **launch,
     )
     _finish_kernel[(b,)](

@@ -5,25 +5,11 @@ No [B*(K+1), V] fp32 intermediate; the target logits are read once, in their own
 [lanes, VEC] (16 bytes per lane).
   1. _row_stats_kernel, grid (B*(K+1), splits): per split of the vocab, the raw (max, lowest
      argmax), the online (max, sum-exp) of the scaled row, the sum without the row's draft (one-hot:
-     a chunk's mass for the correction's race) and the draft logits' stats in full-q mode. One-hot
-     splits never straddle a race chunk. The hot loop keeps per-lane raw-domain state and does one
-     rescale per lane and one exp2 per entry (_stats_step); the argmax keeps only the tile where
-     each lane's max was reached and re-reads that tile once at the end. Inputs where the fast lse
-     is not the reference's (a +inf logit, x overflowing) rerun the split through the exact
-     sanitised loop. The split holding row j's draft also stores its logit (and q's), so the walk
-     reads nothing that depends on another read. With FUSE_RACE (one-hot, few rows) it also races
-     every row's entries per split, draft excluded, so the walk reads no logits. DRAWN (filters):
-     rows the threshold kernel drew from their candidates (kernels/rejection_filter.py) end here
-     at once: their programs write nothing, and the walk reads nothing of theirs in the planes.
+     a chunk's mass for the correction's race) and the draft logits' stats in full q. One-hot
+     splits never straddle a race chunk.
   2. _walk_kernel, grid B: merges the splits, walks the drafts, writes the accepted part,
      num_emitted, acceptance_counts and the correction/bonus token: greedy's argmax, or one-hot's
-     two-level race (_pick_chunk: the chunks' keys from the split stats; then _chunk_winner over
-     the fused race's split winners, or _race_chunk_entries: the winning chunk's entries raced
-     here, pruned exactly by _race_tile where asked: a tile is raced only if some entry's upper
-     bound raw * inv_t + (-log(1 - u)) beats the best key so far, so such tiles cost the hash and
-     one fast lg2 per entry instead of two exact logs). In full q it leaves the one row that needs a
-     race for kernels/rejection_fullq.py. DRAWN: a drawn row's max, argmax, lse, draft's x and
-     race winner come from the threshold kernel instead of the planes.
+     two-level race. In full q it leaves the one row that needs a race for kernels/rejection_fullq.py.
 Workspace: stat planes fstat [_NUM_FPLANES, B*(K+1), splits] fp32 (planes _P_*; _P_XD / _P_YD use
 split 0 only) and istat [2, B*(K+1), splits] int32 (raw argmax, fused race winner).
 """
@@ -52,6 +38,10 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
     tl.constexpr(i) for i in range(10))
 _NUM_FPLANES = 10
+# The row pass's (and full q's race pass's) programs in all, splits ~ PROGRAMS / rows (about two
+# waves of a few programs per SM), and their warps.
+PROGRAMS = 1024
+WARPS = 4
 
 
 @triton.jit
@@ -238,7 +228,15 @@ def _row_stats_kernel(
     DRAWN: tl.constexpr = False,  # the filters drew some rows from their candidates: skip those
     dstat_i_ptr=None,  # [3, B*(K+1)] int32 (DRAWN only): plane 0 says which rows (rejection_filter.Draws)
 ):
-    """SHARDED: logits_ptr holds the V entries [VOFF, VOFF + V) of a V_ALL-entry row (one rank's
+    """Split `split` of row `row`. The hot loop keeps per-lane raw-domain state and does one rescale
+    per lane and one exp2 per entry (_stats_step); the argmax keeps only the tile where each lane's
+    max was reached and re-reads that tile once at the end. Inputs where the fast lse is not the
+    reference's (a +inf logit, x overflowing) rerun the split through the exact sanitised loop. The
+    split holding row j's draft also stores its logit (and q's), so the walk reads nothing that
+    depends on another read. FUSE_RACE (one-hot, few rows): also race every row's entries per
+    split, draft excluded, so the walk reads no logits. DRAWN: rows the threshold kernel drew from
+    their candidates end here at once, writing nothing.
+    SHARDED: logits_ptr holds the V entries [VOFF, VOFF + V) of a V_ALL-entry row (one rank's
     vocab shard, VOFF a multiple of the race chunk); loads and tiles are local, every id that
     leaves the kernel or feeds the RNG is global (argmax ids, race bits and winners, the draft), so
     a rank's splits are the ones a single GPU computes over the same entries. The draft's logit goes
@@ -485,8 +483,10 @@ def _walk_kernel(
 
     Every load of the walk itself is addressed by b alone (the row pass stored the drafts'
     logits), so they all issue at once: no read waits on another. A sampled one-hot request then
-    runs its two-level race (_pick_chunk, then _chunk_winner or _race_chunk_entries). In full q it
-    leaves the one row that needs a race in race_i / race_f for kernels/rejection_fullq.py."""
+    runs its two-level race (_pick_chunk, then _chunk_winner over the fused race's split winners,
+    or _race_chunk_entries over the winning chunk, pruned by _race_tile where asked). In full q it
+    leaves the one row that needs a race in race_i / race_f for kernels/rejection_fullq.py. DRAWN:
+    a drawn row's max, argmax, lse, draft's x and race winner come from the threshold kernel."""
     _pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     plane = tl.num_programs(0).to(tl.int64) * R * SPLITS  # elements per stat plane
@@ -616,21 +616,19 @@ def _walk_kernel(
         tl.store(race_f_ptr + b * 3 + 2, x_amax_n)
 
 
-def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None,
-            target_programs: int) -> tuple[int, int]:
+def _splits(rows: int, vocab: int, block_v: int, num_splits: int | None) -> tuple[int, int]:
     tiles = triton.cdiv(vocab, block_v)
-    splits = max(1, min(tiles, triton.cdiv(target_programs, rows))) if num_splits is None else num_splits
+    splits = max(1, min(tiles, triton.cdiv(PROGRAMS, rows))) if num_splits is None else num_splits
     tiles_per_split = triton.cdiv(tiles, max(1, min(splits, tiles)))
     return triton.cdiv(tiles, tiles_per_split), tiles_per_split  # no empty chunk
 
 
-def _chunk_splits(rows: int, vocab: int, block_v: int, chunk: int, num_splits: int | None,
-                  target_programs: int) -> tuple[int, int, int]:
+def _chunk_splits(rows: int, vocab: int, block_v: int, chunk: int, num_splits: int | None) -> tuple[int, int, int]:
     """Splits for one-hot mode: whole tiles, never straddling a race chunk, `spc` (a power of two)
     per chunk, so the walk merges each chunk's mass from its own splits.
     -> (splits, tiles_per_split, spc)"""
     tiles_per_chunk = chunk // block_v
-    want = num_splits if num_splits is not None else triton.cdiv(target_programs, rows)
+    want = num_splits if num_splits is not None else triton.cdiv(PROGRAMS, rows)
     spc = min(tiles_per_chunk, triton.next_power_of_2(triton.cdiv(want, triton.cdiv(vocab, chunk))))
     tiles_per_split = tiles_per_chunk // spc
     return triton.cdiv(triton.cdiv(vocab, block_v), tiles_per_split), tiles_per_split, spc

@@ -98,75 +98,72 @@ class RejectionOutput(NamedTuple):
 
 
 
-def _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
-              num_draft_tokens, acceptance_counts, out):
-    def need(cond, msg):
-        if not cond:
-            raise ValueError(msg)
+def _check_tensor(name: str, t, shape: tuple, dtypes: tuple, dev: torch.device, contiguous: bool = False) -> None:
+    if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype in dtypes
+            and (t.is_contiguous() or not contiguous)):
+        got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        want = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} must be a {'contiguous ' * contiguous}{list(shape)} {want} tensor, got {got}")
+    if t.device != dev:
+        raise ValueError(f"{name} is on {t.device} but target_logits is on {dev}")
 
-    for name, t in (("target_logits", target_logits), ("draft_token_ids", draft_token_ids),
-                    ("temperature", temperature), ("seed", seed), ("position", position)):
-        need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    shape = tuple(target_logits.shape)
-    need(target_logits.dim() == 3, f"target_logits must be [B, K+1, V], got shape {shape}")
+
+def _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits=None,
+              num_draft_tokens=None, acceptance_counts=None, out=None, top_k=None, top_p=None, min_p=None):
+    """Every argument's metadata; values (temperature >= 0, 0 <= num_draft_tokens <= K, the filters'
+    ranges) on CPU tensors outside capture only: checking a CUDA tensor's values would sync."""
+    if not (isinstance(target_logits, torch.Tensor) and target_logits.dim() == 3):
+        raise ValueError(f"target_logits must be a [B, K+1, V] tensor, got {getattr(target_logits, 'shape', None)}")
     b, r, v = target_logits.shape
     k = r - 1
-    need(b >= 1 and r >= 1 and v >= 1, f"target_logits must have B, K+1, V >= 1, got {shape}")
-    need(target_logits.dtype in _LOGIT_DTYPES,
-         f"target_logits dtype must be bf16/fp16/fp32, got {target_logits.dtype}")
-    need(target_logits.stride(2) == 1, "target_logits must be contiguous in the vocab dim")
     dev = target_logits.device
-    ids_shape = tuple(draft_token_ids.shape)
-    need(draft_token_ids.dim() == 2, f"draft_token_ids must be [B, K], got shape {ids_shape}")
-    need(ids_shape == (b, k), f"draft_token_ids shape {ids_shape} does not match target_logits "
-         f"[B={b}, K+1={r}]: expected [{b}, {k}]")
-    need(not draft_token_ids.dtype.is_floating_point and not draft_token_ids.dtype.is_complex
-         and draft_token_ids.dtype != torch.bool,
-         f"draft_token_ids must have an integer dtype, got {draft_token_ids.dtype}")
-    need(tuple(temperature.shape) == (b,), f"temperature must be [{b}], got {tuple(temperature.shape)}")
-    need(temperature.dtype == torch.float32, f"temperature must be float32, got {temperature.dtype}")
-    need(tuple(seed.shape) == (b,) and seed.dtype == torch.int64,
-         f"seed must be [{b}] int64, got {tuple(seed.shape)} {seed.dtype}")
-    need(tuple(position.shape) == (b,) and position.dtype == torch.int64,
-         f"position must be [{b}] int64, got {tuple(position.shape)} {position.dtype}")
-    tensors = {"draft_token_ids": draft_token_ids, "temperature": temperature, "seed": seed,
-               "position": position}
+    if not (b >= 1 and r >= 1 and v >= 1):
+        raise ValueError(f"target_logits must have B, K+1, V >= 1, got {tuple(target_logits.shape)}")
+    _check_tensor("target_logits", target_logits, (b, r, v), _LOGIT_DTYPES, dev)
+    if target_logits.stride(2) != 1:
+        raise ValueError("target_logits must be contiguous in the vocab dim")
+    ids = draft_token_ids
+    if not (isinstance(ids, torch.Tensor) and tuple(ids.shape) == (b, k) and not ids.dtype.is_floating_point
+            and not ids.dtype.is_complex and ids.dtype != torch.bool):
+        got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"draft_token_ids must be an integer [B={b}, K={k}] tensor, got {got}")
+    _check_tensor("draft_token_ids", ids, (b, k), (ids.dtype,), dev)
+    _check_tensor("temperature", temperature, (b,), (torch.float32,), dev)
+    _check_tensor("seed", seed, (b,), (torch.int64,), dev)
+    _check_tensor("position", position, (b,), (torch.int64,), dev)
     if draft_logits is not None:
-        need(isinstance(draft_logits, torch.Tensor) and draft_logits.dim() == 3
-             and tuple(draft_logits.shape) == (b, k, v),
-             f"draft_logits must be [{b}, {k}, {v}], got "
-             f"{tuple(draft_logits.shape) if isinstance(draft_logits, torch.Tensor) else draft_logits}")
-        need(draft_logits.dtype in _LOGIT_DTYPES,
-             f"draft_logits dtype must be bf16/fp16/fp32, got {draft_logits.dtype}")
-        need(k == 0 or draft_logits.stride(2) == 1, "draft_logits must be contiguous in the vocab dim")
-        tensors["draft_logits"] = draft_logits
+        _check_tensor("draft_logits", draft_logits, (b, k, v), _LOGIT_DTYPES, dev)
+        if k > 0 and draft_logits.stride(2) != 1:
+            raise ValueError("draft_logits must be contiguous in the vocab dim")
     if num_draft_tokens is not None:
-        need(isinstance(num_draft_tokens, torch.Tensor) and tuple(num_draft_tokens.shape) == (b,)
-             and num_draft_tokens.dtype in (torch.int32, torch.int64),
-             f"num_draft_tokens must be [{b}] int32/int64")
-        tensors["num_draft_tokens"] = num_draft_tokens
+        _check_tensor("num_draft_tokens", num_draft_tokens, (b,), (torch.int32, torch.int64), dev)
     if acceptance_counts is not None:
-        need(isinstance(acceptance_counts, torch.Tensor) and tuple(acceptance_counts.shape) == (k,)
-             and acceptance_counts.dtype == torch.int64 and acceptance_counts.is_contiguous(),
-             f"acceptance_counts must be a contiguous [{k}] int64 tensor")
-        tensors["acceptance_counts"] = acceptance_counts
+        _check_tensor("acceptance_counts", acceptance_counts, (k,), (torch.int64,), dev, contiguous=True)
     if out is not None:
-        need(isinstance(out, tuple | list) and len(out) == 3,
-             "out must be (token_ids, num_emitted, logprobs)")
+        if not (isinstance(out, tuple | list) and len(out) == 3):
+            raise ValueError("out must be (token_ids, num_emitted, logprobs)")
         for name, t, shape, dtype in (("out.token_ids", out[0], (b, r), torch.int64),
                                       ("out.num_emitted", out[1], (b,), torch.int32),
                                       ("out.logprobs", out[2], (b, r), torch.float32)):
-            need(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == dtype
-                 and t.is_contiguous(), f"{name} must be a contiguous {list(shape)} {dtype} tensor")
-            tensors[name] = t
-    for name, t in tensors.items():
-        need(t.device == dev, f"{name} is on {t.device} but target_logits is on {dev}")
-    # Value checks would sync a CUDA tensor (and are illegal during capture): CPU tensors only.
-    if dev.type == "cpu" and not capturing():
-        need(not bool((temperature < 0).any()), "temperature must be >= 0 (0 means greedy)")
-        if num_draft_tokens is not None:
-            need(bool(((num_draft_tokens >= 0) & (num_draft_tokens <= k)).all()),
-                 f"num_draft_tokens must lie in [0, K={k}]")
+            _check_tensor(name, t, shape, (dtype,), dev, contiguous=True)
+    for name, t, dtypes in (("top_k", top_k, (torch.int32, torch.int64)), ("top_p", top_p, (torch.float32,)),
+                            ("min_p", min_p, (torch.float32,))):
+        if t is not None:
+            _check_tensor(name, t, (b,), dtypes, dev)
+    if dev.type != "cpu" or capturing():
+        return
+    checks = [(temperature < 0, "temperature must be >= 0 (0 means greedy)")]
+    if num_draft_tokens is not None:
+        checks.append(((num_draft_tokens < 0) | (num_draft_tokens > k), f"num_draft_tokens must lie in [0, K={k}]"))
+    if top_k is not None:
+        checks.append((top_k < 0, "top_k must be >= 0 (0 means off)"))
+    if top_p is not None:  # NaN fails top_p's and min_p's ranges (a NaN temperature is greedy)
+        checks.append((~((top_p > 0) & (top_p <= 1)), "top_p must lie in (0, 1] (1 means off)"))
+    if min_p is not None:
+        checks.append((~((min_p >= 0) & (min_p < 1)), "min_p must lie in [0, 1) (0 means off)"))
+    for bad, msg in checks:
+        if bool(bad.any()):
+            raise ValueError(msg)
 
 
 def _sanitize(x: torch.Tensor) -> torch.Tensor:
@@ -180,23 +177,52 @@ def _logsumexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.amax(dim=-1) == float("-inf"), torch.full_like(lse, float("-inf")), lse)
 
 
-def check_filters(b: int, dev: torch.device, top_k, top_p, min_p, check_values: bool) -> None:
-    """Metadata of the filter tensors (and their values where check_values: CPU tensors only)."""
-    for name, t, dtypes in (("top_k", top_k, (torch.int32, torch.int64)), ("top_p", top_p, (torch.float32,)),
-                            ("min_p", min_p, (torch.float32,))):
-        if t is None:
-            continue
-        if not (isinstance(t, torch.Tensor) and tuple(t.shape) == (b,) and t.dtype in dtypes):
-            raise ValueError(f"{name} must be a [{b}] {'/'.join(str(d)[6:] for d in dtypes)} tensor")
-        if t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but target_logits is on {dev}")
-    if check_values:
-        if top_k is not None and not bool((top_k >= 0).all()):
-            raise ValueError("top_k must be >= 0 (0 means off)")
-        if top_p is not None and not bool(((top_p > 0) & (top_p <= 1)).all()):
-            raise ValueError("top_p must lie in (0, 1] (1 means off)")
-        if min_p is not None and not bool(((min_p >= 0) & (min_p < 1)).all()):
-            raise ValueError("min_p must lie in [0, 1) (0 means off)")
+def inv_temperature(temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(greedy, inv_t) [B]: greedy = not (temperature > 0), inv_t = 1 there, else 1 / temperature."""
+    greedy = ~(temperature > 0)
+    return greedy, torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+
+
+def drafts_per_request(num_draft_tokens: torch.Tensor | None, b: int, k: int, dev: torch.device) -> torch.Tensor:
+    """k_b [B] int64: num_draft_tokens clamped to [0, K], or K for every request."""
+    if num_draft_tokens is None:
+        return torch.full((b,), k, dtype=torch.int64, device=dev)
+    return num_draft_tokens.to(torch.int64).clamp(0, k)
+
+
+def accepted(drafts, vocab, x_d, lse, amax, greedy, seed, position, kb, q_d=None) -> torch.Tensor:
+    """The walk -> n_acc [B] int64, the drafts accepted before the first rejection (or k_b). drafts
+    [B, K] int64, x_d [B, K] their scaled logits, lse and amax [B, K+1] each row's, greedy [B],
+    seed and position [B] int64, kb [B] int64; q_d [B, K] (full q) the drafts' q."""
+    k = drafts.shape[1]
+    if k == 0:
+        return kb
+    j = torch.arange(k, device=drafts.device)
+    dead = lse[:, :k] == float("-inf")
+    valid = (drafts >= 0) & (drafts < vocab)
+    p_d = torch.where(valid & ~dead, torch.exp(x_d - lse[:, :k]), 0.0)
+    u = accept_uniform(seed[:, None], position[:, None] + j)
+    sampled = u < p_d if q_d is None else u * q_d < p_d
+    accept = torch.where(greedy[:, None], valid & ~dead & (drafts == amax[:, :k]), sampled)
+    return torch.where((j < kb[:, None]) & ~accept, j, kb[:, None]).amin(-1)
+
+
+def emitted(drafts, lp_d, n_acc, tok_n, lp_n, counts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token_ids, num_emitted, logprobs) of the walk's outcome: the n_acc accepted drafts (their
+    logprobs lp_d [B, K]), then row n_acc's tok_n and lp_n [B]; counts [K] int64 accumulated."""
+    b, k = drafts.shape
+    token_ids = torch.full((b, k + 1), -1, dtype=torch.int64, device=drafts.device)
+    logprobs = torch.zeros((b, k + 1), dtype=torch.float32, device=drafts.device)
+    if k > 0:
+        acc = torch.arange(k, device=drafts.device)[None, :] < n_acc[:, None]
+        token_ids[:, :k] = torch.where(acc, drafts, -1)
+        logprobs[:, :k] = torch.where(acc, lp_d, 0.0)
+        if counts is not None:
+            counts += acc.sum(0)
+    rows = torch.arange(b, device=drafts.device)
+    token_ids[rows, n_acc] = tok_n
+    logprobs[rows, n_acc] = lp_n
+    return token_ids, (n_acc + 1).to(torch.int32), logprobs
 
 
 def weights(x: torch.Tensor, x_max: torch.Tensor) -> torch.Tensor:
@@ -218,8 +244,8 @@ def thresholds_reference(target_logits: torch.Tensor, temperature: torch.Tensor,
     dev = target_logits.device
     raw = target_logits.float()
     raw = torch.where(torch.isnan(raw), torch.full_like(raw, float("-inf")), raw) + 0.0
-    greedy = ~(temperature > 0)
-    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)[:, None, None]
+    greedy, inv_t = inv_temperature(temperature)
+    inv_t = inv_t[:, None, None]
     vals = raw.sort(dim=-1, descending=True).values
     xs = _sanitize(vals * inv_t)
     w = weights(xs, xs[..., :1])
@@ -276,32 +302,23 @@ def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, 
     k = r - 1
     dev = target.device
     inf = float("-inf")
-    greedy = ~(temperature > 0)
-    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+    greedy, inv_t = inv_temperature(temperature)
     raw = target.float()
     _, amax = lowest_argmax(raw)  # [b, r]
     x = _sanitize(raw * inv_t[:, None, None])
     lse = _logsumexp(x)  # [b, r]
     dead = lse == inf
-    j = torch.arange(r, device=dev)
     drafts = drafts.to(torch.int64)
     valid = (drafts >= 0) & (drafts < v)
     dc = drafts.clamp(0, v - 1)  # never index with an invalid id
     x_d = x[:, :k].gather(-1, dc[..., None]).squeeze(-1)  # [b, k]
-    p_d = torch.where(valid & ~dead[:, :k], torch.exp(x_d - lse[:, :k]), torch.zeros_like(x_d))
-    u = accept_uniform(seed[:, None], position[:, None] + j[None, :k])  # [b, k]
+    q_d = None
     if draft_logits is not None:
         y = _sanitize(draft_logits.float() * inv_t[:, None, None])
         lse_q = _logsumexp(y)  # [b, k]
         y_d = y.gather(-1, dc[..., None]).squeeze(-1)
         q_d = torch.where(lse_q > inf, torch.exp(y_d - lse_q), torch.zeros_like(y_d))
-        accept_sampled = u * q_d < p_d
-    else:
-        accept_sampled = u < p_d
-    accept_greedy = valid & ~dead[:, :k] & (drafts == amax[:, :k])
-    accept = torch.where(greedy[:, None], accept_greedy, accept_sampled)
-    rejected = (j[None, :k] < kb[:, None]) & ~accept
-    n_acc = torch.where(rejected, j[None, :k].expand(b, k), kb[:, None]).amin(dim=-1) if k > 0 else kb
+    n_acc = accepted(drafts, v, x_d, lse, amax, greedy, seed, position, kb, q_d)
 
     # The one row per request that emits the correction/bonus token.
     rows = torch.arange(b, device=dev)
@@ -335,36 +352,12 @@ def _reference_chunk(target, drafts, temperature, seed, position, draft_logits, 
     sampled_tok = torch.where(best > inf, winner, amax_n)
     tok = torch.where(greedy, amax_n, sampled_tok)
     lp_n = torch.where(dead_n, torch.full_like(lse_n, inf), x_n.gather(-1, tok[:, None]).squeeze(-1) - lse_n)
-
-    token_ids = torch.full((b, r), -1, dtype=torch.int64, device=dev)
-    logprobs = torch.zeros((b, r), dtype=torch.float32, device=dev)
-    if k > 0:
-        acc_mask = j[None, :k] < n_acc[:, None]
-        token_ids[:, :k] = torch.where(acc_mask, drafts, token_ids[:, :k])
-        logprobs[:, :k] = torch.where(acc_mask, x_d - lse[:, :k], logprobs[:, :k])
-        if counts_acc is not None:
-            counts_acc += acc_mask.sum(dim=0)
-    token_ids[rows, n_acc] = tok
-    logprobs[rows, n_acc] = lp_n
-    return token_ids, (n_acc + 1).to(torch.int32), logprobs
+    return emitted(drafts, x_d - lse[:, :k], n_acc, tok, lp_n, counts_acc)
 
 
-def rejection_sample_reference(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
-    *,
-    draft_logits: torch.Tensor | None = None,
-    num_draft_tokens: torch.Tensor | None = None,
-    acceptance_counts: torch.Tensor | None = None,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    top_k: torch.Tensor | None = None,
-    top_p: torch.Tensor | None = None,
-    min_p: torch.Tensor | None = None,
-    race_chunk: int | None = None,
-) -> RejectionOutput:
+def rejection_sample_reference(target_logits, draft_token_ids, temperature, seed, position, *, draft_logits=None,
+                               num_draft_tokens=None, acceptance_counts=None, out=None, top_k=None, top_p=None,
+                               min_p=None, race_chunk: int | None = None) -> RejectionOutput:
     """Vectorized PyTorch ground truth; same arguments as `rejection_sample`.
     race_chunk: vocab chunk of the two-level race (a power of two; RACE_CHUNK by default; tests
     shrink it to exercise many chunks at small V). Filters: thresholds_reference, then every
@@ -374,14 +367,12 @@ def rejection_sample_reference(
     int64 (RNG) temporaries; small-V calls with 1e5 requests stay one vectorized chunk.
     """
     _validate(target_logits, draft_token_ids, temperature, seed, position, draft_logits,
-              num_draft_tokens, acceptance_counts, out)
+              num_draft_tokens, acceptance_counts, out, top_k, top_p, min_p)
     b, r, v = target_logits.shape
     dev = target_logits.device
-    check_filters(b, dev, top_k, top_p, min_p, dev.type == "cpu" and not capturing())
     filtered = top_k is not None or top_p is not None or min_p is not None
     k = r - 1
-    kb = (torch.full((b,), k, dtype=torch.int64, device=target_logits.device) if num_draft_tokens is None
-          else num_draft_tokens.to(torch.int64).clamp(0, k))
+    kb = drafts_per_request(num_draft_tokens, b, k, dev)
     counts = (None if acceptance_counts is None
               else torch.zeros(k, dtype=torch.int64, device=target_logits.device))
     chunk = max(1, (1 << 25) // (r * v))

@@ -88,10 +88,6 @@ def row_key(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     return mix32(skey ^ mix32((position & MASK32) ^ POS_SALT))
 
 
-def accept_bits(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    return mix32(row_key(seed, position) ^ ACCEPT_STREAM)
-
-
 def race_bits(seed: torch.Tensor, position: torch.Tensor, vocab: torch.Tensor,
               stream: int = RACE_STREAM) -> torch.Tensor:
     """seed, position: [...]; vocab: [V] -> [..., V] hashes for the Gumbel race (stream
@@ -107,7 +103,7 @@ def bits_to_uniform(h: torch.Tensor) -> torch.Tensor:
 
 def accept_uniform(seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """Uniform in (0, 1) used to accept the draft at (seed, position). Shapes broadcast -> fp32."""
-    return bits_to_uniform(accept_bits(seed, position))
+    return bits_to_uniform(mix32(row_key(seed, position) ^ ACCEPT_STREAM))
 
 
 def race_gumbel(seed: torch.Tensor, position: torch.Tensor, vocab_size: int,

@@ -10,18 +10,15 @@ statistics, and a finishing step on the gathered statistics decides identically 
   holding the global max wins (shards are in vocab order), so ties and dead rows resolve exactly as
   the single-process argmax does.
 
-  rejection sampling (greedy, one-hot sampled, K = 0): which race each row would run is fixed
-  before the walk (row j < k_b: the correction's race, d_j excluded; row k_b: the bonus race), and
-  the sampler's row pass computes it per split when it runs with FUSE_RACE; its walk then reads no
-  logits. Shards start on race-chunk boundaries (vocab_shard), every rank splits its shard the same
-  way (SPS splits; the last rank's splits past V are empty, which the kernel stores as identity
-  stats) and uses global ids for everything that leaves the kernel or seeds the RNG, so the
-  gathered planes, in rank order, are the planes one GPU would compute over the full row with
-  the same split layout: _assemble_kernel lays them out as the walk reads them and the unchanged
-  _walk_kernel finishes, bit for bit the single-GPU Triton path (single_gpu_config gives its
-  launch). Bytes exchanged per row: W * 48 * SPS (12 planes of 4 bytes per split).
-  On CPU tensors the same plan runs in PyTorch (kernels/vocab_parallel_kernels.py), and tokens
-  equal rejection_sample_reference's on the full logits with race_chunk = vocab_race_chunk(V, W).
+  rejection sampling (greedy, one-hot sampled, K = 0): the sampler's row pass with FUSE_RACE
+  races every split (which race a row runs is fixed before the walk), so its walk reads no logits.
+  Shards start on race-chunk boundaries (vocab_shard), every rank splits its shard alike (SPS
+  splits; the last rank's splits past V store identity stats) and uses global ids for everything
+  that leaves the kernel or seeds the RNG, so the gathered planes, in rank order, are those one GPU
+  computes over the full row with the same split layout (single_gpu_config): the unchanged
+  _walk_kernel finishes, bit for bit the single-GPU Triton path. W * 48 * SPS bytes a row. On CPU
+  tensors the same plan runs in PyTorch (kernels/vocab_parallel_kernels.py), and tokens equal
+  rejection_sample_reference's on the full logits with race_chunk = vocab_race_chunk(V, W).
 
 Capturable in a CUDA graph: no host sync, no data-dependent shape; the collective is a plain
 torch.distributed.all_gather_into_tensor on the given group (NCCL; gloo on CPU). Every rank must
@@ -39,9 +36,23 @@ import torch.distributed as dist
 import triton
 from graphrt.kernels.argmax import argmax_reference, argmax_triton
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch
-from graphrt.kernels.rejection import LaunchConfig, _on_gpu, launch_config, rejection_sample_triton
-from graphrt.kernels.rejection_kernels import _NUM_FPLANES, _chunk_splits, _row_stats_kernel, _walk_kernel
-from graphrt.kernels.rejection_reference import RACE_CHUNK, RejectionOutput, _validate, rejection_sample_reference
+from graphrt.kernels.rejection import (
+    LaunchConfig,
+    _on_gpu,
+    draft_args,
+    launch_config,
+    new_outputs,
+    rejection_sample_triton,
+    walk_warps,
+)
+from graphrt.kernels.rejection_kernels import _NUM_FPLANES, WARPS, _chunk_splits, _row_stats_kernel, _walk_kernel
+from graphrt.kernels.rejection_reference import (
+    RACE_CHUNK,
+    RejectionOutput,
+    _validate,
+    drafts_per_request,
+    rejection_sample_reference,
+)
 from graphrt.kernels.vocab_parallel_kernels import (
     _NPLANES,
     argmax_finish_reference,
@@ -107,10 +118,13 @@ def vocab_shard(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
     return min(rank * s, vocab_size), min((rank + 1) * s, vocab_size)
 
 
-def _group_layout(group) -> tuple[int, int]:
+def _group_layout(group, vocab_size) -> tuple[int, int, int]:
+    """(vocab_size, W, this rank) of a call under a process group."""
+    if vocab_size is None:
+        raise ValueError("vocab_size (the full vocabulary) is required with a process group")
     if group is None:
         raise ValueError("a process group is required")
-    return dist.get_world_size(group), dist.get_rank(group)
+    return _as_int("vocab_size", vocab_size), dist.get_world_size(group), dist.get_rank(group)
 
 
 # torch 2.13 renames all_gather_into_tensor (and deprecates the old name); older torch has only it.
@@ -163,10 +177,7 @@ def argmax_vocab_parallel(
     -> (values [B] logits.dtype, global indices [B] int64), the same on every rank and equal to the
     single-process argmax of the full rows (kernels/argmax.py's NaN / -inf / tie rules).
     impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or "reference"."""
-    if vocab_size is None:
-        raise ValueError("vocab_size (the full vocabulary) is required with a process group")
-    vocab_size = _as_int("vocab_size", vocab_size)
-    world, rank = _group_layout(group)
+    vocab_size, world, rank = _group_layout(group, vocab_size)
     start, end = vocab_shard(vocab_size, world, rank)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != end - start:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -225,7 +236,7 @@ def vocab_plan(batch: int, k: int, vocab: int, world: int, rank: int, *, config:
     block_v = min(cfg.block_v, chunk)
     if use_triton:
         # The splits per chunk follow from the shard size, the same on every rank.
-        _, tps, spc = _chunk_splits(rows, shard, block_v, chunk, cfg.num_splits, cfg.target_programs)
+        _, tps, spc = _chunk_splits(rows, shard, block_v, chunk, cfg.num_splits)
     else:
         tps, spc = chunk // block_v, 1  # PyTorch: one split per chunk
     split_len = block_v * tps
@@ -249,9 +260,8 @@ def shard_stats(shard: torch.Tensor, drafts: torch.Tensor, temperature: torch.Te
     k = r - 1
     dev = shard.device
     if not use_triton:
-        kb = (torch.full((b,), k, dtype=torch.int64, device=dev) if num_draft_tokens is None
-              else num_draft_tokens.to(torch.int64).clamp(0, k))
-        return shard_stats_reference(shard, drafts, temperature, seed, position, kb, plan.start, plan.vocab,
+        return shard_stats_reference(shard, drafts, temperature, seed, position,
+                                     drafts_per_request(num_draft_tokens, b, k, dev), plan.start, plan.vocab,
                                      plan.split_len, plan.sps)
     cfg = plan.config
     send = torch.empty((_NPLANES, b * r, plan.sps), dtype=torch.int32, device=dev)
@@ -261,9 +271,7 @@ def shard_stats(shard: torch.Tensor, drafts: torch.Tensor, temperature: torch.Te
     race_block_v = min(cfg.race_block_v, plan.chunk)
     vec = min(4 if shard.dtype == torch.float32 else 8, plan.block_v, race_block_v)
     pdl = cfg.pdl if pdl_enabled(dev) else 0
-    ids = drafts if k > 0 else seed  # a K = 0 tensor may carry no storage
-    ids_strides = (drafts.stride(0), drafts.stride(1)) if k > 0 else (0, 0)
-    nd = num_draft_tokens if num_draft_tokens is not None else seed
+    ids, ids_strides, nd, _ = draft_args(drafts, seed, num_draft_tokens, None)
     # Grid: every split of a full shard, so the last rank's splits past V store identity stats.
     _row_stats_kernel[(b * r, plan.sps)](
         logits, logits, ids, temperature, seed, position, nd, fstat, istat, fstat,
@@ -271,7 +279,7 @@ def shard_stats(shard: torch.Tensor, drafts: torch.Tensor, temperature: torch.Te
         r, vl, plan.sps, plan.tiles_per_split, plan.start, plan.vocab,
         HAS_ND=num_draft_tokens is not None, FULL_Q=False, FUSE_RACE=True, BLOCK_V=plan.block_v, VEC=vec,
         PRUNE=cfg.prune, FAST=_on_gpu(dev), PDL=pdl, XSUM=True, FILTER=False, SHARDED=True,
-        num_warps=cfg.num_warps, enable_fp_fusion=False, **pdl_launch(bool(pdl)),
+        num_warps=WARPS, enable_fp_fusion=False, **pdl_launch(bool(pdl)),
     )
     return send
 
@@ -285,8 +293,7 @@ def finish(gathered: torch.Tensor, drafts: torch.Tensor, temperature: torch.Tens
     tok, nemit, lp = out
     if not use_triton:
         planes = assemble_reference(gathered, plan.splits)
-        kb = (torch.full((b,), k, dtype=torch.int64, device=planes.device) if num_draft_tokens is None
-              else num_draft_tokens.to(torch.int64).clamp(0, k))
+        kb = drafts_per_request(num_draft_tokens, b, k, planes.device)
         t, n, p = walk_reference(planes, drafts, temperature, seed, position, kb, plan.vocab, plan.spc,
                                  acceptance_counts)
         tok.copy_(t)
@@ -300,43 +307,24 @@ def finish(gathered: torch.Tensor, drafts: torch.Tensor, temperature: torch.Tens
     dev = planes.device
     race_block_v = min(cfg.race_block_v, plan.chunk)
     vec = min(8, plan.block_v, race_block_v)  # the walk loads no logits with FUSE_RACE
-    ids = drafts if k > 0 else seed
-    ids_strides = (drafts.stride(0), drafts.stride(1)) if k > 0 else (0, 0)
-    nd = num_draft_tokens if num_draft_tokens is not None else seed
-    counts = acceptance_counts if acceptance_counts is not None else seed
+    ids, ids_strides, nd, counts = draft_args(drafts, seed, num_draft_tokens, acceptance_counts)
     race_i = torch.empty((b, 3), dtype=torch.int32, device=dev)  # full q only: never written here
     nc_pow2 = triton.next_power_of_2(-(-plan.splits // plan.spc))
-    walk_warps = cfg.walk_warps or (1 if r * plan.splits <= 256 else 4)
     _walk_kernel[(b,)](
         fstat, ids, temperature, seed, position, nd, fstat, istat, tok, nemit, lp, counts,
         race_i, fstat, fstat, 0, 0, *ids_strides, r, plan.vocab, plan.splits,
         HAS_ND=num_draft_tokens is not None, HAS_COUNTS=acceptance_counts is not None, FULL_Q=False,
         FUSE_RACE=True, R_POW2=triton.next_power_of_2(r), SPLITS_POW2=nc_pow2 * plan.spc, CHUNK=plan.chunk,
         SPC=plan.spc, NC_POW2=nc_pow2, RACE_BLOCK_V=race_block_v, VEC=vec, PRUNE=cfg.prune,
-        FAST=_on_gpu(dev), PDL=0, FILTER=False, num_warps=walk_warps, enable_fp_fusion=False,
+        FAST=_on_gpu(dev), PDL=0, FILTER=False, num_warps=walk_warps(False, cfg.prune, r, plan.splits),
+        enable_fp_fusion=False,
     )
 
 
-def rejection_sample_vocab_parallel(
-    target_logits: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
-    *,
-    group,
-    vocab_size: int,
-    draft_logits: torch.Tensor | None = None,
-    num_draft_tokens: torch.Tensor | None = None,
-    acceptance_counts: torch.Tensor | None = None,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    top_k: torch.Tensor | None = None,
-    top_p: torch.Tensor | None = None,
-    min_p: torch.Tensor | None = None,
-    config: LaunchConfig | None = None,
-    impl: str | None = None,
-    race_chunk: int | None = None,
-) -> RejectionOutput:
+def rejection_sample_vocab_parallel(target_logits, draft_token_ids, temperature, seed, position, *, group,
+                                    vocab_size: int, draft_logits=None, num_draft_tokens=None, acceptance_counts=None,
+                                    out=None, top_k=None, top_p=None, min_p=None, config: LaunchConfig | None = None,
+                                    impl: str | None = None, race_chunk: int | None = None) -> RejectionOutput:
     """rejection_sample on this rank's shard: target_logits [B, K+1, end - start] (vocab_shard's
     [start, end) of vocab_size; draft_logits [B, K, end - start] likewise); every other argument is
     replicated, identical on every rank. Returns the same RejectionOutput on every rank: the
@@ -346,10 +334,7 @@ def rejection_sample_vocab_parallel(
     runs the single-process sampler on them. config: the row pass's launch (fuse_race is forced
     on); impl: None (Triton on CUDA, PyTorch elsewhere), "triton" or "reference"; race_chunk: tests
     only (vocab_plan)."""
-    if vocab_size is None:
-        raise ValueError("vocab_size (the full vocabulary) is required with a process group")
-    vocab_size = _as_int("vocab_size", vocab_size)
-    world, rank = _group_layout(group)
+    vocab_size, world, rank = _group_layout(group, vocab_size)
     if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
         raise ValueError("target_logits must be this rank's shard [B, K+1, V_local]")
     b, r, vl = target_logits.shape
@@ -368,9 +353,7 @@ def rejection_sample_vocab_parallel(
     # An empty shard is checked through a one-entry stand-in (the checks need V >= 1).
     _validate(target_logits if vl > 0 else target_logits.new_empty((b, r, 1)), draft_token_ids, temperature,
               seed, position, None, num_draft_tokens, acceptance_counts, out)
-    if out is None:
-        out = (torch.empty((b, r), dtype=torch.int64, device=dev), torch.empty((b,), dtype=torch.int32, device=dev),
-               torch.empty((b, r), dtype=torch.float32, device=dev))
+    out = out if out is not None else new_outputs(b, r, dev)
     send = shard_stats(target_logits, draft_token_ids, temperature, seed, position, num_draft_tokens, plan,
                        use_triton)
     finish(_all_gather(send, group, world), draft_token_ids, temperature, seed, position, num_draft_tokens,

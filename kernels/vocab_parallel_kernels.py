@@ -16,30 +16,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels import rejection_kernels as rk
 from graphrt.kernels.argmax import lowest_argmax
-from graphrt.kernels.rejection_kernels import (
-    _NUM_FPLANES,
-    _P_MAX,
-    _P_QMAX,
-    _P_QSUM,
-    _P_RACE,
-    _P_RACE_X,
-    _P_RAW_MAX,
-    _P_SUM,
-    _P_XD,
-    _P_XSUM,
-    _P_YD,
-)
-from graphrt.kernels.rejection_reference import _sanitize
-from graphrt.kernels.rng import CHUNK_STREAM, accept_uniform, bits_to_uniform, race_bits, race_gumbel
+from graphrt.kernels.rejection_kernels import _NUM_FPLANES
+from graphrt.kernels.rejection_reference import _sanitize, accepted, emitted, inv_temperature
+from graphrt.kernels.rng import CHUNK_STREAM, bits_to_uniform, race_bits, race_gumbel
 
 # The plane numbers as plain ints (they are tl.constexpr there) for indexing torch tensors.
 _P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM = (
-    int(p.value) for p in (_P_RAW_MAX, _P_MAX, _P_SUM, _P_QMAX, _P_QSUM, _P_RACE, _P_RACE_X, _P_XD, _P_YD, _P_XSUM))
+    getattr(rk, f"_P_{name}").value for name in ("RAW_MAX", "MAX", "SUM", "QMAX", "QSUM", "RACE", "RACE_X", "XD", "YD",
+                                                 "XSUM"))
 _NPLANES = _NUM_FPLANES + 2  # + raw argmax, fused race winner
 _I_ARGMAX, _I_RACE = _NUM_FPLANES, _NUM_FPLANES + 1
 INT32_MAX = 2**31 - 1
-_TL_INT32_MAX = tl.constexpr(INT32_MAX)
 _NEG_INF = float("-inf")
 
 
@@ -110,8 +99,7 @@ def shard_stats_reference(shard: torch.Tensor, drafts: torch.Tensor, temperature
     dev = shard.device
     n = sps * split_len
     ninf = torch.tensor(_NEG_INF, device=dev)
-    greedy = ~(temperature > 0)
-    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+    greedy, inv_t = inv_temperature(temperature)
     raw = torch.nn.functional.pad(shard.float(), (0, n - vl), value=_NEG_INF)
     x = _sanitize(raw * inv_t[:, None, None])  # [b, r, n]
     gid = start + torch.arange(n, device=dev)  # global ids
@@ -224,22 +212,14 @@ def walk_reference(planes: torch.Tensor, drafts: torch.Tensor, temperature: torc
     dev = planes.device
     f = planes[:_NUM_FPLANES].view(torch.float32).view(_NUM_FPLANES, b, r, splits)
     i = planes[_NUM_FPLANES:].view(2, b, r, splits).to(torch.int64)
-    greedy = ~(temperature > 0)
-    inv_t = torch.where(greedy, torch.ones_like(temperature), 1.0 / temperature)
+    greedy, inv_t = inv_temperature(temperature)
     rmax = f[_P_RAW_MAX].amax(-1)
     amax = torch.where(f[_P_RAW_MAX] == rmax[..., None], i[0], INT32_MAX).amin(-1)  # [b, r]
     x_amax = _sanitize(rmax * inv_t[:, None])
     lse = _merge_lse(f[_P_MAX], f[_P_SUM])
-    dead = lse == _NEG_INF
-    j = torch.arange(r, device=dev)
     d = drafts.to(torch.int64)
-    valid = (d >= 0) & (d < vocab)
     x_d = f[_P_XD, :, :k, 0]
-    p_d = torch.where(valid & ~dead[:, :k], torch.exp(x_d - lse[:, :k]), 0.0)
-    u = accept_uniform(seed[:, None], position[:, None] + j[None, :k])
-    accept = torch.where(greedy[:, None], valid & ~dead[:, :k] & (d == amax[:, :k]), u < p_d)
-    rejected = (j[None, :k] < kb[:, None]) & ~accept
-    n_acc = torch.where(rejected, j[None, :k], kb[:, None]).amin(-1) if k > 0 else kb
+    n_acc = accepted(d, vocab, x_d, lse, amax, greedy, seed, position, kb)
     rows = torch.arange(b, device=dev)
 
     # Row n_acc's two-level race from its splits: chunks on their mass without the draft, then the
@@ -264,15 +244,4 @@ def walk_reference(planes: torch.Tensor, drafts: torch.Tensor, temperature: torc
     x_t = torch.where(raced, x_win, x_amax[rows, n_acc])
     lse_n = lse[rows, n_acc]
     lp_n = torch.where(lse_n == _NEG_INF, _NEG_INF, x_t - lse_n)
-
-    token_ids = torch.full((b, r), -1, dtype=torch.int64, device=dev)
-    logprobs = torch.zeros((b, r), dtype=torch.float32, device=dev)
-    if k > 0:
-        acc = j[None, :k] < n_acc[:, None]
-        token_ids[:, :k] = torch.where(acc, d, -1)
-        logprobs[:, :k] = torch.where(acc, x_d - lse[:, :k], 0.0)
-        if counts is not None:
-            counts += acc.sum(0)
-    token_ids[rows, n_acc] = tok_n
-    logprobs[rows, n_acc] = lp_n
-    return token_ids, (n_acc + 1).to(torch.int32), logprobs
+    return emitted(d, x_d - lse[:, :k], n_acc, tok_n, lp_n, counts)

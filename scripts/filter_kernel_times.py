@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from graphrt.kernels.bench import filter_cases
 from graphrt.kernels.rejection import RACE_CHUNK, filter_stage, launch_config
+from graphrt.kernels.rejection_filter import FILTER_WARPS
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -44,13 +45,12 @@ def main() -> None:
         temp = torch.ones(b, device="cuda")
         ids, seed = logits[:, :k].float().argmax(-1), torch.arange(b, device="cuda")
         cfg = launch_config(b, k, False)
-        configs = [(cfg.filter_stats_block_v, cfg.filter_warps, cfg.filter_block_v)] + [
-            tuple(map(int, c.split(","))) for c in args.config]
+        configs = [(8192, FILTER_WARPS, cfg.filter_block_v)] + [tuple(map(int, c.split(","))) for c in args.config]
         for name, fk, fp in filter_cases(b):
             for sbv, warps, bv in configs:
-                c = dataclasses.replace(cfg, filter_stats_block_v=sbv, filter_warps=warps, filter_block_v=bv, pdl=0)
+                c = dataclasses.replace(cfg, filter_block_v=bv, pdl=0)
                 t = kernel_times(partial(filter_stage, logits, ids, temp, seed, seed, None, fk, fp, None, c, False,
-                                         RACE_CHUNK))
+                                         RACE_CHUNK, stats_block_v=sbv, num_warps=warps))
                 cols = " ".join(f"{n.strip('_').removesuffix('_kernel')}={us:.1f}" for n, us in sorted(t.items()))
                 print(f"B={b:<4d}{name:16s}kernel 1 tile {sbv}, {warps} warps, tile {bv}: {cols} (us)", flush=True)
 

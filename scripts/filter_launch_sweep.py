@@ -9,7 +9,8 @@ under each knob set given.
 KNOBS is '-' (the default launch) or slash-separated LaunchConfig fields, empty to leave one as it
 is: filter_cand_warps / filter_cand_block_v / filter_kept_block_v / filter_stats_block_v /
 filter_warps / filter_draw (0 or 1); e.g. '2/256/128' or '/////0'. Fields an older tree's
-LaunchConfig lacks are dropped, so the same command times an older checkout's default."""
+LaunchConfig lacks are dropped, so the same command times an older checkout's default (this tree's
+lacks filter_stats_block_v and filter_warps: scripts/filter_kernel_times.py times those)."""
 
 import dataclasses
 import sys

@@ -63,16 +63,11 @@ def timed(fn, sets, **kw) -> float | str:
 KNOBS = [
     ("prune=False", ("onehot",), BS, dict(prune=False)),
     ("prune=False,race_block_v=4096", ("onehot",), (8, 64, 256), dict(prune=False, race_block_v=4096)),
-    ("prune=False,race_block_v=4096,w16", ("onehot",), (8, 64, 256),
-     dict(prune=False, race_block_v=4096, walk_warps=16)),
-    ("prune=False,race_block_v=8192,w16", ("onehot",), (8, 64, 256),
-     dict(prune=False, race_block_v=8192, walk_warps=16)),
+    ("prune=False,race_block_v=8192", ("onehot",), (8, 64, 256), dict(prune=False, race_block_v=8192)),
     ("prune=False,fuse_race=False,race_block_v=4096", ("onehot",), (1,),
      dict(prune=False, fuse_race=False, race_block_v=4096)),
-    ("prune=False,fuse_race=False,race_block_v=8192,w16", ("onehot",), (1,),
-     dict(prune=False, fuse_race=False, race_block_v=8192, walk_warps=16)),
-    ("prune=False,walk_warps=4", ("onehot",), (1,), dict(prune=False, walk_warps=4)),
-    ("prune=False,walk_warps=1", ("onehot",), (1,), dict(prune=False, walk_warps=1)),
+    ("prune=False,fuse_race=False,race_block_v=8192", ("onehot",), (1,),
+     dict(prune=False, fuse_race=False, race_block_v=8192)),
 ]
 
 

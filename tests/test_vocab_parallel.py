@@ -33,7 +33,7 @@ from tests.seeds import fresh_seed
 from tests.test_argmax import hard_logits
 from tests.test_rejection import assert_same_result, make_inputs
 
-_SMALL = dict(block_v=16, race_block_v=16, num_splits=2, num_warps=1)  # interpreter-sized launches
+_SMALL = dict(block_v=16, race_block_v=16, num_splits=2)  # interpreter-sized launches
 
 
 def _config(b, k, **fields):
