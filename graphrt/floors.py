@@ -26,15 +26,16 @@ from graphrt.checkpoint import expected_shapes
 from graphrt.config import ModelConfig
 
 
-def _bytes(cfg: ModelConfig, names, dtype_bytes: int) -> int:
+def _bytes(cfg: ModelConfig, dtype_bytes: int, keep=lambda name: True) -> int:
+    """Every weight a forward reads (an untied embedding table not at all) whose name `keep` takes."""
     shapes = expected_shapes(cfg)
-    return dtype_bytes * sum(prod(shapes[n]) for n in names)
+    return dtype_bytes * sum(prod(shape) for n, shape in shapes.items()
+                             if keep(n) and (n != "embed_tokens.weight" or cfg.tie_word_embeddings))
 
 
 def lm_bytes(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
-    """One forward of a decoder LM: every weight once, an untied embedding table not at all."""
-    return _bytes(cfg, [n for n in expected_shapes(cfg) if n != "embed_tokens.weight" or cfg.tie_word_embeddings],
-                  dtype_bytes)
+    """One forward of a decoder LM: every weight once."""
+    return _bytes(cfg, dtype_bytes)
 
 
 def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft_tokens: int = 3,
@@ -48,16 +49,15 @@ def phase_bytes(target: ModelConfig, draft: ModelConfig | None = None, num_draft
     if draft is None:
         return out
     out["TARGET_VERIFY"] = t
-    names = [n for n in expected_shapes(draft) if n != "embed_tokens.weight" or draft.tie_word_embeddings]
     db = dtype_bytes if draft_weight_bytes is None else draft_weight_bytes
     if draft.kind == "lm":
-        extend = step = lm_bytes(draft, db)
+        extend = step = _bytes(draft, db)
     elif draft.kind == "eagle":
         head = dtype_bytes * target.vocab_size * target.hidden_size // tensor_parallel
-        extend = step = _bytes(draft, names, db) + head
+        extend = step = _bytes(draft, db) + head
     else:  # eagle3
-        step = _bytes(draft, [n for n in names if n != "fc.weight"], db) // (tensor_parallel if draft_split else 1)
-        extend = step + _bytes(draft, ["fc.weight"], db)
+        step = _bytes(draft, db, lambda n: n != "fc.weight") // (tensor_parallel if draft_split else 1)
+        extend = step + _bytes(draft, db, lambda n: n == "fc.weight")
     out["DRAFT_EXTEND"] = extend
     if num_draft_tokens > 1:
         out["DRAFT_DECODE"] = (num_draft_tokens - 1) * step
