@@ -106,6 +106,8 @@ class Runtime:
         if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
             raise ValueError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
                              f"{draft_quantization!r}{'' if draft is not None else ' without a draft'}")
+        if simulate_acceptance_length is not None and draft is None:
+            raise ValueError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
         self.device = device
         self.draft_quantization = draft_quantization
         self.K = num_draft_tokens if draft is not None else 0
@@ -147,12 +149,9 @@ class Runtime:
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
 
         dtype = target.weights["embed_tokens.weight"].dtype
-        kv_heads = _kv_heads(self.target)
-        per_block = KVPool.bytes_per_block(tcfg.num_hidden_layers, block_size, kv_heads, tcfg.head_dim, dtype)
-        if self.draft is not None:
-            dc = self.draft.cfg
-            draft_kv_heads = _kv_heads(self.draft)
-            per_block += KVPool.bytes_per_block(self.draft.num_layers, block_size, draft_kv_heads, dc.head_dim, dtype)
+        # one KV pool per model (target, then draft), both of num_blocks: (layers, KV heads, head_dim)
+        kv_shapes = [(m.num_layers, _kv_heads(m), m.cfg.head_dim) for m in (self.target, self.draft) if m is not None]
+        per_block = sum(KVPool.bytes_per_block(n, block_size, heads, dim, dtype) for n, heads, dim in kv_shapes)
         if kv_budget_tokens is None and kv_memory_fraction is None:
             # enough for every slot at full length, each rounded up to whole blocks as it is
             # allocated; ask for a memory fraction to oversubscribe slots
@@ -161,27 +160,19 @@ class Runtime:
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)
         self.allocator = BlockAllocator(num_blocks)
-        self.target_kv = KVPool.allocate(tcfg.num_hidden_layers, num_blocks, block_size, kv_heads, tcfg.head_dim,
-                                         dtype, device)
-        self.draft_kv = None
+        pools = [KVPool.allocate(n, num_blocks, block_size, heads, dim, dtype, device) for n, heads, dim in kv_shapes]
+        self.target_kv, self.draft_kv = pools[0], (pools[1] if self.draft is not None else None)
         target_hidden = draft_state = None
-        if self.draft is not None:
-            dc = self.draft.cfg
-            self.draft_kv = KVPool.allocate(self.draft.num_layers, num_blocks, block_size, draft_kv_heads, dc.head_dim,
-                                            dtype, device)
-            if self.draft.uses_target_hidden:
-                aux = self.draft.target_hidden == "aux"
-                if aux:  # EAGLE-3: the target keeps the residual streams the head reads
-                    self.target.aux_layer_ids = self.draft.aux_layer_ids
-                target_hidden = tcfg.hidden_size * (len(self.target.aux_layer_ids) if aux else 1)
-                draft_state = dc.hidden_size
-        if simulate_acceptance_length is not None and self.draft is None:
-            raise ValueError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
+        if self.draft is not None and self.draft.uses_target_hidden:
+            aux = self.draft.target_hidden == "aux"
+            if aux:  # EAGLE-3: the target keeps the residual streams the head reads
+                self.target.aux_layer_ids = self.draft.aux_layer_ids
+            target_hidden = tcfg.hidden_size * (len(self.target.aux_layer_ids) if aux else 1)
+            draft_state = self.draft.cfg.hidden_size
         self.state = DecodeState(max_batch_size=max_batch_size, num_draft_tokens=self.K,
                                  max_blocks=self.max_blocks, target_hidden_size=target_hidden,
                                  draft_state_size=draft_state, hidden_dtype=dtype, device=device,
                                  simulate_acceptance=simulate_acceptance_length is not None)
-        self.simulated_acceptance_length = None
         if simulate_acceptance_length is not None:
             self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
@@ -262,10 +253,7 @@ class Runtime:
         """Queue a request; it is prefilled as soon as a slot and its KV blocks are free.
         Raises RequestError for bad input and CapacityError if it could never fit."""
         params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
-        prompt = self._check_prompt(prompt, params)
+        prompt = self._check_request(prompt, params)
         need = self._blocks_needed(len(prompt), params)
         if need > self.allocator.num_blocks - 1:
             raise CapacityError(
@@ -302,7 +290,11 @@ class Runtime:
         """The batch slots of the admitted, unfinished requests, ascending."""
         return sorted(self._running)
 
-    def _check_prompt(self, prompt, params) -> list[int]:
+    def _check_request(self, prompt, params) -> list[int]:
+        """The prompt as token ids; RequestError for bad params or a prompt that can't run."""
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
         prompt = _token_ids(prompt)
         if not prompt:
             raise RequestError("prompt is empty: give at least one token id")
@@ -412,9 +404,6 @@ class Runtime:
         return dict(self.cycle.graph_sets)
 
     # ---- decoding -----------------------------------------------------------------------------
-    def bucket_for(self, batch: int) -> int:
-        return next(b for b in self.buckets if b >= batch)
-
     def step(self) -> dict[int, list[int]]:
         """One decode cycle over every running request. Returns the tokens each request gained.
 
@@ -443,7 +432,7 @@ class Runtime:
         """Enqueue one cycle for the running requests; returns what _collect needs. No sync."""
         reqs = sorted(self._running.values(), key=lambda r: r.slot)
         B = len(reqs)
-        Bk = self.bucket_for(B)
+        Bk = next(b for b in self.buckets if b >= B)  # the smallest bucket that holds the batch
         s = self.state
         h = self._host_buffers[self._next_buffer]
         self._next_buffer ^= 1
@@ -500,9 +489,7 @@ class Runtime:
         if len(params) != len(prompts):
             raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         for p, sp in zip(prompts, params):  # validate all before admitting any
-            if not isinstance(sp, SamplingParams):
-                raise RequestError(f"params must be SamplingParams, got {type(sp).__name__}")
-            self._check_prompt(p, sp)
+            self._check_request(p, sp)
         rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         while not all(self.finished(r) for r in rids):
             self.step()
@@ -519,7 +506,6 @@ class Runtime:
         if self.state.simulated_rate is None:
             raise ValueError("this runtime was made without simulate_acceptance_length")
         self.state.simulated_rate.fill_(acceptance_rate_for(float(mean_length), self.K))
-        self.simulated_acceptance_length = float(mean_length)
 
     @property
     def acceptance_counts(self) -> list[int]:
