@@ -21,6 +21,8 @@ State invariant at the start of a cycle, for a request with n verified tokens t_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from graphrt.kernels import argmax, rejection_sample
@@ -120,7 +122,7 @@ class Cycle:
         self.s = state
         self.K = num_draft_tokens
         self.block_size = target_kv.block_size
-        self.max_blocks = state.block_tables.shape[1]
+        self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
         device = state.num_tokens.device
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
         self.offset = draft.position_offset if draft is not None else 0
@@ -149,7 +151,7 @@ class Cycle:
         if step is not None:
             seq_lens, slot_mapping, query_len = seq_lens[step], slot_mapping[step], 1
         return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
-                                 query_len=query_len, max_seq_len=self.max_blocks * self.block_size)
+                                 query_len=query_len, max_seq_len=self.max_seq_len)
 
     def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
         """The metadata of one request's positions 0 .. T-1 (slots: [1]). Eager and once per request:
@@ -207,13 +209,12 @@ class Cycle:
                          emitted=(s.emitted, s.num_emitted))
         hidden_in = s.target_hidden[: B * (K + 1)] if s.target_hidden is not None else None
         last = x.last  # [B]: the row of each request's last emitted token
+        meta = self._meta(x)
         rows = {}
         if getattr(self.draft, "extends_last_rows", False):  # past the KV store, the last rows only
-            rows = dict(rows=(last, AttentionMetadata(block_tables=x.block_tables, seq_lens=x.last_seq_lens,
-                                                      slot_mapping=x.slot_mapping, query_len=1,
-                                                      max_seq_len=self.max_blocks * self.block_size)),
+            rows = dict(rows=(last, replace(meta, seq_lens=x.last_seq_lens, query_len=1)),
                         into=s.draft_state[:B] if s.draft_state is not None else None)
-        state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), self._meta(x), self.draft_kv,
+        state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), meta, self.draft_kv,
                                          hidden_in, **rows)
         if not rows and s.draft_state is not None:  # (with rows: [B, H] already, in draft_state)
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here

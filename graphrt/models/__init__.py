@@ -41,9 +41,8 @@ def quantize_draft(draft, method: str) -> None:
     """Make the draft read its projections as `method` (DRAFT_QUANTIZATIONS; kernels/fp8_weight.py):
     every layer's qkv, o, gate_up and down, an EAGLE head's fc and the draft's own LM head. What
     a draft borrows from the target (an EAGLE-1/2 head's LM head, a shared embedding) stays as it
-    is, and so do embeddings and norms, which a step reads a row or a vector of."""
-    if method not in DRAFT_QUANTIZATIONS:
-        raise ValueError(f"draft_quantization must be one of {DRAFT_QUANTIZATIONS}, got {method!r}")
+    is, and so do embeddings and norms, which a step reads a row or a vector of. Runtime checks
+    `method` against DRAFT_QUANTIZATIONS."""
     for layer in draft.layers:
         attn, mlp = layer.attn, layer.mlp
         attn.qkv_weight, attn.o_weight = quantize_fp8(attn.qkv_weight), quantize_fp8(attn.o_weight)
