@@ -43,6 +43,19 @@ class _EagleBase:
         B * (K + 1), and at B = 1 on the one-row paths (their fusions, FP8 weights)."""
         return self.num_layers == 1
 
+    def _run_layers(self, first_args, positions, meta, kv, rows, into):
+        """The first layer on first_args, then the rest; with rows (extends_last_rows), the one layer's
+        KV for every row and only those rows' states, written into `into` when given."""
+        if rows is not None:
+            return self.layers[0](*first_args, positions, meta, kv.k[0], kv.v[0], rows, into)
+        x = self.layers[0](*first_args, positions, meta, kv.k[0], kv.v[0])
+        for i, layer in enumerate(self.layers[1:], start=1):
+            x = layer(x, positions, meta, kv.k[i], kv.v[i])
+        return x
+
+    def draft_head(self, state):
+        return state, self.lm_head
+
 
 class EagleHead(_EagleBase):
     """EAGLE-1/2: fc([token embedding ; target final hidden state]) -> one decoder layer (the
@@ -60,18 +73,9 @@ class EagleHead(_EagleBase):
                        for i in range(cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
-        """rows (extends_last_rows): (indices [B], their one-query metadata): every row's KV is
-        stored and only those rows' states return, [B, H], written into `into` when given."""
-        x = torch.cat([self.embed_tokens(tokens), hidden_in], dim=-1)
-        x = linear(x, self.fc_weight, self.fc_bias)
-        if rows is not None:
-            return self.layers[0](x, positions, meta, kv.k[0], kv.v[0], rows, into)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, meta, kv.k[i], kv.v[i])
-        return x
-
-    def draft_head(self, state):
-        return state, self.lm_head
+        """rows (extends_last_rows): (indices [B], their one-query metadata); see _run_layers."""
+        x = linear(torch.cat([self.embed_tokens(tokens), hidden_in], dim=-1), self.fc_weight, self.fc_bias)
+        return self._run_layers((x,), positions, meta, kv, rows, into)
 
 
 class Eagle3Layer(DecoderLayer):
@@ -133,12 +137,7 @@ class Eagle3Head(_EagleBase):
         """rows, into: as EagleHead.draft_forward's."""
         if hidden_in.shape[-1] != self.cfg.hidden_size:  # the target's fused aux states
             hidden_in = linear(hidden_in, self.fc_weight)
-        if rows is not None:
-            return self.layers[0](tokens, self.embed_source, hidden_in, positions, meta, kv.k[0], kv.v[0], rows, into)
-        x = self.layers[0](tokens, self.embed_source, hidden_in, positions, meta, kv.k[0], kv.v[0])
-        for i, layer in enumerate(self.layers[1:], start=1):
-            x = layer(x, positions, meta, kv.k[i], kv.v[i])
-        return x
+        return self._run_layers((tokens, self.embed_source, hidden_in), positions, meta, kv, rows, into)
 
     def draft_head(self, state):
         # the final norm in the draft LM head GEMV's prologue where it can
