@@ -10,6 +10,7 @@ seconds every time, so the converted tokenizer is kept in $GRAPHRT_CACHE (conver
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 from graphrt.errors import GraphrtError
@@ -26,11 +27,16 @@ def load_tokenizer(path: str | os.PathLike):
     except ImportError:
         raise GraphrtError("text needs the transformers package for the tokenizer (pip install transformers); "
                            "or pass token ids") from None
+    load = partial(AutoTokenizer.from_pretrained, local_files_only=True, trust_remote_code=False)
     gguf_file = find_gguf(path)
     try:
-        if gguf_file is not None:
-            return _gguf_tokenizer(os.path.abspath(gguf_file), AutoTokenizer)
-        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        if gguf_file is None:
+            return load(path)
+        # from the cache where an earlier process converted it, else converted from the file's metadata
+        gguf_file = os.path.abspath(gguf_file)
+        return kept_in_cache(converted_tokenizer_dir(gguf_file), load,
+                             lambda: load(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file)),
+                             lambda tokenizer, tmp: tokenizer.save_pretrained(tmp), done="tokenizer.json")
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure means the same thing here
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise GraphrtError(f"no usable tokenizer in {path} ({exc.__class__.__name__}: {first[:200]}); "
@@ -45,17 +51,6 @@ def converted_tokenizer_dir(gguf_file: str | os.PathLike) -> Path:
     import transformers
 
     return cache_dir() / "tokenizers" / gguf_file_key(gguf_file, transformers.__version__, tokenizers.__version__)
-
-
-def _gguf_tokenizer(gguf_file: str, auto):
-    """The tokenizer in a GGUF file's metadata, from the cache where an earlier process converted it."""
-    def convert():
-        return auto.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file),
-                                    local_files_only=True, trust_remote_code=False)
-
-    return kept_in_cache(converted_tokenizer_dir(gguf_file),
-                         lambda kept: auto.from_pretrained(kept, local_files_only=True, trust_remote_code=False),
-                         convert, lambda tokenizer, tmp: tokenizer.save_pretrained(tmp), done="tokenizer.json")
 
 
 def encode(tokenizer, text: str, *, chat: bool = False) -> list[int]:
