@@ -160,13 +160,6 @@ class Cycle:
         return self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
 
-    def _step_metas(self, slots) -> tuple[torch.Tensor, list[AttentionMetadata]]:
-        """The K-1 one-token steps of DRAFT_DECODE, the first at num_tokens + offset: their positions
-        [K-1, B] and attention metadata, made in one launch and handed out as row views, so the
-        unrolled steps launch no metadata kernels of their own."""
-        x = self._inputs(slots, self.K - 1, base_add=self.offset, step_major=True)
-        return x.positions, [self._meta(x, i) for i in range(self.K - 1)]
-
     def _advance(self, slots, n, B):
         s = self.s
         advance(slots, n, s.num_emitted[:B], s.emitted[:B], s.num_tokens, s.last_token, s.scratch_slot)
@@ -232,7 +225,10 @@ class Cycle:
         if self.K < 2:  # one draft token: DRAFT_EXTEND proposed it
             return
         slots = s.batch_slots[:B] if slots is None else slots
-        positions, metas = self._step_metas(slots)
+        # The K-1 one-token steps, the first at num_tokens + offset: positions [K-1, B] and metadata made
+        # in one launch and handed out as row views, so the unrolled steps launch no metadata kernels.
+        x = self._inputs(slots, self.K - 1, base_add=self.offset, step_major=True)
+        positions, metas = x.positions, [self._meta(x, i) for i in range(self.K - 1)]
         # Each step feeds the next its token and (EAGLE) state straight from the tensors it made;
         # only DRAFT_EXTEND's hand-over goes through the static buffers.
         tokens = s.proposed[:B]

@@ -88,14 +88,12 @@ def ensure_eagle3_head(target: Path, dtype: torch.dtype = torch.bfloat16, *, see
 def describe_draft(draft: Path, target: Path) -> str:
     """What a draft folder is, in the words a report needs."""
     d, t = load_config(draft), load_config(target)
-    n = d.num_hidden_layers
+    layers = f"{d.num_hidden_layers} layer{'s' * (d.num_hidden_layers > 1)}"
     if d.kind == "eagle3":
-        aux = d.aux_layer_ids_for(t)
-        return (f"EAGLE-3 head ({n} layer{'s' * (n > 1)}, draft vocabulary {d.draft_vocab_size}, "
-                f"aux layers {aux})")
+        return f"EAGLE-3 head ({layers}, draft vocabulary {d.draft_vocab_size}, aux layers {d.aux_layer_ids_for(t)})"
     if d.kind == "eagle":
-        return f"EAGLE-1/2 head ({n} layer{'s' * (n > 1)}, the target's LM head)"
-    return f"standalone LM draft ({n} layer{'s' * (n > 1)})"
+        return f"EAGLE-1/2 head ({layers}, the target's LM head)"
+    return f"standalone LM draft ({layers})"
 
 
 def ensure_agreeable_preset(name: str, dtype: torch.dtype, draft_layers: int, alpha: float, *, seed: int = 0) -> Path:
