@@ -17,15 +17,9 @@ def packed(specs: list[tuple[tuple[int, ...], torch.dtype]], device, *, pin_memo
     """specs: [(shape, dtype)]. Returns (buffer, views): a uint8 buffer and one contiguous view of
     it per spec, laid out one after another. Two calls with the same specs give the same layout, so
     a whole buffer copies into its twin with every view landing on its counterpart."""
-    offsets, total = [], 0
-    for shape, dtype in specs:
-        offsets.append(total)
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        total += -(-n // _ALIGN) * _ALIGN
-    buf = torch.zeros(total, dtype=torch.uint8, device=device, pin_memory=pin_memory)
-    views = []
-    for (shape, dtype), off in zip(specs, offsets):
-        size = torch.empty((), dtype=dtype).element_size()
-        n = torch.Size(shape).numel()
-        views.append(buf[off : off + n * size].view(dtype).view(shape))
-    return buf, views
+    nbytes = [torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
+    offsets = [0]
+    for n in nbytes:
+        offsets.append(offsets[-1] + -(-n // _ALIGN) * _ALIGN)
+    buf = torch.zeros(offsets[-1], dtype=torch.uint8, device=device, pin_memory=pin_memory)
+    return buf, [buf[off : off + n].view(dtype).view(shape) for (shape, dtype), off, n in zip(specs, offsets, nbytes)]

@@ -71,7 +71,7 @@ class Generation:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "length" | "stop" | "eos"
+    finish_reason: str | None = None  # "stop" (a stop or EOS token) | "length"
     num_cycles: int = 0  # speculative cycles (or plain decode steps) this request took part in
     num_draft_tokens: int = 0  # drafts proposed to the target
     num_accepted_tokens: int = 0  # drafts the target accepted
