@@ -123,8 +123,7 @@ class Cycle:
         self.K = num_draft_tokens
         self.block_size = target_kv.block_size
         self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
-        device = state.num_tokens.device
-        self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=device)
+        self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=state.num_tokens.device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
         self.hooks = PhaseHooks()

@@ -139,11 +139,10 @@ class Runtime:
                                      f"not rank {self.tp.rank} of {self.tp.world_size}")
         self.target_ckpt, self.draft_ckpt = target, draft
         self.target = build_target(target, max_positions, device, self.tp)
-        self.draft = None
-        if draft is not None:
-            self.draft = build_draft(draft, self.target, max_positions, device, self.tp if draft.parallel else None)
-            if draft_quantization is not None:
-                quantize_draft(self.draft, draft_quantization)
+        self.draft = None if draft is None else build_draft(draft, self.target, max_positions, device,
+                                                            self.tp if draft.parallel else None)
+        if draft_quantization is not None:  # (checked above: there is a draft)
+            quantize_draft(self.draft, draft_quantization)
         tcfg = target.config
         self.vocab_size = tcfg.vocab_size
         self.eos_token_ids = frozenset(tcfg.eos_token_ids or ())
@@ -155,7 +154,7 @@ class Runtime:
         if kv_budget_tokens is None and kv_memory_fraction is None:
             # enough for every slot at full length, each rounded up to whole blocks as it is
             # allocated; ask for a memory fraction to oversubscribe slots
-            kv_budget_tokens = max_batch_size * -(-max_positions // block_size) * block_size
+            kv_budget_tokens = max_batch_size * self.max_blocks * block_size
         num_blocks = blocks_for_budget(block_size=block_size, bytes_per_block=per_block,
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)
@@ -278,8 +277,7 @@ class Runtime:
     def pop_generation(self, request_id: int) -> Generation:
         """Return a finished request's Generation and forget the request (an engine driving
         add_request/step calls this, or the host keeps every finished request)."""
-        req = self._requests[request_id]
-        if req.gen.finish_reason is None:
+        if not self.finished(request_id):
             raise RequestError(f"request {request_id} has not finished")
         return self._requests.pop(request_id).gen
 
