@@ -84,11 +84,9 @@ class AttentionBlock:
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
         self.rotary = rotary
-        w = [weights[f"{prefix}.{n}_proj.weight"] for n in "qkv"]
-        self.qkv_weight = torch.cat(w, dim=0)
-        self.qkv_bias = None
-        if f"{prefix}.q_proj.bias" in weights:
-            self.qkv_bias = torch.cat([weights[f"{prefix}.{n}_proj.bias"] for n in "qkv"], dim=0)
+        self.qkv_weight = torch.cat([weights[f"{prefix}.{n}_proj.weight"] for n in "qkv"], dim=0)
+        self.qkv_bias = (torch.cat([weights[f"{prefix}.{n}_proj.bias"] for n in "qkv"], dim=0)
+                         if f"{prefix}.q_proj.bias" in weights else None)
         self.o_weight = weights[f"{prefix}.o_proj.weight"]
         self.q_norm = weights.get(f"{prefix}.q_norm.weight")
         self.k_norm = weights.get(f"{prefix}.k_norm.weight")
