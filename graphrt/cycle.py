@@ -208,13 +208,12 @@ class Cycle:
                         into=s.draft_state[:B] if s.draft_state is not None else None)
         state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), meta, self.draft_kv,
                                          hidden_in, **rows)
-        if not rows and s.draft_state is not None:  # (with rows: [B, H] already, in draft_state)
+        if not rows:  # (with rows the state is [B, H] already, in draft_state)
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather
             # before it writes every byte (docs/notes/benchmarks-history.md, Reliability).
-            state = torch.index_select(state, 0, last, out=s.draft_state[:B])
-        elif not rows:
-            state = state[last]
+            state = state[last] if s.draft_state is None else torch.index_select(state, 0, last,
+                                                                                 out=s.draft_state[:B])
         self._propose(slots, state, column=0)
 
     # ---- DRAFT_DECODE -------------------------------------------------------------------------

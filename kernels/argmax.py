@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.counters import counters, last_to_finish
+from graphrt.kernels.counters import capturing, counters, last_to_finish
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -173,6 +173,17 @@ FOLD_SLOTS = tl.constexpr(32)
 _SLOT_STRIDE = tl.constexpr(16)  # int64s: 128 bytes
 _KEY_EMPTY = tl.constexpr(-(2**63))
 _LOW_WORD = tl.constexpr(0xFFFFFFFF)
+_keys: dict[torch.device, torch.Tensor] = {}
+
+
+def argmax_keys(dev: torch.device) -> torch.Tensor | None:
+    """The device's FOLD_SLOTS slots of one row ([FOLD_SLOTS * 16] int64, at rest: -2**63), left at
+    rest by fold_finish, or None inside a capture before they exist."""
+    buf = _keys.get(dev)
+    if buf is None and not capturing():
+        size = FOLD_SLOTS.value * _SLOT_STRIDE.value
+        buf = _keys[dev] = torch.full((size,), _KEY_EMPTY.value, dtype=torch.int64, device=dev)
+    return buf
 
 
 @triton.jit

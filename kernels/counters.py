@@ -19,7 +19,6 @@ import triton.language as tl
 
 COUNTER_SLOTS = 1 << 16
 _bufs: dict[torch.device, torch.Tensor] = {}
-_keys: dict[torch.device, torch.Tensor] = {}
 _retired: list[tuple[torch.Tensor, ...]] = []
 
 
@@ -39,16 +38,6 @@ def counters(dev: torch.device, n: int) -> torch.Tensor | None:
             return None
         buf = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=dev)
         _bufs[dev] = buf
-    return buf
-
-
-def argmax_keys(dev: torch.device) -> torch.Tensor | None:
-    """The device's [512] int64 slots at rest (-2**63) for the GEMV epilogue's argmax of one row
-    (argmax.fold_argmax; argmax.fold_finish leaves them at rest), or None inside a capture before
-    they exist."""
-    buf = _keys.get(dev)
-    if buf is None and not capturing():
-        buf = _keys[dev] = torch.full((512,), -(2**63), dtype=torch.int64, device=dev)
     return buf
 
 

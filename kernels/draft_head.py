@@ -5,17 +5,16 @@ output: two or three launches whose latency, not their bytes, is what they cost.
 runs one row on the unsplit FMA path, its epilogue folds each program's outputs into the row's
 argmax (argmax.fold_argmax) and a one-program kernel maps and stores the token: the logits never go
 to memory, and the argmax's two launches (a split pass over the logits, then the merge) become that
-one. The token is the one argmax_triton
-picks from the logits the unfused GEMV stores, bit for bit (same sums, rounded to the same dtype,
-NaN as -inf, ties to the lowest index). Anywhere else (several rows, the DOT path or cuBLAS, the
-CPU, a vocab shard under tensor parallelism) the logits are made and argmax'd as before.
+one. The token is the one argmax_triton picks from the logits the unfused GEMV stores, bit for bit
+(same sums, rounded to the same dtype, NaN as -inf, ties to the lowest index). Anywhere else
+(several rows, the DOT path or cuBLAS, the CPU, a vocab shard under tensor parallelism) the logits
+are made and argmax'd as before.
 """
 
 from __future__ import annotations
 
 import torch
-from graphrt.kernels.argmax import Proposal, propose_tokens
-from graphrt.kernels.counters import argmax_keys
+from graphrt.kernels.argmax import Proposal, argmax_keys, propose_tokens
 from graphrt.kernels.fp8_weight import Fp8Weight, for_rows
 from graphrt.kernels.gemv import _triton_ok, gemv_triton, linear
 from graphrt.kernels.gemv_config import row_fma_config

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
-from graphrt.kernels.argmax import Proposal, _validate_proposal, fold_argmax, fold_finish
-from graphrt.kernels.counters import COUNTER_SLOTS, argmax_keys, counters, last_to_finish
+from graphrt.kernels.argmax import Proposal, _validate_proposal, argmax_keys, fold_argmax, fold_finish
+from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile

@@ -6,8 +6,7 @@ draft heads' sizes on the GPU."""
 
 import pytest
 import torch
-from graphrt.kernels.argmax import Proposal, argmax_triton, lowest_argmax
-from graphrt.kernels.counters import argmax_keys
+from graphrt.kernels.argmax import Proposal, argmax_keys, argmax_triton, lowest_argmax
 from graphrt.kernels.draft_head import propose_from_head
 from graphrt.kernels.fp8_weight import quantize_fp8
 from graphrt.kernels.gemv import gemv_triton, linear
