@@ -34,7 +34,7 @@ from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_mul
 from graphrt.kernels.argmax import Proposal, _validate_proposal, argmax_keys, fold_argmax, fold_finish
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, fp8_tile_dot, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -200,35 +200,27 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 
 @triton.jit
-def _dot_tile(acc, w, xt, DOT_PRECISION: tl.constexpr):
-    # An e4m3 weight tile meets x on the FP8 tensor cores (fp8_tile_dot); any other is the MMA of x's dtype.
-    if w.dtype == tl.float8e4nv:
-        acc += fp8_tile_dot(w, xt)
-    else:
-        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-    return acc
-
-
-@triton.jit
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
     masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros);
-    FP8 weight tiles multiply x split into two e4m3 terms per tile (kernels/fp8_weight.fp8_tile_dot).
+    FP8 weight tiles are widened to x's dtype (exactly) before each product.
     kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for k in range(k0, k_full, BLOCK_K):
         xt = tl.load(xt_ptrs + k)
-        acc = _dot_tile(acc, tl.load(w_ptrs + k), xt, DOT_PRECISION)
+        acc = tl.dot(tl.load(w_ptrs + k).to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
         if GATED:
-            acc_u = _dot_tile(acc_u, tl.load(u_ptrs + k), xt, DOT_PRECISION)
+            acc_u = tl.dot(tl.load(u_ptrs + k).to(xt.dtype), xt, acc_u, input_precision=DOT_PRECISION)
     if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
         kmask = (k_full + offs_k) < k_end
         xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
-        acc = _dot_tile(acc, tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0), xt, DOT_PRECISION)
+        w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
+        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
         if GATED:
-            acc_u = _dot_tile(acc_u, tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0), xt, DOT_PRECISION)
+            u = tl.load(u_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
+            acc_u = tl.dot(u, xt, acc_u, input_precision=DOT_PRECISION)
     return acc, acc_u
 
 

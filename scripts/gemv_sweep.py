@@ -66,9 +66,6 @@ PROGRAMS_PER_SM = [1, 2, 3, 4, 6]
 FP8_FMA_TILES = [(2, 2048, 4, True), (4, 2048, 4, True), (2, 4096, 4, True), (4, 4096, 4, True), (4, 4096, 8, True),
                  (8, 4096, 8, True), (8, 2048, 4, True), (4, 1024, 4, False), (8, 1024, 4, False),
                  (4, 2048, 4, False), (16, 1024, 4, True), (4, 2048, 2, True)]
-# ... and the DOT path on FP8 (x split into two e4m3 terms, kernels/fp8_weight.fp8_tile_dot), at any M
-FP8_DOT_TILES = [(64, 256, 4, 4), (64, 256, 4, 3), (128, 256, 4, 3), (128, 256, 8, 3), (64, 512, 4, 3),
-                 (128, 128, 4, 4), (32, 512, 4, 4), (128, 512, 8, 2)]
 
 
 def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2, fp8: bool = False) -> list[dict]:
@@ -81,8 +78,8 @@ def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2, fp8
                 continue  # 8 fp32 partials per 16-byte load and row: spills
             tiles.append(dict(use_dot=False, reduce_each=red, block_n=bn, block_k=bk, num_warps=warps,
                               num_stages=1))
-    if m > 1 or fp8:
-        for bn, bk, warps, stages in FP8_DOT_TILES if fp8 else DOT_TILES:
+    if m > 1 and not fp8:  # an FP8 tile widened for the MMA measured slower than the bf16 matrix
+        for bn, bk, warps, stages in DOT_TILES:
             tiles.append(dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=warps,
                               num_stages=stages))
     if big:  # lm_head-sized: plenty of tiles, a few configs are enough for a reference point

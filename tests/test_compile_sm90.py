@@ -69,9 +69,6 @@ CASES = {
         y_ptr="*i64"), _gemv_fma()[3] | dict(
         BLOCK_N=8, BLOCK_K=1024, REDUCE_EACH=False, NORM=True, BLOCK_H=2048, HAS_SCALE=True, ARGMAX=True),
         dict(num_warps=4, num_stages=1)),
-    # the DOT path on FP8: x split into two e4m3 terms, the MMA in e4m3 (kernels/fp8_weight.fp8_tile_dot)
-    "gemv-dot-fp8-pdl": ("gemv", "_gemv_kernel", _GEMV | _FP8, _gemv_dot()[3] | dict(BLOCK_K=256, HAS_SCALE=True),
-                         dict(num_warps=4, num_stages=4)),
     "qkv-rotary-m1-fp8-pdl": ("qkv_rotary", "_qkv_rotary_kernel", _ROTARY | _FP8,
                               dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, PAGE=16, BLOCK_N=4, BLOCK_K=2048,
                                    REDUCE_EACH=False, HAS_BIAS=False, USE_PDL=True, HAS_SCALE=True),

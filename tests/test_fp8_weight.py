@@ -11,19 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from graphrt.kernels.activation import silu_and_mul_reference
-from graphrt.kernels.fp8_weight import (
-    FP8,
-    FP8_MAX,
-    Fp8Weight,
-    _x_parts,
-    dense,
-    for_rows,
-    quantize_fp8,
-    x_parts_reference,
-)
+from graphrt.kernels.fp8_weight import FP8, FP8_MAX, Fp8Weight, dense, for_rows, quantize_fp8
 from graphrt.kernels.gemv import gemv_triton, linear, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store_reference, qkv_rotary_store_triton
@@ -87,50 +76,7 @@ def test_gemv_reads_fp8_as_the_dense_matrix(case):
     fw = quantize_fp8(_weights(n, k, dtype, gen))
     b = torch.randn(n, generator=gen).to(dtype)
     y = gemv_triton(x, fw, b, use_dot=use_dot, block_n=bn, block_k=bk, split_k=split, reduce_each=bool(seed % 2))
-    # the DOT path multiplies the FP8 tiles by x split into two e4m3 terms per K tile
-    _check(y, x, fw.dense, b, f"seed={seed} case={case} {dtype}", x_parts_reference(x, bk) if use_dot else None)
-
-
-@triton.jit
-def _x_parts_kernel(x_ptr, out_ptr, K, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):
-    # x [BLOCK_M, K] fp32/fp16/bf16, K a multiple of BLOCK_K -> out [BLOCK_M, K] fp32: _x_parts's split
-    # of each BLOCK_K tile, multiplied back out
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_m = tl.arange(0, BLOCK_M)
-    for k in range(0, K, BLOCK_K):
-        ptrs = offs_m[None, :] * K + k + offs_k[:, None]
-        hi, lo, scale = _x_parts(tl.load(x_ptr + ptrs))
-        tl.store(out_ptr + ptrs, scale[None, :] * (hi.to(tl.float32) + lo.to(tl.float32) * 0.0625))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_x_split_for_the_fp8_mma_is_the_reference_and_near_exact(dtype):
-    """The kernel's split of x (two e4m3 terms and a power-of-two scale per row and K tile) equals
-    x_parts_reference bit for bit, and keeps x within 2^-8 of each value plus 2^-14 of the tile's
-    scale: rows spanning ten binades, values whose rounding carries into the next binade, zeros, a
-    zero tile, negative and tiny values."""
-    seed = fresh_seed()
-    gen = torch.Generator().manual_seed(seed)
-    m, k, bk = 4, 192, 64
-    x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 0, k)[torch.randperm(k, generator=gen)]
-    x[0, :bk] = 0  # a zero tile
-    x[1, 5] = 0
-    # with the tile max at 448 (scale 1): just under a power of two, where e4m3 rounds up a binade
-    x[2, :bk] = torch.tensor([448.0, -124.8, 255.9, 15.99, -0.0311, 0.0156, 0.00195, 1e-5] * 8)
-    x[3] *= 1e4
-    x = x.to(dtype)
-    before = x.clone()
-    got = torch.empty(m, k)
-    _x_parts_kernel[(1,)](x, got, k, BLOCK_K=bk, BLOCK_M=m)
-    assert torch.equal(x, before), "the input was modified"
-    want = x_parts_reference(x, bk)
-    assert torch.equal(got, want), f"seed={seed}: max diff {(got - want).abs().max().item():.3g}"
-    xf = x.float().view(m, -1, bk)
-    scale = torch.exp2(torch.ceil(torch.log2((xf.abs().amax(2, keepdim=True) / FP8_MAX).clamp_min(1e-38))))
-    bound = (2.0**-8 * xf.abs() + 2.0**-14 * scale).view(m, k)
-    err = (want - x.float()).abs()
-    assert bool((err <= bound).all()), f"seed={seed}: {(err - bound).max().item():.3g} over the bound"
-    assert not want[0, :bk].any()
+    _check(y, x, fw.dense, b, f"seed={seed} case={case} {dtype}")
 
 
 @pytest.mark.parametrize("use_dot,m", [(False, 1), (True, 3)])
@@ -204,23 +150,6 @@ def test_gpu_fp8_linear_at_the_8b_heads_sizes(cuda, m, n, k):
     if n % 2 == 0:
         want = silu_and_mul_reference(F.linear(x.float(), fw.dense.float())).to(torch.bfloat16)
         torch.testing.assert_close(linear_silu_mul(x, fw), want, rtol=2e-2, atol=1e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,bn,bk,split", [(1, 6144, 8192, 64, 256, 1), (4, 4096, 12288, 64, 256, 3),
-                                               (4, 3072, 4096, 128, 256, 1), (16, 2048, 6144, 32, 512, 2),
-                                               (3, 2000, 300, 64, 128, 1)])
-def test_gpu_fp8_mma_reads_fp8_against_the_split_x(cuda, m, n, k, bn, bk, split):
-    """The DOT path on FP8 weights (e4m3 MMA, x split into two e4m3 terms) at the EAGLE-3 heads'
-    sizes, split and unsplit, with a K tail: each output is the product of x_parts_reference's x and
-    the dense matrix up to fp32 summation order and one bf16 rounding."""
-    seed = fresh_seed()
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, k)[torch.randperm(k, generator=gen)])
-    x = x.to(torch.bfloat16).to(cuda)
-    fw = quantize_fp8(_weights(n, k, torch.bfloat16, gen, cuda))
-    y = gemv_triton(x, fw, use_dot=True, block_n=bn, block_k=bk, split_k=split)
-    _check(y, x, fw.dense, None, f"seed={seed} m={m} n={n} k={k}", x_parts_reference(x, bk))
 
 
 @pytest.mark.gpu
