@@ -36,6 +36,7 @@ from graphrt.kernels.cycle_index import (
     pin_scratch,
 )
 from graphrt.kernels.draft_head import propose_from_head
+from graphrt.kernels.residual_add import PendingAdd, summed
 from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
@@ -208,10 +209,11 @@ class Cycle:
                         into=s.draft_state[:B] if s.draft_state is not None else None)
         state = self.draft.draft_forward(x.tokens.flatten(), x.positions.flatten(), meta, self.draft_kv,
                                          hidden_in, **rows)
-        if not rows:  # (with rows the state is [B, H] already, in draft_state)
+        if not rows:  # (with rows the state is [B, H], in draft_state once _propose's LM head has run)
             # Gathered straight into the static buffer (one kernel, no copy node). A copy node here
             # drew initcheck reports on its source at the graph's first replay although the gather
             # before it writes every byte (docs/notes/benchmarks-history.md, Reliability).
+            state = summed(state)
             state = state[last] if s.draft_state is None else torch.index_select(state, 0, last,
                                                                                  out=s.draft_state[:B])
         self._propose(slots, state, column=0)
@@ -234,7 +236,8 @@ class Cycle:
         for i in range(1, self.K):
             state = self.draft.draft_forward(tokens, positions[i - 1], metas[i - 1], self.draft_kv, hidden_in)
             tokens = self._propose(slots, state, column=i)
-            hidden_in = state if s.draft_state is not None else None
+            # a PendingAdd's sum is written by the LM head's launch in _propose
+            hidden_in = (state.total if isinstance(state, PendingAdd) else state) if s.draft_state is not None else None
 
     def _propose(self, slots, state, *, column: int) -> torch.Tensor:
         """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax, mapped to
@@ -312,8 +315,8 @@ class Cycle:
         else:  # rows t_0 .. t_P at positions 0 .. P
             hidden_in = None
             positions = torch.arange(P + 1, device=prompt.device)[None, :]
-        state = self.draft.draft_forward(tokens, positions[0], self._prompt_meta(slots, positions.shape[1]),
-                                         self.draft_kv, hidden_in)
+        state = summed(self.draft.draft_forward(tokens, positions[0], self._prompt_meta(slots, positions.shape[1]),
+                                                self.draft_kv, hidden_in))
         if s.draft_state is not None:
             s.draft_state[:1] = state[-1:]  # batch row 0: what draft_decode(1, slots) reads
         self._propose(slots, state[-1:], column=0)

@@ -150,10 +150,13 @@ def _check_norm_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tens
             raise ValueError(f"residual is on {residual.device}, x on {x.device}")
 
 
-def _launch(x, weight, eps, residual):
+def _launch(x, weight, eps, residual, total=None):
     n, h = x.shape
     out = torch.empty((n, h), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    total = torch.empty((n, h), dtype=x.dtype, device=x.device) if residual is not None else out
+    if residual is None:
+        total = out
+    elif total is None:
+        total = torch.empty((n, h), dtype=x.dtype, device=x.device)
     if n == 0 or h == 0:
         return out, total
     block_h = triton.next_power_of_2(h)
@@ -174,12 +177,16 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, total: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: [N, H] same dtype, unit column stride; weight: [H]. Returns (rms_norm(x +
-    residual), x + residual), new contiguous tensors, in one pass. No host sync."""
+    residual), x + residual), new contiguous tensors, in one pass (total: a contiguous [N, H] tensor
+    of x's dtype the sum goes to instead). No host sync."""
     _check_norm_args(x, weight, residual)
-    return _launch(x, weight, eps, residual)
+    if total is not None and (total.shape != x.shape or total.dtype != x.dtype or not total.is_contiguous()
+                              or total.device != x.device):
+        raise ValueError(f"total must be a contiguous {tuple(x.shape)} {x.dtype} tensor on {x.device}")
+    return _launch(x, weight, eps, residual, total)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -190,12 +197,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, total: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual). CUDA 2-D inputs -> Triton, else the reference."""
+    """(rms_norm(x + residual), x + residual), the sum written into total when given. CUDA 2-D
+    inputs -> Triton, else the reference."""
     if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and residual.stride(-1) == 1:
-        return add_rms_norm_triton(x, residual, weight, eps)
-    return add_rms_norm_reference(x, residual, weight, eps)
+        return add_rms_norm_triton(x, residual, weight, eps, total)
+    out, r = add_rms_norm_reference(x, residual, weight, eps)
+    return out, r if total is None else total.copy_(r)
 
 
 class PendingNorm:
@@ -207,15 +216,19 @@ class PendingNorm:
     materialize(). Either way `stream` is then x + residual (or x): what the next norm adds to.
     """
 
-    def __init__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    def __init__(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 stream: torch.Tensor | None = None):
+        """stream (with a residual): a contiguous tensor like x where x + residual goes (a new one
+        when None)."""
         self.x, self.residual, self.weight, self.eps = x, residual, weight, eps
         self.stream = x if residual is None else None
+        self._stream_out = stream
 
     def materialize(self) -> torch.Tensor:
         """The norm's output as its own launch (the reference on CPU)."""
         if self.residual is None:
             return rms_norm(self.x, self.weight, self.eps)
-        h, self.stream = add_rms_norm(self.x, self.residual, self.weight, self.eps)
+        h, self.stream = add_rms_norm(self.x, self.residual, self.weight, self.eps, self._stream_out)
         return h
 
     def fusable(self) -> bool:
@@ -233,5 +246,5 @@ class PendingNorm:
         allocates the stream it will write. Pointers a kernel does not read are x."""
         if self.residual is None:
             return self.x, self.weight, self.x, float(self.eps), False
-        self.stream = torch.empty_like(self.x)
+        self.stream = torch.empty_like(self.x) if self._stream_out is None else self._stream_out
         return self.residual, self.weight, self.stream, float(self.eps), True

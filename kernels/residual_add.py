@@ -3,6 +3,10 @@ stream + mlp_out (the target defers its adds into the next norm, kernels/norm.Pe
 
     residual_add(stream, out) = stream + out      # in their dtype, one rounding (as torch's add)
 
+PendingAdd defers it too where a norm reads the sum next: an EAGLE-3 head's state goes to its LM
+head's final norm, which adds it in the GEMV's prologue (or its own add + norm launch) and stores
+the sum where the next draft step reads it.
+
 A torch add there would be a graph node without a programmatic edge between the decode path's
 PDL kernels (kernels/pdl.py): the next kernels could not start early, and it would break the rule
 that only graphrt's kernels (or the forward's input gather) run between a phase's metadata and the
@@ -14,9 +18,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
-__all__ = ["residual_add", "residual_add_reference", "residual_add_triton"]
+__all__ = ["PendingAdd", "residual_add", "residual_add_reference", "residual_add_triton", "summed"]
 
 _BLOCK = 1024
 
@@ -74,3 +79,26 @@ def residual_add(stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | N
     if stream.is_cuda and _fits(stream, out) and (into is None or _fits(stream, into)):
         return residual_add_triton(stream, out, into)
     return residual_add_reference(stream, out, into)
+
+
+class PendingAdd:
+    """stream + out [N, H], not yet added. `total` is where the sum lands (into, else a new tensor),
+    whichever of the two ways below computes it; read it only after one has run."""
+
+    def __init__(self, stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None):
+        self.stream, self.out = stream, out
+        self.total = torch.empty_like(stream) if into is None else into
+
+    def materialize(self) -> torch.Tensor:
+        """The sum as a launch of its own: residual_add(stream, out, into=total)."""
+        return residual_add(self.stream, self.out, self.total)
+
+    def normed(self, weight: torch.Tensor, eps: float) -> PendingNorm:
+        """rms_norm(stream + out, weight) for the projection that reads it, which stores the sum
+        to total (the same bits as residual_add: one fp32 add rounded once)."""
+        return PendingNorm(self.out, self.stream, weight, eps, stream=self.total)
+
+
+def summed(state):
+    """A draft state as a tensor: a PendingAdd's sum (added here), anything else as it is."""
+    return state.materialize() if isinstance(state, PendingAdd) else state

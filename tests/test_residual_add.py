@@ -51,3 +51,38 @@ def test_gpu_equals_torch_add(cuda, dtype, rows, h):
     a = torch.randn(rows, h, device=cuda, generator=gen).to(dtype)
     b = torch.randn(rows, h, device=cuda, generator=gen).to(dtype)
     assert torch.equal(residual_add(a, b).view(torch.uint8), (a + b).view(torch.uint8)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("into", [False, True])
+def test_pending_add_is_the_add_whichever_launch_computes_it(dtype, into):
+    """An EAGLE-3 head's state (kernels/residual_add.PendingAdd): added in its own launch, or in the
+    final norm that reads it, alone or in the prologue of the one-row LM head GEMV, the sum lands in
+    `total` (the caller's buffer with into) with residual_add's bits, and the norm's output is
+    rms_norm of it (interpreter on CPU; fp32 and fp16)."""
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.norm import rms_norm_triton
+    from graphrt.kernels.residual_add import PendingAdd, summed
+
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    stream, out = ((torch.randn(1, 96, generator=gen) * s).to(dtype) for s in (3, 1))
+    g = (1 + 0.5 * torch.randn(96, generator=gen)).to(dtype)
+    w = (torch.randn(40, 96, generator=gen) / 96**0.5).to(dtype)
+    snap = (stream.clone(), out.clone())
+    want_sum = residual_add_triton(stream, out)
+    want_y = gemv_triton(rms_norm_triton(want_sum, g, 1e-5), w, block_n=4, block_k=32)
+    buf = torch.full((1, 96), float("nan"), dtype=dtype) if into else None
+    p = PendingAdd(stream, out, buf)
+    assert (p.total is buf) if into else p.total.shape == stream.shape
+    assert torch.equal(p.materialize(), want_sum) and torch.equal(summed(p), want_sum), f"seed {seed}"
+    for prologue in (True, False):
+        p = PendingAdd(stream, out, None if buf is None else buf.fill_(float("nan")))
+        pn = p.normed(g, 1e-5)
+        y = gemv_triton(out, w, norm=pn, block_n=4, block_k=32) if prologue else gemv_triton(
+            pn.materialize(), w, block_n=4, block_k=32)
+        msg = f"seed {seed} prologue={prologue}"
+        assert pn.stream is p.total and torch.equal(p.total, want_sum), msg
+        assert torch.equal(y, want_y), msg
+    assert torch.equal(stream, snap[0]) and torch.equal(out, snap[1])
+    assert summed(want_sum) is want_sum

@@ -1,7 +1,8 @@
 """Model construction from loaded checkpoints.
 
 A draft is anything with the draft interface: `draft_forward(tokens, positions, meta, kv,
-hidden_in) -> state [N, H]`, `draft_head(state) -> (x, w)` (its LM head's input, a tensor or a
+hidden_in) -> state [N, H]` (a tensor, or a kernels/residual_add.PendingAdd whose sum draft_head's
+norm computes and stores), `draft_head(state) -> (x, w)` (its LM head's input, a tensor or a
 kernels/norm.PendingNorm, and weight [V_draft, H]: the draft logits are linear(x, w)), `token_map`
 (the target id of each draft id, [V_draft] int64, or None where they are the same),
 `position_offset`, `uses_target_hidden` (and then `target_hidden` in {"final", "aux"}), `num_layers`,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
 from graphrt.kernels.gemv import linear
 from graphrt.kernels.norm import PendingNorm
-from graphrt.kernels.residual_add import residual_add
+from graphrt.kernels.residual_add import PendingAdd
 from graphrt.models.layers import DecoderLayer, Rotary
 
 
@@ -82,16 +82,19 @@ class Eagle3Layer(DecoderLayer):
     """The EAGLE-3 decoder layer: attention reads [norm(embedding) ; hidden_norm(hidden)] (2H wide)
     while the residual carries the un-normalised hidden state."""
 
-    def __init__(self, weights, prefix, cfg, rotary, tp=None):
+    def __init__(self, weights, prefix, cfg, rotary, tp=None, last=False):
+        """last: the head's only layer, whose output stream its LM head's final norm adds up."""
         super().__init__(weights, prefix, cfg, rotary, tp=tp)
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
         self.norm_before_residual = cfg.norm_before_residual
+        self.last = last
 
     def __call__(self, tokens, table, hidden, positions, meta, k_cache, v_cache, rows=None, into=None):
         """table: the embedding table [V, H] the tokens index, or a function of the tokens (a
         vocab-parallel lookup); with a table, the gather and both norms run in one launch
         (kernels/eagle3_input.py). rows: as AttentionBlock's (every row's KV, then those rows
-        only); into: where the output stream goes (a new tensor when None)."""
+        only); into: where the output stream goes (a new tensor when None). The last layer
+        returns it as a PendingAdd: the final norm's launch adds it."""
         if isinstance(table, torch.Tensor):
             x, normed = eagle3_input(tokens, table, hidden, self.input_norm, self.hidden_norm, self.eps)
         else:
@@ -101,8 +104,9 @@ class Eagle3Layer(DecoderLayer):
             residual = residual.index_select(0, rows[0])
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache, rows), residual, self.post_norm, self.eps)
-        out = self.mlp(h)
-        return residual_add(h.stream, out, into)
+        out = self.mlp(h)  # first: it sets h.stream
+        total = PendingAdd(h.stream, out, into)
+        return total if self.last else total.materialize()
 
 
 class Eagle3Head(_EagleBase):
@@ -130,7 +134,7 @@ class Eagle3Head(_EagleBase):
         self.lm_head = weights["lm_head.weight"]
         # draft id -> target id as one table (target = draft + d2t[draft]), read by the argmax's last step
         self.token_map = torch.arange(cfg.draft_vocab_size, device=device) + weights["d2t"].to(torch.int64)
-        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp)] + [
+        self.layers = [Eagle3Layer(weights, "layers.0", cfg, self.rotary, tp, last=cfg.num_hidden_layers == 1)] + [
             DecoderLayer(weights, f"layers.{i}", cfg, self.rotary, tp=tp) for i in range(1, cfg.num_hidden_layers)]
 
     def draft_forward(self, tokens, positions, meta, kv, hidden_in, rows=None, into=None):
@@ -140,5 +144,9 @@ class Eagle3Head(_EagleBase):
         return self._run_layers((tokens, self.embed_source, hidden_in), positions, meta, kv, rows, into)
 
     def draft_head(self, state):
-        # the final norm in the draft LM head GEMV's prologue where it can
-        return PendingNorm(state, None, self.norm, self.cfg.rms_norm_eps), self.lm_head
+        # the final norm (and a one-layer head's residual add) in the draft LM head GEMV's prologue
+        # where it can
+        eps = self.cfg.rms_norm_eps
+        if isinstance(state, PendingAdd):
+            return state.normed(self.norm, eps), self.lm_head
+        return PendingNorm(state, None, self.norm, eps), self.lm_head
