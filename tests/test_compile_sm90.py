@@ -130,6 +130,10 @@ CASES = {
         SPLITS_POW2=128, USE_PDL=True, PROPOSE=True, HAS_MAP=True), dict(num_warps=1)),
     "add-rms-norm-pdl": ("norm", "_rms_norm_kernel", dict(eps="fp32"), dict(
         HAS_RESIDUAL=True, BLOCK_H=2048, USE_PDL=True), dict(num_warps=4)),
+    # the EAGLE-3 layer's input, DRAFT_EXTEND's last rows' residuals gathered by extra programs
+    "eagle3-input-rows-pdl": ("eagle3_input", "_eagle3_input_kernel", dict(tok_ptr="*i64", rows_ptr="*i64",
+                              eps="fp32"), dict(BLOCK_H=2048, RES=2, RES_NORMED=False, USE_PDL=True),
+                              dict(num_warps=4)),
     "residual-add-pdl": ("residual_add", "_residual_add_kernel", dict(a_ptr="*bf16"), dict(BLOCK=1024, USE_PDL=True),
                          dict(num_warps=4)),
     "silu-mul-pdl": ("activation", "_silu_and_mul_kernel", {}, dict(BLOCK_I=1024, USE_PDL=True),

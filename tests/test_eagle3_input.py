@@ -45,6 +45,37 @@ def test_triton_matches_reference_and_leaves_inputs(dtype, n, h, pad, tok_dtype)
     assert torch.equal(normed, x[:, h:]), msg
 
 
+@pytest.mark.parametrize("normed_residual", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_residual_of_every_row_or_gathered_for_rows(normed_residual, dtype):
+    """The residual output: the normalised hidden state or hidden itself, of every row or gathered
+    for rows (DRAFT_EXTEND's last rows: repeated and out of order here) by extra programs of the same
+    launch, whose rows are bit for bit the full launch's; x does not change with it."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    args = _case(6, 37, 50, dtype, gen, pad=3)
+    rows = torch.tensor([5, 0, 3, 3], dtype=torch.int64)
+    snap = [a.clone() for a in args] + [rows.clone()]
+    x_all, res_all = eagle3_input_triton(*args, 1e-5, normed_residual)
+    x, res = eagle3_input_triton(*args, 1e-5, normed_residual, rows)
+    for before, after in zip(snap, list(args) + [rows]):
+        assert torch.equal(before, after), "an input was modified"
+    msg = f"seed={seed} {dtype} normed_residual={normed_residual}"
+    assert torch.equal(x, x_all) and res.shape == (4, 37), msg
+    assert torch.equal(res, res_all.index_select(0, rows)), msg
+    if normed_residual:
+        assert torch.equal(res_all, x_all[:, 37:]), msg
+    else:
+        assert res_all is args[2]  # hidden itself, no copy
+    ref_x, ref_res = eagle3_input_reference(*args, 1e-5, normed_residual, rows)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(res.float(), ref_res.float(), atol=atol, rtol=rtol, msg=lambda m: f"{msg}: {m}")
+    cpu_x, cpu_res = eagle3_input(*args, 1e-5, normed_residual, rows)  # the CPU dispatch: the unfused path
+    assert torch.equal(cpu_x, ref_x) and torch.equal(cpu_res, ref_res), msg
+    with pytest.raises(ValueError, match="rows"):
+        eagle3_input_triton(*args, 1e-5, normed_residual, rows.to(torch.int32))
+
+
 def test_cpu_dispatch_is_the_unfused_path_and_bad_inputs_name_the_problem():
     gen = torch.Generator().manual_seed(0)
     tokens, table, hidden, we, wh = _case(3, 16, 10, torch.float32, gen)
@@ -69,3 +100,7 @@ def test_gpu_is_the_unfused_kernels_bitwise(cuda, dtype, n, h):
     msg = f"seed={seed} {dtype} n={n} h={h}"
     assert torch.equal(x[:, :h], want_e), f"{msg}: embedding half {bit_diff(x[:, :h], want_e)}"
     assert torch.equal(x[:, h:], want_h) and torch.equal(normed, want_h), f"{msg}: {bit_diff(normed, want_h)}"
+    rows = torch.randint(0, n, (max(1, n // 2),), generator=torch.Generator().manual_seed(seed)).to(cuda)
+    for normed_residual, full in ((True, want_h), (False, hidden)):
+        _, res = eagle3_input(tokens, table, hidden, we, wh, 1e-5, normed_residual, rows)
+        assert torch.equal(res, full.index_select(0, rows)), f"{msg} rows, normed_residual={normed_residual}"

@@ -95,13 +95,13 @@ class Eagle3Layer(DecoderLayer):
         (kernels/eagle3_input.py). rows: as AttentionBlock's (every row's KV, then those rows
         only); into: where the output stream goes (a new tensor when None). The last layer
         returns it as a PendingAdd: the final norm's launch adds it."""
+        # the residual: of every row, or gathered for rows (in the same launch where it can)
+        args = (hidden, self.input_norm, self.hidden_norm, self.eps, self.norm_before_residual,
+                None if rows is None else rows[0])
         if isinstance(table, torch.Tensor):
-            x, normed = eagle3_input(tokens, table, hidden, self.input_norm, self.hidden_norm, self.eps)
+            x, residual = eagle3_input(tokens, table, *args)
         else:
-            x, normed = eagle3_input_unfused(table(tokens), hidden, self.input_norm, self.hidden_norm, self.eps)
-        residual = normed if self.norm_before_residual else hidden
-        if rows is not None:
-            residual = residual.index_select(0, rows[0])
+            x, residual = eagle3_input_unfused(table(tokens), *args)
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache, rows), residual, self.post_norm, self.eps)
         out = self.mlp(h)  # first: it sets h.stream
