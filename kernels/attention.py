@@ -52,7 +52,7 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise ValueError("k_cache and v_cache must be contiguous along head_dim")
 
 
-def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len):
+def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len, q_rows=None):
     _check_cache(k_cache, v_cache)
     _, _, hkv, d = k_cache.shape
     if query.dim() != 3 or query.shape[2] != d:
@@ -64,7 +64,13 @@ def _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query
     if block_tables.dim() != 2 or seq_lens.dim() != 1 or seq_lens.shape[0] != block_tables.shape[0]:
         raise ValueError(f"block_tables must be [B, max_blocks] and seq_lens [B], got {tuple(block_tables.shape)} "
                          f"and {tuple(seq_lens.shape)}")
-    if query.shape[0] != block_tables.shape[0] * query_len:
+    if q_rows is not None:
+        if query_len != 1 or q_rows.dim() != 1 or q_rows.dtype != torch.int64 or not q_rows.is_contiguous() \
+                or q_rows.shape[0] != block_tables.shape[0]:
+            raise ValueError(f"q_rows takes query_len 1 and a contiguous [B] int64 tensor, B = {block_tables.shape[0]}"
+                             f"; got query_len {query_len}, q_rows {tuple(q_rows.shape)} {q_rows.dtype}")
+        _check_devices(k_cache.device, "the cache", q_rows=q_rows)
+    elif query.shape[0] != block_tables.shape[0] * query_len:
         raise ValueError(f"query has {query.shape[0]} rows, expected B * query_len = {block_tables.shape[0]} * "
                          f"{query_len}")
     if block_tables.dtype not in (torch.int32, torch.int64) or seq_lens.dtype not in (torch.int32, torch.int64):
@@ -173,12 +179,15 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 def paged_attention_reference(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
-    max_seq_len: int | None = None,
+    max_seq_len: int | None = None, q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Gather each request's live blocks, masked softmax in fp32, vectorized over the batch. query:
-    [B * query_len, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B]. Keys are padded to
-    max_seq_len (default: the table's capacity) and masked."""
-    _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
+    [B * query_len, Hq, D] (q_rows [B] int64, query_len 1: request b's query is row q_rows[b] of
+    query, which may have any number of rows); block_tables: [B, max_blocks]; seq_lens: [B]. Keys are
+    padded to max_seq_len (default: the table's capacity) and masked."""
+    _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len, q_rows)
+    if q_rows is not None:
+        query = query.index_select(0, q_rows)
     _, page, hkv, d = k_cache.shape
     bsz, max_blocks = block_tables.shape
     hq = query.shape[1]
@@ -263,15 +272,17 @@ def _prefetch_first_step(k_head, v_head, bt_row, seq_len, split, max_blocks, str
     prefetch_l2(v_head + blk[:, None] * stride_vb + tok * stride_vs + line[None, :], m)
 
 
-# Not specialised (so batch buckets share compiled variants): seq_lens_ptr, read by one scalar load
-# whose alignment changes nothing, and total_rows, used only in the workspace address after the loop.
-@triton.jit(do_not_specialize=["seq_lens_ptr", "total_rows"])
+# Not specialised (so batch buckets share compiled variants): seq_lens_ptr and q_rows_ptr, each read
+# by one scalar load whose alignment changes nothing, and total_rows, used only in the workspace
+# address after the loop.
+@triton.jit(do_not_specialize=["seq_lens_ptr", "q_rows_ptr", "total_rows"])
 def _paged_attn_partial_kernel(
     q_ptr,  # [B * query_len, Hq, D]
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32
+    q_rows_ptr,  # [B] int64 (Q_ROWS): request b's query row in q
     out_ptr,  # [B * query_len, Hq, D], written when NUM_SPLITS == 1
     ws_out_ptr,  # [NUM_SPLITS, B * query_len, Hq, D] fp32, written when NUM_SPLITS > 1
     ws_lse_ptr,  # [NUM_SPLITS, B * query_len, Hq] fp32 (log2 domain)
@@ -297,6 +308,7 @@ def _paged_attn_partial_kernel(
     UPCAST_DOT: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns as ints
     USE_PDL: tl.constexpr = False,
     PF_LINES: tl.constexpr = 0,  # 128-byte lines per K/V row to prefetch into L2 before the wait
+    Q_ROWS: tl.constexpr = False,  # query_len 1, the queries picked from q's rows by q_rows_ptr
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -336,8 +348,11 @@ def _paged_attn_partial_kernel(
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
+    q_row = row.to(tl.int64)
+    if Q_ROWS:  # q_idx is 0 on the live lanes
+        q_row = tl.load(q_rows_ptr + b).to(tl.int64) + q_idx
     q = tl.load(
-        q_ptr + row[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        q_ptr + q_row[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
@@ -524,7 +539,7 @@ def paged_attention_triton(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None, num_splits: int | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None, block_n: int | None = None, num_warps: int = 4,
-    num_stages: int | None = None,
+    num_stages: int | None = None, q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Split-KV flash decoding over the paged cache; no host sync, static grid.
 
@@ -532,18 +547,21 @@ def paged_attention_triton(
     capacity), not a correctness bound. num_splits: override the heuristic (tests, tuning).
     workspace: attention_workspace(...) with at least num_splits splits, else allocated here (from
     the graph's pool inside a capture). Under PDL both kernels read seq_lens and block_tables before
-    their wait: the caller vouches that they are settled (kernels/pdl.py)."""
-    _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len)
+    their wait: the caller vouches that they are settled (kernels/pdl.py). q_rows: as the
+    reference's, read after the wait (no launch gathers the rows)."""
+    _check_attention_args(query, k_cache, v_cache, block_tables, seq_lens, query_len, q_rows)
     if query.stride(-1) != 1:
         raise ValueError("query must be contiguous along head_dim")
     num_blocks, page, hkv, d = k_cache.shape
     bsz, max_blocks = block_tables.shape
-    total_rows, hq, _ = query.shape
+    _, hq, _ = query.shape
+    total_rows = bsz * query_len
     group = hq // hkv
+    out_shape = (total_rows, hq, d)
     if out is None:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    elif out.shape != query.shape or out.stride(-1) != 1 or out.device != query.device:
-        raise ValueError(f"out must be {tuple(query.shape)} on {query.device}, contiguous along head_dim")
+        out = torch.empty(out_shape, dtype=query.dtype, device=query.device)
+    elif out.shape != out_shape or out.stride(-1) != 1 or out.device != query.device:
+        raise ValueError(f"out must be {out_shape} on {query.device}, contiguous along head_dim")
     if total_rows == 0:
         return out
     if block_tables.dtype != torch.int32 or not block_tables.stride(-1) == 1:
@@ -588,8 +606,8 @@ def paged_attention_triton(
     extra = {} if num_stages is None else {"num_stages": num_stages}
     pdl = pdl_enabled(query.device)
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
-        query, k_cache, v_cache, block_tables, seq_lens, out, ws_out, ws_lse,
-        query_len, max_blocks, total_rows, scale * _LOG2E,
+        query, k_cache, v_cache, block_tables, seq_lens, q_rows if q_rows is not None else seq_lens, out, ws_out,
+        ws_lse, query_len, max_blocks, total_rows, scale * _LOG2E,
         query.stride(0), query.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
@@ -601,6 +619,7 @@ def paged_attention_triton(
         USE_PDL=pdl,
         # Whole 128-byte lines of one K/V row (head_dim * element size), a power of two for arange.
         PF_LINES=triton.next_power_of_2(triton.cdiv(d * k_cache.element_size(), 128)),
+        Q_ROWS=q_rows is not None,
         num_warps=num_warps,
         **extra,
         **pdl_launch(pdl),
@@ -623,12 +642,14 @@ def paged_attention_triton(
 def paged_attention(
     query, k_cache, v_cache, block_tables, seq_lens, *, query_len: int, scale: float, out=None,
     max_seq_len: int | None = None, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Causal attention of B * query_len query rows over the paged KV cache (module docstring),
-    [B * query_len, Hq, D] in query's dtype. CUDA -> Triton, whose grid max_seq_len sizes and whose
-    split buffer workspace is (for callers that keep static buffers per captured graph)."""
+    [B * query_len, Hq, D] in query's dtype (q_rows [B] int64, query_len 1: request b's query is
+    row q_rows[b] of query). CUDA -> Triton, whose grid max_seq_len sizes and whose split buffer
+    workspace is (for callers that keep static buffers per captured graph)."""
     args = (query, k_cache, v_cache, block_tables, seq_lens)
-    kw = dict(query_len=query_len, scale=scale, out=out, max_seq_len=max_seq_len)
+    kw = dict(query_len=query_len, scale=scale, out=out, max_seq_len=max_seq_len, q_rows=q_rows)
     if query.is_cuda:
         return paged_attention_triton(*args, **kw, workspace=workspace)
     return paged_attention_reference(*args, **kw)

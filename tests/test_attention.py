@@ -269,6 +269,35 @@ def test_choose_num_splits():
     assert choose_num_splits(8, 176, 132) == 3  # llama-1b bench capacity: 3 one-step splits
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q_rows_pick_each_requests_query_from_a_larger_block(dtype):
+    """q_rows (DRAFT_EXTEND's last rows): request b's one query is row q_rows[b] of a query block
+    with more rows (here 4 a request, the pick anywhere in the block or another's); the same output
+    as gathering those rows first, bit for bit, split and unsplit, and the reference's."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    lens = [9, 1, 17]
+    q, kc, vc, bt, sl, _ = make_case(seed, lens, query_len=1, hq=4, hkv=2, head_dim=16, page=4, dtype=dtype)
+    block = torch.randn(4 * len(lens), 4, 16, generator=gen).to(dtype)  # the rows to pick from
+    q_rows = torch.tensor([3, 4, 4], dtype=torch.int64)
+    snap = (block.clone(), q_rows.clone())
+    picked = block.index_select(0, q_rows)
+    ref = paged_attention_reference(picked, kc, vc, bt, sl, query_len=1, scale=0.25)
+    assert torch.equal(paged_attention_reference(block, kc, vc, bt, sl, query_len=1, scale=0.25, q_rows=q_rows), ref)
+    for num_splits, block_n in ((1, None), (3, 16)):
+        kw = dict(query_len=1, scale=0.25, num_splits=num_splits, block_n=block_n)
+        got = paged_attention_triton(block, kc, vc, bt, sl, q_rows=q_rows, **kw)
+        want = paged_attention_triton(picked, kc, vc, bt, sl, **kw)
+        assert got.shape == (3, 4, 16) and torch.equal(got, want), f"seed={seed} splits={num_splits}"
+        assert_close(got, ref, dtype, seed, f"q_rows splits={num_splits}")
+    assert torch.equal(block, snap[0]) and torch.equal(q_rows, snap[1])
+    for bad in (q_rows.to(torch.int32), q_rows[:2], torch.zeros(6, dtype=torch.int64)[::2]):
+        with pytest.raises(ValueError, match="q_rows"):
+            paged_attention_triton(block, kc, vc, bt, sl, query_len=1, scale=0.25, q_rows=bad)
+    with pytest.raises(ValueError, match="q_rows"):
+        paged_attention_reference(block, kc, vc, bt, sl, query_len=2, scale=0.25, q_rows=q_rows)
+
+
 def test_bad_arguments():
     q, kc, vc, bt, sl, _ = make_case(
         1, [5], query_len=1, hq=3, hkv=2, head_dim=16, page=4, dtype=torch.float32

@@ -101,12 +101,13 @@ class AttentionBlock:
             meta.slot_mapping, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps,
         )
-        if rows is not None:
-            q, meta = q.index_select(0, rows[0]), rows[1]
-            n = q.shape[0]
+        q_rows = None
+        if rows is not None:  # the attention reads those rows' queries itself
+            q_rows, meta = rows
+            n = q_rows.shape[0]
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len,
+            query_len=meta.query_len, scale=self.scale, max_seq_len=meta.max_seq_len, q_rows=q_rows,
         )
         return row_parallel(out.reshape(n, self.num_heads * self.head_dim), self.o_weight, self.tp)
 
