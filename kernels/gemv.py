@@ -629,6 +629,13 @@ def norm_fusable(x) -> bool:
     return isinstance(x, PendingNorm) and x.fusable()
 
 
+def norm_in_prologue(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> bool:
+    """Whether linear(PendingNorm of x, w, bias) runs the norm in the GEMV's prologue (a product
+    on Triton one row per program), given a fusable PendingNorm."""
+    w = for_rows(w, x.shape[0])
+    return _triton_ok(x, w, bias) and row_fma_config(x.shape[0], *w.shape, isinstance(w, Fp8Weight)) is not None
+
+
 def materialized(x) -> torch.Tensor:
     """x itself, or the output of the PendingNorm x as its own launch."""
     return x.materialize() if isinstance(x, PendingNorm) else x
@@ -689,8 +696,7 @@ def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> 
     """
     w = for_rows(w, (x.x if isinstance(x, PendingNorm) else x).shape[0])
     if isinstance(x, PendingNorm):
-        if (norm_fusable(x) and _triton_ok(x.x, w, bias)
-                and row_fma_config(x.x.shape[0], *w.shape, isinstance(w, Fp8Weight)) is not None):
+        if norm_fusable(x) and norm_in_prologue(x.x, w, bias):
             return gemv_triton(x.x, w, bias, norm=x)
         x = x.materialize()
     if _triton_ok(x, w, bias):

@@ -61,7 +61,7 @@ def test_pending_add_is_the_add_whichever_launch_computes_it(dtype, into):
     `total` (the caller's buffer with into) with residual_add's bits, and the norm's output is
     rms_norm of it (interpreter on CPU; fp32 and fp16)."""
     from graphrt.kernels.gemv import gemv_triton
-    from graphrt.kernels.norm import rms_norm_triton
+    from graphrt.kernels.norm import rms_norm, rms_norm_triton
     from graphrt.kernels.residual_add import PendingAdd, summed
 
     seed = fresh_seed()
@@ -79,10 +79,13 @@ def test_pending_add_is_the_add_whichever_launch_computes_it(dtype, into):
     for prologue in (True, False):
         p = PendingAdd(stream, out, None if buf is None else buf.fill_(float("nan")))
         pn = p.normed(g, 1e-5)
-        y = gemv_triton(out, w, norm=pn, block_n=4, block_k=32) if prologue else gemv_triton(
-            pn.materialize(), w, block_n=4, block_k=32)
+        if prologue:  # the interpreter's norm on both sides
+            y, want = gemv_triton(out, w, norm=pn, block_n=4, block_k=32), want_y
+        else:  # add_rms_norm's dispatch: the reference on CPU
+            y = gemv_triton(pn.materialize(), w, block_n=4, block_k=32)
+            want = gemv_triton(rms_norm(want_sum, g, 1e-5), w, block_n=4, block_k=32)
         msg = f"seed {seed} prologue={prologue}"
         assert pn.stream is p.total and torch.equal(p.total, want_sum), msg
-        assert torch.equal(y, want_y), msg
+        assert torch.equal(y, want), msg
     assert torch.equal(stream, snap[0]) and torch.equal(out, snap[1])
     assert summed(want_sum) is want_sum

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
-from graphrt.kernels.gemv import linear
+from graphrt.kernels.gemv import linear, norm_in_prologue
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.residual_add import PendingAdd
 from graphrt.models.layers import DecoderLayer, Rotary
@@ -144,9 +144,13 @@ class Eagle3Head(_EagleBase):
         return self._run_layers((tokens, self.embed_source, hidden_in), positions, meta, kv, rows, into)
 
     def draft_head(self, state):
-        # the final norm (and a one-layer head's residual add) in the draft LM head GEMV's prologue
-        # where it can
+        # The final norm in the draft LM head GEMV's prologue where it can. A one-layer head's
+        # residual add goes there too only where the norm runs a launch of its own (add_rms_norm):
+        # in the one-row GEMV's prologue (its programs each read x and the residual) it measured
+        # 3-12 us slower a step than the add's own launch (docs/notes/benchmarks-history.md).
         eps = self.cfg.rms_norm_eps
         if isinstance(state, PendingAdd):
-            return state.normed(self.norm, eps), self.lm_head
+            if not norm_in_prologue(state.out, self.lm_head):
+                return state.normed(self.norm, eps), self.lm_head
+            state = state.materialize()
         return PendingNorm(state, None, self.norm, eps), self.lm_head
