@@ -145,8 +145,8 @@ CASES = {
     "attn-decode-split64-pdl-noprefetch": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=64, USE_PDL=True), dict(num_warps=4)),
     # DRAFT_EXTEND's last rows: each request's query picked from its block (q_rows)
-    "attn-decode-split-pdl-qrows": ("attention", "_paged_attn_partial_kernel", _ATTN | dict(q_rows_ptr="*i64"), dict(
-        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True, PF_LINES=2, Q_ROWS=True), dict(num_warps=4)),
+    "attn-decode-split-qrows": ("attention", "_paged_attn_partial_kernel", _ATTN | dict(q_rows_ptr="*i64"), dict(
+        _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=False, PF_LINES=2, Q_ROWS=True), dict(num_warps=4)),
     "attn-verify": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=4, BLOCK_M=16, NUM_SPLITS=1, USE_PDL=False), dict(num_warps=4)),
     "attn-merge-pdl": ("attention", "_paged_attn_merge_kernel", dict(ws_out_ptr="*fp32", ws_lse_ptr="*fp32",
