@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from graphrt.kernels.argmax import Proposal, argmax_keys, propose_tokens
 from graphrt.kernels.fp8_weight import Fp8Weight, for_rows
-from graphrt.kernels.gemv import _triton_ok, gemv_triton, linear
+from graphrt.kernels.gemv import gemv_triton
 from graphrt.kernels.gemv_config import row_fma_config
+from graphrt.kernels.linear import _triton_ok, linear
 from graphrt.kernels.norm import PendingNorm
 
 

@@ -18,8 +18,8 @@ or a second kernel does where the counter buffer is unavailable. The sum's order
 which program finishes first.
 
 `linear_reference` (F.linear) is the oracle; `gemv_triton` the kernel with every launch knob
-exposed (scripts/gemv_sweep.py); `linear` the dispatcher (gemv_config.select_config says where it
-beats cuBLAS).
+exposed (scripts/gemv_sweep.py); kernels/linear.py the dispatchers (gemv_config.select_config
+says where it beats cuBLAS).
 """
 
 from __future__ import annotations
@@ -31,17 +31,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from graphrt.kernels import gemv_config
-from graphrt.kernels.activation import silu_and_mul, silu_mul
+from graphrt.kernels.activation import silu_mul
 from graphrt.kernels.argmax import Proposal, _validate_proposal, argmax_keys, fold_argmax, fold_finish
 from graphrt.kernels.counters import COUNTER_SLOTS, counters, last_to_finish
-from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
+from graphrt.kernels.fp8_weight import FP8, _row_scaled, weight_and_scale
 from graphrt.kernels.gemv_config import ROWS_MAX_M, _path_default, _split_for, row_fma_config, select_config
 from graphrt.kernels.norm import PendingNorm, norm_stats, normed_tile
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.push_reduce import PushTarget, no_push_args, push_reduce_row, push_reduce_tile
 
-__all__ = ["linear", "linear_silu_mul", "linear_pushed", "linear_reference", "gemv_triton", "select_config",
-           "row_fma_config", "ROWS_MAX_M"]
+__all__ = ["linear_reference", "gemv_triton", "select_config", "row_fma_config", "ROWS_MAX_M"]
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
@@ -235,15 +234,19 @@ def _fma_final(acc, REDUCE_EACH: tl.constexpr):
 
 @triton.jit
 def _store_row(vals, m, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym, split,
-               HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
-    # One output row of the FMA path: straight to y, or to the split's partial slab.
+               HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, add_ptr=None, HAS_ADD: tl.constexpr = False):
+    # One output row of the FMA path: straight to y, or to the split's partial slab. HAS_ADD: y is
+    # add + the product, the product rounded to y's dtype first (residual_add's bits).
     nmask = offs_n < N
     if SPLIT:
         tl.store(ws_ptr + (split * M + m).to(tl.int64) * N + offs_n, vals, mask=nmask)
     else:
         if HAS_BIAS:
             vals += tl.load(bias_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m * stride_ym + offs_n, vals.to(y_ptr.dtype.element_ty), mask=nmask)
+        dt = y_ptr.dtype.element_ty
+        if HAS_ADD:
+            vals = tl.load(add_ptr + m * N + offs_n, mask=nmask, other=0.0).to(tl.float32) + vals.to(dt).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, vals.to(dt), mask=nmask)
 
 
 @triton.jit
@@ -287,6 +290,7 @@ def _gemv_kernel(
     sum_ptr,  # [M, K] contiguous out: x + residual (NORM_RES only)
     eps,  # the norm's epsilon (NORM only)
     tab_ptr, seq_ptr, tp_rank, tp_words,  # the push buffers (PUSH_W only)
+    add_ptr,  # [M, N] contiguous, y's dtype (HAS_ADD only): added to each output row
     M, N, K,
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
@@ -311,6 +315,7 @@ def _gemv_kernel(
     # summed over W ranks (kernels/push_reduce.py)
     HAS_SCALE: tl.constexpr = False,  # w is FP8 with per-row scales (kernels/fp8_weight.py)
     ARGMAX: tl.constexpr = False,  # FMA, M = 1, unsplit: y is the row's argmax.fold_argmax slots, not the logits
+    HAS_ADD: tl.constexpr = False,  # FMA, unsplit, not GATED, PUSH_W or ARGMAX: y = add + x @ w^T
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -321,6 +326,7 @@ def _gemv_kernel(
         x_ptr += row * stride_xm
         y_ptr += row * stride_ym
         res_ptr += row * K
+        add_ptr += row * N
         sum_ptr += row * K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Rows past N re-read row N - 1 instead of masking every load; they are never stored.
@@ -389,16 +395,16 @@ def _gemv_kernel(
                         pid_n)
         else:
             _store_row(_fma_final(a0, REDUCE_EACH), 0, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
-                       split, HAS_BIAS, SPLIT)
+                       split, HAS_BIAS, SPLIT, add_ptr, HAS_ADD)
         if BLOCK_M > 1 and PUSH_W == 0:
             _store_row(_fma_final(a1, REDUCE_EACH), 1, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
-                       split, HAS_BIAS, SPLIT)
+                       split, HAS_BIAS, SPLIT, add_ptr, HAS_ADD)
         if BLOCK_M > 2:
             _store_row(_fma_final(a2, REDUCE_EACH), 2, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
-                       split, HAS_BIAS, SPLIT)
+                       split, HAS_BIAS, SPLIT, add_ptr, HAS_ADD)
         if BLOCK_M > 3:
             _store_row(_fma_final(a3, REDUCE_EACH), 3, y_ptr, ws_ptr, bias_ptr, offs_n, M, N, stride_ym,
-                       split, HAS_BIAS, SPLIT)
+                       split, HAS_BIAS, SPLIT, add_ptr, HAS_ADD)
 
     if FUSED:  # the last split of the tile to finish reduces it
         if last_to_finish(ctr_ptr + pid_n, SPLIT_K):
@@ -482,7 +488,7 @@ def gemv_triton(
     block_k: int | None = None, split_k: int | None = None, num_warps: int | None = None,
     num_stages: int | None = None, fused: bool | None = None, pdl: bool | None = None, gated: bool = False,
     norm: PendingNorm | None = None, per_row: bool | None = None, push: PushTarget | None = None,
-    propose: Proposal | None = None,
+    propose: Proposal | None = None, add: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
@@ -505,7 +511,9 @@ def gemv_triton(
     - push: y summed over a tensor-parallel group in the epilogue (kernels/push_reduce.py; one or two
       rows on the unsplit FMA path, or the DOT path; no bias or gate), a collective;
     - propose: a draft step's top-1 instead of y (one row, unsplit FMA path, no bias, gate or push;
-      out [1] int64): argmax_triton(y, propose=propose)'s token, y never written.
+      out [1] int64): argmax_triton(y, propose=propose)'s token, y never written;
+    - add: y is add + x @ w^T (add [M, N] contiguous in x's dtype; the unsplit FMA path, no gate, push
+      or propose): residual_add(add, y)'s bits, the product rounded first.
     """
     w, scale = weight_and_scale(w)
     _validate(x, w, scale, bias, out if propose is None else None)
@@ -574,6 +582,11 @@ def gemv_triton(
                          "tensor, and the argmax key slots (first call outside capture)")
     if propose is not None:
         _validate_proposal(propose, 1, n, x.device)
+    if add is not None and (use_dot or split_k > 1 or gated or push is not None or propose is not None
+                            or add.shape != (m, n) or add.dtype != x.dtype or not add.is_contiguous()
+                            or add.device != x.device):
+        raise ValueError(f"add= takes a contiguous [{m}, {n}] {x.dtype} tensor on {x.device} and the unsplit FMA "
+                         f"path, no gate, push or propose; got {tuple(add.shape)} {add.dtype}")
     # propose: the kernel's y is the row's argmax slots, fold_finish writes out
     y = keys if propose is not None else torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     ctr = None
@@ -592,13 +605,14 @@ def gemv_triton(
     tp_args = push.kernel_args() if push is not None else no_push_args(x)
     _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
         x, w, scale if scale is not None else y, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
-        m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
+        add if add is not None else y, m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
         PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, HAS_SCALE=scale is not None,
-        ARGMAX=propose is not None, num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl),
+        ARGMAX=propose is not None, HAS_ADD=add is not None, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(pdl),
     )
     if propose is not None:
         fold_finish(keys, out, propose, pdl)
@@ -611,94 +625,3 @@ def gemv_triton(
             USE_PDL=pdl, num_warps=4, **pdl_launch(pdl),
         )
     return y
-
-
-def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None) -> bool:
-    w = dense(w)  # an FP8 matrix goes where its dense form would
-    return (
-        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= gemv_config.MAX_M and x.dtype in _FAST_DTYPES
-        and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
-        and x.stride(1) == 1 and w.device == x.device
-        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
-        and select_config(x.shape[0], w.shape[0], w.shape[1]) is not None
-    )
-
-
-def norm_fusable(x) -> bool:
-    """Whether a consumer given x (a tensor or a PendingNorm) takes the norm in its prologue."""
-    return isinstance(x, PendingNorm) and x.fusable()
-
-
-def norm_in_prologue(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> bool:
-    """Whether linear(PendingNorm of x, w, bias) runs the norm in the GEMV's prologue (a product
-    on Triton one row per program), given a fusable PendingNorm."""
-    w = for_rows(w, x.shape[0])
-    return _triton_ok(x, w, bias) and row_fma_config(x.shape[0], *w.shape, isinstance(w, Fp8Weight)) is not None
-
-
-def materialized(x) -> torch.Tensor:
-    """x itself, or the output of the PendingNorm x as its own launch."""
-    return x.materialize() if isinstance(x, PendingNorm) else x
-
-
-def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (or a PendingNorm of one), w_gate_up [2I, K] (gate rows, then up rows) ->
-    silu(x.gate^T) * (x.up^T), [M, I].
-
-    Where the dispatcher runs the product one row per program on the unsplit FMA path, one launch with the
-    activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
-    its prologue; where it runs the unsplit DOT path (3-16 rows), [the norm, then] one launch with
-    the activation in its epilogue; elsewhere [the norm,] linear, then silu_and_mul. Each gives the
-    bits of the last.
-    """
-    xt = x.x if isinstance(x, PendingNorm) else x
-    w_gate_up = for_rows(w_gate_up, xt.shape[0])
-    if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None):
-        cfg = select_config(xt.shape[0], *w_gate_up.shape, isinstance(w_gate_up, Fp8Weight))
-        one_row = gemv_config.one_row_per_program(cfg, xt.shape[0])
-        if one_row and norm_fusable(x):
-            return gemv_triton(xt, w_gate_up, gated=True, norm=x)
-        if one_row or (cfg["use_dot"] and gemv_config.unsplit(cfg)):
-            return gemv_triton(materialized(x), w_gate_up, gated=True)
-    return silu_and_mul(linear(materialized(x), w_gate_up))
-
-
-def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor | None:
-    """x [M, K] @ w [N, K]^T summed over a tensor-parallel group (a row-parallel projection) in one
-    launch, where the dispatcher runs the product on the unsplit FMA path with both rows in each
-    program (M = 1, 2) or on the DOT path (3-16 rows, unsplit or split-K reduced in the same
-    launch): the all-reduce then runs in its epilogue (kernels/push_reduce.py). None elsewhere
-    (the caller all-reduces)."""
-    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2:
-        return None
-    w = for_rows(w, x.shape[0])
-    if not _triton_ok(x, w, None):
-        return None
-    m = x.shape[0]
-    cfg = select_config(m, *w.shape, isinstance(w, Fp8Weight))
-    if cfg is None or not push.fits(w.shape[0], cfg["block_n"], x.dtype, m):
-        return None
-    fma = not cfg["use_dot"] and gemv_config.unsplit(cfg) and not cfg.get("per_row") and m <= 2
-    # a split DOT launch reduces each tile in the same launch only with a counter per tile
-    if fma or (cfg["use_dot"] and (gemv_config.unsplit(cfg)
-                                   or counters(x.device, triton.cdiv(w.shape[0], cfg["block_n"])) is not None)):
-        return gemv_triton(x, w, push=push)
-    return None
-
-
-def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (or a PendingNorm of one), w [N, K] or Fp8Weight, bias [N] or None -> [M, N], x's dtype.
-
-    CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
-    configuration -> gemv_triton, with a PendingNorm's norm in its prologue where the product runs
-    one row per program; anything else (CPU, fp32, prefill-sized M, strided weights, shapes where
-    cuBLAS measured as fast) -> [the norm,] F.linear, unchanged (an Fp8Weight's dense matrix).
-    """
-    w = for_rows(w, (x.x if isinstance(x, PendingNorm) else x).shape[0])
-    if isinstance(x, PendingNorm):
-        if norm_fusable(x) and norm_in_prologue(x.x, w, bias):
-            return gemv_triton(x.x, w, bias, norm=x)
-        x = x.materialize()
-    if _triton_ok(x, w, bias):
-        return gemv_triton(x, w, bias)
-    return F.linear(x, dense(w), bias)

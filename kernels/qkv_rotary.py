@@ -23,16 +23,9 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
-from graphrt.kernels.gemv import (
-    _dot_k_loop,
-    _fma_final,
-    _fma_k_loop,
-    linear,
-    materialized,
-    norm_fusable,
-    row_fma_config,
-)
+from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_config
 from graphrt.kernels.gemv_config import dot_rotary_config
+from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
@@ -45,7 +38,7 @@ def qkv_rotary_store_reference(x, w_qkv, bias, positions, cos, sin, k_cache, v_c
                                eps=1e-6) -> torch.Tensor:
     """x [N, H], w_qkv [(Hq + 2 Hkv) D, H], bias [(Hq + 2 Hkv) D] or None; the rest as in
     rotary_store_kv. Stores k, v; returns the rotated q [N, Hq, D] contiguous. The two-launch path
-    (gemv.linear, then rotary_store_kv on column slices of its output)."""
+    (linear.linear, then rotary_store_kv on column slices of its output)."""
     d = k_cache.shape[-1]
     qkv = linear(x, w_qkv, bias)
     n = qkv.shape[0]
@@ -324,7 +317,7 @@ def qkv_rotary_store(x, w_qkv, bias, positions, cos, sin, k_cache, v_cache, slot
                      num_q_heads: int, num_kv_heads: int, q_norm=None, k_norm=None, eps=1e-6) -> torch.Tensor:
     """The attention prologue: [the layer's input RMSNorm, when x is a PendingNorm,] qkv projection,
     [q/k norm,] rotary of q and k, store of k and v. One launch where `fusable` says so (with the
-    input norm in the GEMV's prologue where kernels/gemv.norm_fusable allows), else [the norm,] the
+    input norm in the GEMV's prologue where kernels/linear.norm_fusable allows), else [the norm,] the
     GEMV, then rotary_store_kv (which also takes the per-head norms). Returns the rotated q
     [N, Hq, D]."""
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)

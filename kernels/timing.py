@@ -63,7 +63,7 @@ def memory_bandwidth_gbs(nbytes: int = 1 << 31) -> float:
     graphrt's own one-row GEMV streaming a weight matrix of nbytes / 8. A copy alone understates
     what a kernel that only reads can reach, and the GEMV has outrun both torch kernels: a floor
     meant to bound the decode phases must not sit below them."""
-    from graphrt.kernels.gemv import linear
+    from graphrt.kernels.linear import linear
 
     x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     read_us = time_in_graph(lambda: torch.amax(x), [()], per_graph=5, replays=10)

@@ -6,7 +6,7 @@ For the projections of the llama-1b and llama-8b shapes (and the 1b lm_head, for
 M in {1, 4, 8, 16}, times F.linear and every Triton config of a pruned grid with
 time_in_graph (CUDA graph replay, weights rotated over enough copies to exceed the 50 MB L2), then
 prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s,
-and the dispatcher's time (graphrt.kernels.gemv.linear: Triton or cuBLAS as select_config says).
+and the dispatcher's time (graphrt.kernels.linear.linear: Triton or cuBLAS as select_config says).
 Every config's output is also checked against F.linear (max error relative to max |y|).
 All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) fits one
 device call; past --budget-s the remaining Triton configs are skipped.
@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.fp8_weight import dense, quantize_fp8
-from graphrt.kernels.gemv import gemv_triton, linear
+from graphrt.kernels.gemv import gemv_triton
 from graphrt.kernels.gemv_config import _split_for, select_config
+from graphrt.kernels.linear import linear
 from graphrt.kernels.timing import time_in_graph
 
 PEAK_GBS = 4300.0  # the read bandwidth the "% of peak" column divides by
@@ -139,7 +140,7 @@ def main() -> int:
             nbytes = wbytes + 2 * m * k + 2 * m * n
             ref_us = time_in_graph(lambda x, w: F.linear(x, dense(w)), sets, replays=15)
             ref = F.linear(sets[0][0].float(), dense(sets[0][1]).float())
-            # The dispatcher (graphrt.kernels.gemv.linear): Triton or cuBLAS, as select_config says.
+            # The dispatcher (graphrt.kernels.linear.linear): Triton or cuBLAS, as select_config says.
             heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
             results = []
             for cfg in configs(m, n, k, sms, big, args.fma_max_m, args.fp8):

@@ -12,7 +12,7 @@ import os
 
 import torch
 from allreduce_bench import timed  # scripts/ is sys.path[0] under torchrun
-from graphrt.kernels.gemv import linear, linear_pushed
+from graphrt.kernels.linear import linear, linear_pushed
 
 from graphrt.parallel.group import init_tensor_parallel
 

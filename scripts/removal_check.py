@@ -23,7 +23,7 @@ import argparse
 import contextlib
 import json
 
-import graphrt.kernels.gemv as gemv
+import graphrt.kernels.linear as lin
 import graphrt.kernels.qkv_rotary as qkv_rotary
 import torch
 from graphrt.kernels.norm import PendingNorm
@@ -51,11 +51,11 @@ def removed(shapes: set[tuple[int, int]] | None, attention: bool = False):
     """Within: projections whose weight has one of `shapes` launch nothing; `attention`: neither
     does the paged attention (its query is handed on as its output)."""
     shapes = shapes or set()
-    real_linear, real_gated, real_qkv = gemv.linear, layers.linear_silu_mul, layers.qkv_rotary_store
+    real_linear, real_gated, real_qkv = lin.linear, layers.linear_silu_mul, layers.qkv_rotary_store
     real_attention = layers.paged_attention
 
     def stand_in(x, rows_out):
-        x = gemv.materialized(x)
+        x = lin.materialized(x)
         return torch.empty(x.shape[0], *rows_out, dtype=x.dtype, device=x.device)
 
     def linear(x, w, bias=None):
@@ -72,7 +72,7 @@ def removed(shapes: set[tuple[int, int]] | None, attention: bool = False):
             return stand_in(x, (heads, w.shape[0] // (heads + 2 * kw["num_kv_heads"])))
         return real_qkv(x, w, bias, positions, cos, sin, k_cache, v_cache, slots, **kw)
 
-    owners = (gemv, layers, qkv_rotary, decoder_lm, eagle)
+    owners = (lin, layers, qkv_rotary, decoder_lm, eagle)
     try:
         for m in owners:
             m.linear = linear

@@ -73,6 +73,8 @@ CASES = {
     "gemv-fma-m1-norm-res-argmax-pdl": ("gemv", "_gemv_kernel", _GEMV | dict(y_ptr="*i64"), _gemv_fma()[3] | dict(
         BLOCK_N=8, BLOCK_K=256, REDUCE_EACH=False, NORM=True, NORM_RES=True, BLOCK_H=2048, ARGMAX=True),
         dict(num_warps=1, num_stages=1)),
+    # a one-layer EAGLE-3 head's down projection with the residual add in its epilogue (gemv_triton(add=))
+    "gemv-fma-m1-add-pdl": _gemv_fma(HAS_ADD=True),
     "qkv-rotary-m1-fp8-pdl": ("qkv_rotary", "_qkv_rotary_kernel", _ROTARY | _FP8,
                               dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, PAGE=16, BLOCK_N=4, BLOCK_K=2048,
                                    REDUCE_EACH=False, HAS_BIAS=False, USE_PDL=True, HAS_SCALE=True),

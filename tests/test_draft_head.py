@@ -9,8 +9,9 @@ import torch
 from graphrt.kernels.argmax import Proposal, argmax_keys, argmax_triton, lowest_argmax
 from graphrt.kernels.draft_head import propose_from_head
 from graphrt.kernels.fp8_weight import quantize_fp8
-from graphrt.kernels.gemv import gemv_triton, linear
+from graphrt.kernels.gemv import gemv_triton
 from graphrt.kernels.gemv_config import row_fma_config
+from graphrt.kernels.linear import linear
 from graphrt.kernels.norm import PendingNorm
 
 from tests.seeds import fresh_seed

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from graphrt.kernels.activation import silu_and_mul_reference
 from graphrt.kernels.fp8_weight import FP8, FP8_MAX, Fp8Weight, dense, for_rows, quantize_fp8
-from graphrt.kernels.gemv import gemv_triton, linear, linear_silu_mul
+from graphrt.kernels.gemv import gemv_triton
+from graphrt.kernels.linear import linear, linear_silu_mul
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store_reference, qkv_rotary_store_triton
 

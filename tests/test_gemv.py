@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from graphrt.kernels import gemv_config
 from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference
 from graphrt.kernels.counters import counters
-from graphrt.kernels.gemv import ROWS_MAX_M, gemv_triton, linear, linear_reference, linear_silu_mul, select_config
+from graphrt.kernels.gemv import ROWS_MAX_M, gemv_triton, linear_reference, select_config
+from graphrt.kernels.linear import linear, linear_silu_mul
 
 from tests.helpers import bit_diff
 from tests.seeds import fresh_seed

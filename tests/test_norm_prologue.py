@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 from graphrt.kernels.activation import silu_and_mul
-from graphrt.kernels.gemv import gemv_triton, linear_silu_mul, norm_fusable, row_fma_config
+from graphrt.kernels.gemv import gemv_triton, row_fma_config
+from graphrt.kernels.linear import linear_silu_mul, norm_fusable
 from graphrt.kernels.norm import PendingNorm, add_rms_norm_reference, add_rms_norm_triton, rms_norm_triton
 from graphrt.kernels.qkv_rotary import qkv_rotary_store, qkv_rotary_store_triton
 

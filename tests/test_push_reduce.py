@@ -21,7 +21,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from graphrt.kernels.gemv import gemv_triton, linear, linear_pushed
+from graphrt.kernels.gemv import gemv_triton
+from graphrt.kernels.linear import linear, linear_pushed
 from graphrt.kernels.push_reduce import PushTarget, _pack, _unpack, embedding_pushed, embedding_pushed_reference
 
 from graphrt.parallel.launch import run_ranks

@@ -1,5 +1,5 @@
 """kernels/qkv_rotary.py: the qkv GEMV (one token, or a few tokens one per program) with rotary + KV
-store in its epilogue, against the two-launch path it replaces (gemv.linear then rotary_store_kv).
+store in its epilogue, against the two-launch path it replaces (linear.linear then rotary_store_kv).
 
 On CPU the kernel runs under the interpreter in fp32 and fp16 (its in-register cast to bf16
 truncates, so bf16 is checked on the GPU only); the `gpu` test asks for equal bits at the llama-1b

@@ -89,3 +89,49 @@ def test_pending_add_is_the_add_whichever_launch_computes_it(dtype, into):
         assert torch.equal(y, want), msg
     assert torch.equal(stream, snap[0]) and torch.equal(out, snap[1])
     assert summed(want_sum) is want_sum
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_add_in_the_gemv_epilogue_is_residual_add_after_it(dtype, rows):
+    """gemv_triton(add=): a one-layer draft's residual add in its down projection's epilogue (one
+    row per program, unsplit FMA; per_row at 3 rows), bit for bit residual_add(add, the product);
+    into (out=) the caller's buffer; inputs untouched; the paths it does not take rejected."""
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.linear import linear_add
+
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 80, generator=gen).to(dtype)
+    w = (torch.randn(37, 80, generator=gen) / 80**0.5).to(dtype)
+    add = (3 * torch.randn(rows, 37, generator=gen)).to(dtype)
+    snap = (x.clone(), w.clone(), add.clone())
+    kw = dict(block_n=4, block_k=32, per_row=rows > 1)
+    into = torch.full((rows, 37), float("nan"), dtype=dtype)
+    got = gemv_triton(x, w, add=add, out=into, **kw)
+    want = residual_add_triton(add, gemv_triton(x, w, **kw))
+    assert got is into and torch.equal(got, want), f"seed {seed}"
+    assert all(torch.equal(a, b) for a, b in zip((x, w, add), snap))
+    # on the CPU linear_add is linear, then residual_add (the reference)
+    assert torch.equal(linear_add(x, w, add), residual_add(add, torch.nn.functional.linear(x, w))), f"seed {seed}"
+    for bad in (dict(use_dot=True), dict(split_k=2), dict(add=add[:, :5])):
+        with pytest.raises(ValueError, match="add="):
+            gemv_triton(x, w, **dict(dict(add=add, block_n=16, block_k=32), **bad))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(2048, 8192), (4096, 14336), (576, 1536)])
+def test_gpu_linear_add_is_residual_add_after_linear(cuda, dtype, n, k):
+    """The dispatcher at a one-layer EAGLE-3 head's down projection (1b, 8b, SmolLM2 shapes, one row):
+    the add in the GEMV's epilogue, the bits of linear then residual_add."""
+    from graphrt.kernels.linear import linear, linear_add, norm_in_prologue
+
+    seed = fresh_seed()
+    gen = torch.Generator(device=cuda).manual_seed(seed)
+    x = torch.randn(1, k, device=cuda, generator=gen).to(dtype)
+    w = (torch.randn(n, k, device=cuda, generator=gen) / k**0.5).to(dtype)
+    add = (3 * torch.randn(1, n, device=cuda, generator=gen)).to(dtype)
+    assert norm_in_prologue(x, w)  # the path that takes the add
+    want = residual_add(add, linear(x, w))
+    assert torch.equal(linear_add(x, w, add).view(torch.uint8), want.view(torch.uint8)), f"seed {seed}"

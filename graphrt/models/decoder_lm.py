@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graphrt.kernels.gemv import linear
+from graphrt.kernels.linear import linear
 from graphrt.kernels.norm import add_rms_norm, rms_norm
 from graphrt.kernels.push_reduce import embedding_pushed, embedding_pushed_reference
 from graphrt.kernels.vocab_parallel import vocab_shard

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
-from graphrt.kernels.gemv import linear, norm_in_prologue
+from graphrt.kernels.linear import linear, norm_in_prologue
 from graphrt.kernels.norm import PendingNorm
-from graphrt.kernels.residual_add import PendingAdd
+from graphrt.kernels.residual_add import PendingAdd, summed
 from graphrt.models.layers import DecoderLayer, Rotary
 
 
@@ -93,8 +93,9 @@ class Eagle3Layer(DecoderLayer):
         """table: the embedding table [V, H] the tokens index, or a function of the tokens (a
         vocab-parallel lookup); with a table, the gather and both norms run in one launch
         (kernels/eagle3_input.py). rows: as AttentionBlock's (every row's KV, then those rows
-        only); into: where the output stream goes (a new tensor when None). The last layer
-        returns it as a PendingAdd: the final norm's launch adds it."""
+        only); into: where the output stream goes (a new tensor when None), added in the down
+        GEMV's epilogue where it can; elsewhere the last layer returns a PendingAdd, which the
+        final norm's launch adds."""
         # the residual: of every row, or gathered for rows (in the same launch where it can)
         args = (hidden, self.input_norm, self.hidden_norm, self.eps, self.norm_before_residual,
                 None if rows is None else rows[0])
@@ -104,9 +105,8 @@ class Eagle3Layer(DecoderLayer):
             x, residual = eagle3_input_unfused(table(tokens), *args)
         # the residual add and post-attention norm run in the gate_up GEMV's prologue where it can
         h = PendingNorm(self.attn(x, positions, meta, k_cache, v_cache, rows), residual, self.post_norm, self.eps)
-        out = self.mlp(h)  # first: it sets h.stream
-        total = PendingAdd(h.stream, out, into)
-        return total if self.last else total.materialize()
+        total = self.mlp(h, residual=lambda: h.stream, into=into)
+        return total if self.last else summed(total)
 
 
 class Eagle3Head(_EagleBase):
@@ -145,9 +145,10 @@ class Eagle3Head(_EagleBase):
 
     def draft_head(self, state):
         # The final norm in the draft LM head GEMV's prologue where it can. A one-layer head's
-        # residual add goes there too only where the norm runs a launch of its own (add_rms_norm):
-        # in the one-row GEMV's prologue (its programs each read x and the residual) it measured
-        # 3-12 us slower a step than the add's own launch (docs/notes/benchmarks-history.md).
+        # residual add, where its down GEMV did not take it (a PendingAdd), goes there too only
+        # where the norm runs a launch of its own (add_rms_norm): in the one-row GEMV's prologue
+        # (its programs each read x and the residual) it measured 3-12 us slower a step than the
+        # add's own launch (docs/notes/benchmarks-history.md).
         eps = self.cfg.rms_norm_eps
         if isinstance(state, PendingAdd):
             if not norm_in_prologue(state.out, self.lm_head):

@@ -6,11 +6,11 @@ On CUDA a decoder layer is nine launches (ten when attention splits the KV): [re
 RMSNorm, qkv GEMM, rotary(q, k) [+ Qwen3 q/k norm] + KV store, paged attention, o_proj GEMM,
 residual add + RMSNorm, gate_up GEMM, SiLU * mul, down GEMM. A one-token step (batch 1) saves four:
 the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no q/k norm), SiLU *
-mul in the gate_up GEMV's (kernels/gemv.linear_silu_mul), and each [residual add +] RMSNorm in the
+mul in the gate_up GEMV's (kernels/linear.linear_silu_mul), and each [residual add +] RMSNorm in the
 prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
 At 3-16 tokens (a verify step at batch 1 to 4) the rotary + KV store and SiLU * mul still run in
 the qkv and gate_up launches; the norms run as their own launches. On CPU each kernel entry point
-runs its PyTorch reference; the GEMMs go through kernels/gemv.linear (F.linear off CUDA and at
+runs its PyTorch reference; the GEMMs go through kernels/linear.linear (F.linear off CUDA and at
 prefill-sized M)."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.gemv import linear, linear_pushed, linear_silu_mul
+from graphrt.kernels.linear import linear, linear_add, linear_pushed, linear_silu_mul, norm_in_prologue
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
-from graphrt.kernels.residual_add import residual_add
+from graphrt.kernels.residual_add import PendingAdd, residual_add
 
 
 @dataclass
@@ -114,7 +114,7 @@ class AttentionBlock:
 
 def row_parallel(x, w, tp):
     """x @ w^T for a row-parallel w (partial sums on each rank), summed over the ranks: in the GEMV's
-    own launch where it can (kernels/gemv.linear_pushed), otherwise the product, then an
+    own launch where it can (kernels/linear.linear_pushed), otherwise the product, then an
     all-reduce."""
     if tp is None:
         return linear(x, w)
@@ -128,9 +128,19 @@ class GatedMLP:
         self.down = weights[f"{prefix}.down_proj.weight"]
         self.tp = tp
 
-    def __call__(self, x):
-        """x: [N, H], or the PendingNorm that produces it."""
-        return row_parallel(linear_silu_mul(x, self.gate_up), self.down, self.tp)
+    def __call__(self, x, residual=None, into=None):
+        """x: [N, H], or the PendingNorm that produces it. residual: a function giving the stream the
+        output is added to (called once gate_up has run: a PendingNorm's stream exists only then);
+        the sum is then returned, made in the down GEMV's epilogue where it can (kernels/gemv.
+        linear_add), else left to the next norm (a kernels/residual_add.PendingAdd; into: where the
+        sum goes)."""
+        h = linear_silu_mul(x, self.gate_up)
+        if residual is None:
+            return row_parallel(h, self.down, self.tp)
+        stream = residual()
+        if self.tp is None and norm_in_prologue(h, self.down):
+            return linear_add(h, self.down, stream, into)
+        return PendingAdd(stream, row_parallel(h, self.down, self.tp), into)
 
 
 class DecoderLayer:
