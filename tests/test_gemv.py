@@ -370,17 +370,18 @@ def test_gpu_runtime_bf16_graphs_match_eager(cuda):
 def _unfused(monkeypatch):
     """The layers' projections without their GEMV prologue and epilogue fusions: [the norm,] the
     GEMV, then SiLU·mul or rotary + KV store, each its own launch."""
-    import graphrt.kernels.gemv as gemv_mod
+    import graphrt.kernels.linear as linear_mod
     from graphrt.kernels.activation import silu_and_mul
     from graphrt.kernels.qkv_rotary import qkv_rotary_store_reference
 
     import graphrt.models.layers as layers
 
-    monkeypatch.setattr(gemv_mod, "norm_fusable", lambda x: False)
+    monkeypatch.setattr(linear_mod, "norm_fusable", lambda x: False)
+    monkeypatch.setattr(layers, "norm_in_prologue", lambda *a: False)  # no residual add in an epilogue either
     monkeypatch.setattr(layers, "linear_silu_mul",
-                        lambda x, w: silu_and_mul(gemv_mod.linear(gemv_mod.materialized(x), w)))
+                        lambda x, w: silu_and_mul(linear_mod.linear(linear_mod.materialized(x), w)))
     monkeypatch.setattr(layers, "qkv_rotary_store",
-                        lambda x, *a, **k: qkv_rotary_store_reference(gemv_mod.materialized(x), *a, **k))
+                        lambda x, *a, **k: qkv_rotary_store_reference(linear_mod.materialized(x), *a, **k))
 
 
 @pytest.mark.gpu
