@@ -606,8 +606,8 @@ def paged_attention_triton(
     extra = {} if num_stages is None else {"num_stages": num_stages}
     # The q_rows launch (DRAFT_EXTEND's last rows) waits for its producers in full: as a programmatic
     # dependent it was resident early, and so were the kernels after it (the o GEMV prefetching its
-    # weights), beside the 4-row projections before it: llama-8b-shape's bf16 DRAFT_EXTEND took
-    # 258 us against 237 with the query gather's launch between them (H200, B = 1).
+    # weights), beside the 4-row projections before it, which then ran slower than with the query
+    # gather's launch between them (docs/notes/benchmarks-history.md, 2026-11-27).
     pdl = pdl_enabled(query.device) and q_rows is None
     _paged_attn_partial_kernel[(bsz * hkv, num_splits, num_q_tiles)](
         query, k_cache, v_cache, block_tables, seq_lens, q_rows if q_rows is not None else seq_lens, out, ws_out,

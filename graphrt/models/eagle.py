@@ -83,7 +83,8 @@ class Eagle3Layer(DecoderLayer):
     while the residual carries the un-normalised hidden state."""
 
     def __init__(self, weights, prefix, cfg, rotary, tp=None, last=False):
-        """last: the head's only layer, whose output stream its LM head's final norm adds up."""
+        """last: the head's only layer, whose residual add goes into the down GEMV's epilogue or
+        the final norm's launch (a PendingAdd)."""
         super().__init__(weights, prefix, cfg, rotary, tp=tp)
         self.hidden_norm = weights[f"{prefix}.hidden_norm.weight"]
         self.norm_before_residual = cfg.norm_before_residual
@@ -147,8 +148,8 @@ class Eagle3Head(_EagleBase):
         # The final norm in the draft LM head GEMV's prologue where it can. A one-layer head's
         # residual add, where its down GEMV did not take it (a PendingAdd), goes there too only
         # where the norm runs a launch of its own (add_rms_norm): in the one-row GEMV's prologue
-        # (its programs each read x and the residual) it measured 3-12 us slower a step than the
-        # add's own launch (docs/notes/benchmarks-history.md).
+        # (its programs each read x and the residual) it measured slower than the add's own launch
+        # (docs/notes/benchmarks-history.md, 2026-11-27).
         eps = self.cfg.rms_norm_eps
         if isinstance(state, PendingAdd):
             if not norm_in_prologue(state.out, self.lm_head):

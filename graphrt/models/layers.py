@@ -131,9 +131,9 @@ class GatedMLP:
     def __call__(self, x, residual=None, into=None):
         """x: [N, H], or the PendingNorm that produces it. residual: a function giving the stream the
         output is added to (called once gate_up has run: a PendingNorm's stream exists only then);
-        the sum is then returned, made in the down GEMV's epilogue where it can (kernels/gemv.
-        linear_add), else left to the next norm (a kernels/residual_add.PendingAdd; into: where the
-        sum goes)."""
+        the sum is then returned, made in the down GEMV's epilogue where it can
+        (kernels/linear.linear_add), else left to the next norm (a kernels/residual_add.PendingAdd;
+        into: where the sum goes)."""
         h = linear_silu_mul(x, self.gate_up)
         if residual is None:
             return row_parallel(h, self.down, self.tp)
