@@ -3,9 +3,10 @@ stream + mlp_out (the target defers its adds into the next norm, kernels/norm.Pe
 
     residual_add(stream, out) = stream + out      # in their dtype, one rounding (as torch's add)
 
-PendingAdd defers it too where a norm reads the sum next: an EAGLE-3 head's state goes to its LM
-head's final norm, which adds it in the GEMV's prologue (or its own add + norm launch) and stores
-the sum where the next draft step reads it.
+Where a one-layer EAGLE-3 head's down projection runs one row per program, its epilogue makes the
+sum (kernels/linear.linear_add). Elsewhere PendingAdd defers it to the norm that reads it next, the
+head's final norm, whose launch (add_rms_norm, or a GEMV's norm prologue) stores the sum where the
+next draft step reads it.
 
 A torch add there would be a graph node without a programmatic edge between the decode path's
 PDL kernels (kernels/pdl.py): the next kernels could not start early, and it would break the rule
