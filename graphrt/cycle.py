@@ -36,7 +36,7 @@ from graphrt.kernels.cycle_index import (
     pin_scratch,
 )
 from graphrt.kernels.draft_head import propose_from_head
-from graphrt.kernels.residual_add import PendingAdd, summed
+from graphrt.kernels.residual_add import summed
 from graphrt.kernels.simulated_acceptance import simulate_acceptance
 from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
@@ -236,8 +236,7 @@ class Cycle:
         for i in range(1, self.K):
             state = self.draft.draft_forward(tokens, positions[i - 1], metas[i - 1], self.draft_kv, hidden_in)
             tokens = self._propose(slots, state, column=i)
-            # a PendingAdd's sum is written by the LM head's launch in _propose
-            hidden_in = (state.total if isinstance(state, PendingAdd) else state) if s.draft_state is not None else None
+            hidden_in = summed(state) if s.draft_state is not None else None  # its sum: made in _propose's LM head
 
     def _propose(self, slots, state, *, column: int) -> torch.Tensor:
         """Top-1 draft token from the draft's state rows [B, H]: argmax, never a softmax, mapped to

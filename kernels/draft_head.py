@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 from graphrt.kernels.argmax import Proposal, argmax_keys, propose_tokens
-from graphrt.kernels.fp8_weight import Fp8Weight, for_rows
+from graphrt.kernels.fp8_weight import for_rows
 from graphrt.kernels.gemv import gemv_triton
-from graphrt.kernels.gemv_config import row_fma_config
-from graphrt.kernels.linear import _triton_ok, linear
+from graphrt.kernels.linear import linear, one_row_product
 from graphrt.kernels.norm import PendingNorm
 
 
@@ -29,9 +28,7 @@ def propose_from_head(x, w, proposal: Proposal, out: torch.Tensor, *, group=None
     (and stores to proposal.dest), in one launch where the product runs one row per program."""
     xt = x.x if isinstance(x, PendingNorm) else x
     w = for_rows(w, xt.shape[0])
-    if group is None and xt.shape[0] == 1 and _triton_ok(xt, w, None) \
-            and row_fma_config(1, *w.shape, isinstance(w, Fp8Weight)) is not None \
-            and argmax_keys(xt.device) is not None:
+    if group is None and xt.shape[0] == 1 and one_row_product(xt, w) and argmax_keys(xt.device) is not None:
         if isinstance(x, PendingNorm) and not x.fusable():
             x = xt = x.materialize()
         return gemv_triton(xt, w, norm=x if isinstance(x, PendingNorm) else None, propose=proposal, out=out)

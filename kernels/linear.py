@@ -24,7 +24,7 @@ from graphrt.kernels.push_reduce import PushTarget
 from graphrt.kernels.residual_add import residual_add
 
 __all__ = ["linear", "linear_add", "linear_pushed", "linear_silu_mul", "materialized", "norm_fusable",
-           "norm_in_prologue"]
+           "one_row_product"]
 
 
 def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None) -> bool:
@@ -43,9 +43,10 @@ def norm_fusable(x) -> bool:
     return isinstance(x, PendingNorm) and x.fusable()
 
 
-def norm_in_prologue(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> bool:
-    """Whether linear(PendingNorm of x, w, bias) runs the norm in the GEMV's prologue (a product
-    on Triton one row per program), given a fusable PendingNorm."""
+def one_row_product(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> bool:
+    """Whether the product x @ w^T (+ bias) runs on Triton one row per program, on the unsplit FMA
+    path: the launches that take a norm in their prologue (a fusable PendingNorm), an add or the
+    draft's argmax in their epilogue."""
     w = for_rows(w, x.shape[0])
     return _triton_ok(x, w, bias) and row_fma_config(x.shape[0], *w.shape, isinstance(w, Fp8Weight)) is not None
 
@@ -110,7 +111,7 @@ def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> 
     """
     w = for_rows(w, (x.x if isinstance(x, PendingNorm) else x).shape[0])
     if isinstance(x, PendingNorm):
-        if norm_fusable(x) and norm_in_prologue(x.x, w, bias):
+        if norm_fusable(x) and one_row_product(x.x, w, bias):
             return gemv_triton(x.x, w, bias, norm=x)
         x = x.materialize()
     if _triton_ok(x, w, bias):
@@ -122,6 +123,6 @@ def linear_add(x: torch.Tensor, w, add: torch.Tensor, into: torch.Tensor | None 
     """add + linear(x, w) [M, N] (add: [M, N] in x's dtype; into: where the sum goes, a new tensor
     when None): in the GEMV's epilogue where the product runs one row per program on the unsplit
     FMA path, else linear, then residual_add. Both give residual_add(add, linear(x, w))'s bits."""
-    if norm_in_prologue(x, w) and add.is_contiguous() and add.dtype == x.dtype:
+    if one_row_product(x, w) and add.is_contiguous() and add.dtype == x.dtype:
         return gemv_triton(x, for_rows(w, x.shape[0]), add=add, out=into)
     return residual_add(add, linear(x, w), into)

@@ -84,22 +84,29 @@ def residual_add(stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | N
 
 class PendingAdd:
     """stream + out [N, H], not yet added. `total` is where the sum lands (into, else a new tensor),
-    whichever of the two ways below computes it; read it only after one has run."""
+    whichever of the two ways below computes it, once."""
 
     def __init__(self, stream: torch.Tensor, out: torch.Tensor, into: torch.Tensor | None = None):
         self.stream, self.out = stream, out
         self.total = torch.empty_like(stream) if into is None else into
+        self._handed = False  # normed() or materialize() has made (or handed on) the sum
 
     def materialize(self) -> torch.Tensor:
-        """The sum as a launch of its own: residual_add(stream, out, into=total)."""
-        return residual_add(self.stream, self.out, self.total)
+        """total, the sum added by a launch of its own (residual_add(stream, out, into=total)) unless
+        normed() or an earlier call has handed it on."""
+        if not self._handed:
+            residual_add(self.stream, self.out, self.total)
+            self._handed = True
+        return self.total
 
     def normed(self, weight: torch.Tensor, eps: float) -> PendingNorm:
         """rms_norm(stream + out, weight) for the projection that reads it, which stores the sum
         to total (the same bits as residual_add: one fp32 add rounded once)."""
+        self._handed = True
         return PendingNorm(self.out, self.stream, weight, eps, stream=self.total)
 
 
 def summed(state):
-    """A draft state as a tensor: a PendingAdd's sum (added here), anything else as it is."""
+    """A draft state as a tensor: a PendingAdd's sum (added here unless a norm already does), anything
+    else as it is."""
     return state.materialize() if isinstance(state, PendingAdd) else state

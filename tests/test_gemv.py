@@ -377,7 +377,7 @@ def _unfused(monkeypatch):
     import graphrt.models.layers as layers
 
     monkeypatch.setattr(linear_mod, "norm_fusable", lambda x: False)
-    monkeypatch.setattr(layers, "norm_in_prologue", lambda *a: False)  # no residual add in an epilogue either
+    monkeypatch.setattr(layers, "one_row_product", lambda *a: False)  # no residual add in an epilogue either
     monkeypatch.setattr(layers, "linear_silu_mul",
                         lambda x, w: silu_and_mul(linear_mod.linear(linear_mod.materialized(x), w)))
     monkeypatch.setattr(layers, "qkv_rotary_store",

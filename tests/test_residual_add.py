@@ -125,13 +125,13 @@ def test_add_in_the_gemv_epilogue_is_residual_add_after_it(dtype, rows):
 def test_gpu_linear_add_is_residual_add_after_linear(cuda, dtype, n, k):
     """The dispatcher at a one-layer EAGLE-3 head's down projection (1b, 8b, SmolLM2 shapes, one row):
     the add in the GEMV's epilogue, the bits of linear then residual_add."""
-    from graphrt.kernels.linear import linear, linear_add, norm_in_prologue
+    from graphrt.kernels.linear import linear, linear_add, one_row_product
 
     seed = fresh_seed()
     gen = torch.Generator(device=cuda).manual_seed(seed)
     x = torch.randn(1, k, device=cuda, generator=gen).to(dtype)
     w = (torch.randn(n, k, device=cuda, generator=gen) / k**0.5).to(dtype)
     add = (3 * torch.randn(1, n, device=cuda, generator=gen)).to(dtype)
-    assert norm_in_prologue(x, w)  # the path that takes the add
+    assert one_row_product(x, w)  # the path that takes the add
     want = residual_add(add, linear(x, w))
     assert torch.equal(linear_add(x, w, add).view(torch.uint8), want.view(torch.uint8)), f"seed {seed}"

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from graphrt.kernels.eagle3_input import eagle3_input, eagle3_input_unfused
-from graphrt.kernels.linear import linear, norm_in_prologue
+from graphrt.kernels.linear import linear, one_row_product
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.residual_add import PendingAdd, summed
 from graphrt.models.layers import DecoderLayer, Rotary
@@ -152,7 +152,7 @@ class Eagle3Head(_EagleBase):
         # (docs/notes/benchmarks-history.md, 2026-11-27).
         eps = self.cfg.rms_norm_eps
         if isinstance(state, PendingAdd):
-            if not norm_in_prologue(state.out, self.lm_head):
+            if not one_row_product(state.out, self.lm_head):
                 return state.normed(self.norm, eps), self.lm_head
             state = state.materialize()
         return PendingNorm(state, None, self.norm, eps), self.lm_head

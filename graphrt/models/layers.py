@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from graphrt.kernels.attention import paged_attention
-from graphrt.kernels.linear import linear, linear_add, linear_pushed, linear_silu_mul, norm_in_prologue
+from graphrt.kernels.linear import linear, linear_add, linear_pushed, linear_silu_mul, one_row_product
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.qkv_rotary import qkv_rotary_store
 from graphrt.kernels.residual_add import PendingAdd, residual_add
@@ -138,7 +138,7 @@ class GatedMLP:
         if residual is None:
             return row_parallel(h, self.down, self.tp)
         stream = residual()
-        if self.tp is None and norm_in_prologue(h, self.down):
+        if self.tp is None and one_row_product(h, self.down):
             return linear_add(h, self.down, stream, into)
         return PendingAdd(stream, row_parallel(h, self.down, self.tp), into)
 
