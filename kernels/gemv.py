@@ -200,32 +200,14 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 @triton.jit
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                USE_PDL: tl.constexpr = False):
+               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
     masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros);
     FP8 weight tiles are widened to x's dtype (exactly) before each product.
-    kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's.
-    Executes the PDL wait when USE_PDL, after loading the first weight tile (as _fma_k_loop)."""
+    kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    k_start = k0
-    if USE_PDL:
-        # The weights are not written by the kernel this one depends on: the first tile streams in
-        # while that kernel finishes, then is summed first, as the loop would.
-        if k_full > k0:
-            w = tl.load(w_ptrs + k0)
-            if GATED:
-                u = tl.load(u_ptrs + k0)
-            wait_for_producer()
-            xt = tl.load(xt_ptrs + k0)
-            acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
-            if GATED:
-                acc_u = tl.dot(u.to(xt.dtype), xt, acc_u, input_precision=DOT_PRECISION)
-            k_start = k0 + BLOCK_K
-        else:
-            wait_for_producer()
-    for k in range(k_start, k_full, BLOCK_K):
+    for k in range(k0, k_full, BLOCK_K):
         xt = tl.load(xt_ptrs + k)
         acc = tl.dot(tl.load(w_ptrs + k).to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
         if GATED:
@@ -359,12 +341,14 @@ def _gemv_kernel(
         # y^T tile [BLOCK_N, BLOCK_M] = w tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]: with the
         # weight rows on the product's M side Hopper runs it on warpgroup MMA, which x on that side
         # (16 padded rows) never reached (docs/notes/benchmarks-history.md has the 4-row timings).
+        if USE_PDL:
+            wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
         # Padding rows read row 0 (valid memory); their outputs are masked at the store.
         xt_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
         # GATED: acc_u sums the up rows, N below the gate rows
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
-                                 BLOCK_K, GATED, DOT_PRECISION, USE_PDL)
+                                 BLOCK_K, GATED, DOT_PRECISION)
         acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
         acc_u = _row_scaled(acc_u, scale_ptr + N, rows, HAS_SCALE and GATED)
         offs_m2 = offs_m[None, :]

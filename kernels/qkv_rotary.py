@@ -27,7 +27,7 @@ from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_c
 from graphrt.kernels.gemv_config import dot_rotary_config
 from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
-from graphrt.kernels.pdl import pdl_enabled, pdl_launch
+from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 from graphrt.kernels.rotary import _check_args, rotary_store_kv, rotate_half, slot_ok, table_row
 
 __all__ = ["qkv_rotary_store", "qkv_rotary_store_reference", "qkv_rotary_store_triton", "fusable"]
@@ -205,8 +205,10 @@ def _qkv_rotary_dot_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
     xt_ptrs = x_ptr + tok.to(tl.int64)[None, :] * K + offs_k[:, None]
+    if USE_PDL:
+        wait_for_producer()
     acc, _ = _dot_k_loop(w_ptrs, w_ptrs, xt_ptrs, 0, (K // BLOCK_K) * BLOCK_K, K, offs_k, 2 * BLOCK_N, BLOCK_M,
-                         BLOCK_K, False, DOT_PRECISION, USE_PDL)
+                         BLOCK_K, False, DOT_PRECISION)
     acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
     if HAS_BIAS:
