@@ -13,6 +13,26 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def positive_int(text: str) -> int:
+    """'8' -> 8; zero, negatives and non-integers are an argparse error naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """int_list whose every entry is >= 1 (batch sizes, K values)."""
+    values = int_list(text)
+    bad = [v for v in values if v < 1]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def dtype_arg(name: str | None):
     """--dtype's name as a torch.dtype; None for None."""
     import torch

@@ -7,20 +7,20 @@ import json
 import os
 import sys
 
-from graphrt.arg_types import dtype_arg, int_list
+from graphrt.arg_types import dtype_arg, int_list, positive_int, positive_int_list
 from graphrt.errors import GraphrtError
 from graphrt.named_models import NAMED_MODELS, model_path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft checkpoint directory (standalone LM, EAGLE or EAGLE-3 head)")
-    p.add_argument("-k", "--num-draft-tokens", type=int, default=3, help="draft tokens per cycle (K)")
+    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=3, help="draft tokens per cycle (K)")
     p.add_argument("--draft-quantization", choices=["fp8"],
                    help="read the draft's projections as FP8 (e4m3, a power-of-two scale per row): half the bytes "
                         "of a draft step; the target stays in --dtype")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--tp", type=int, default=1, metavar="N",
+    p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="tensor parallelism over N GPUs (N processes, started here unless torchrun started this one)")
 
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="text, tokenized with the checkpoint's tokenizer; the reply streams to stdout")
     src.add_argument("--prompt-ids", type=int_list, help="token ids, e.g. 1,2,3")
     g.add_argument("--chat", action="store_true", help="wrap --prompt in the checkpoint's chat template as a user turn")
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=positive_int, default=32)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     g.add_argument("--top-p", type=float, default=1.0, help="keep the most likely tokens holding this mass (1: off)")
@@ -55,12 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset",
                    help="embedded preset: tiny (CPU default), llama-1b-shape (CUDA default), llama-8b-shape, "
                         "llama-70b-shape, smollm2-135m-shape")
-    b.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
-    b.add_argument("--layers", type=int, metavar="N",
+    b.add_argument("--draft-layers", type=positive_int, help="self-draft depth when no --draft is given")
+    b.add_argument("--layers", type=positive_int, metavar="N",
                    help="keep the preset's first N layers (llama-70b-shape: 141 GB whole; times scale per layer)")
-    b.add_argument("--batch-sizes", type=int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
-    b.add_argument("--prompt-len", type=int, default=32)
-    b.add_argument("--max-new-tokens", type=int, help="tokens generated per request (default 32 CPU / 128 CUDA)")
+    b.add_argument("--batch-sizes", type=positive_int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
+    b.add_argument("--prompt-len", type=positive_int, default=32)
+    b.add_argument("--max-new-tokens", type=positive_int,
+                   help="tokens generated per request (default 32 CPU / 128 CUDA)")
     b.add_argument("--no-draft", action="store_true", help="plain decoding only")
     b.add_argument("--eager", action="store_true", help="no CUDA graphs")
     b.add_argument("--damped", type=float, metavar="ALPHA",
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cycle (1 <= L <= K + 1); measures cost at a known acceptance")
     b.add_argument("--sweep-accept", action="store_true",
                    help="tokens/s and speedup over plain decoding against simulated acceptance L = 1 .. K + 1")
-    b.add_argument("--sweep-k", type=int_list, help="--sweep-accept: the K values (default 3,5 on CUDA, 3 on CPU)")
+    b.add_argument("--sweep-k", type=positive_int_list,
+                   help="--sweep-accept: the K values (default 3,5 on CUDA, 3 on CPU)")
     b.add_argument("--quick", action="store_true",
                    help="kernels: only V = 128256, K = 3 and 4k-context attention (default: the full sweep)")
     _common(b)
@@ -85,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("checkpoint", nargs="?", help="target checkpoint (default: embedded llama-1b-shape)")
     c.add_argument("--dot", help="write each graph as a DOT file into this directory")
     c.add_argument("--json", dest="json_out", help="write the report as JSON")
-    c.add_argument("--max-batch-size", type=int, default=64, help="largest bucket (default buckets up to it)")
-    c.add_argument("--max-seq-len", type=int, default=2048)
+    c.add_argument("--max-batch-size", type=positive_int, default=64, help="largest bucket (default buckets up to it)")
+    c.add_argument("--max-seq-len", type=positive_int, default=2048)
     c.add_argument("--no-draft", action="store_true", help="capture TARGET_DECODE only")
     _common(c)
 
@@ -114,6 +116,9 @@ def cmd_generate(args) -> int:
     target = _target(args.checkpoint, args.model)
     if target is None:
         raise GraphrtError("name a checkpoint (a folder or .gguf file) or a model (--model smollm2)")
+    if not os.path.exists(target):
+        raise GraphrtError(f"no checkpoint at {target}: give an HF folder (config.json + *.safetensors) or a .gguf "
+                           "file, or a model (--model smollm2)")
     tokenizer = None
     if args.prompt is not None:
         tokenizer = load_tokenizer(target)

@@ -25,6 +25,13 @@ class ConfigMismatchError(CheckpointError):
     """
 
 
+class OptionError(GraphrtError, ValueError):
+    """A Runtime or command-line option is out of its range or conflicts with another.
+
+    The message names the option and the value given.
+    """
+
+
 class CapacityError(GraphrtError):
     """A request does not fit the runtime's fixed budget (KV slots, sequence length, batch buckets)."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrt.errors import CapacityError
+from graphrt.errors import CapacityError, OptionError
 
 TRASH_BLOCK = 0
 
@@ -66,6 +66,6 @@ def blocks_for_budget(*, block_size: int, bytes_per_block: int, token_budget: in
     if token_budget is not None:
         return -(-token_budget // block_size) + 1
     if memory_fraction is None or not torch.cuda.is_available() or torch.device(device).type != "cuda":
-        raise ValueError("give kv_budget_tokens, or kv_memory_fraction on a CUDA device")
+        raise OptionError("give kv_budget_tokens, or kv_memory_fraction on a CUDA device")
     free, _ = torch.cuda.mem_get_info(device)
     return max(2, int(free * memory_fraction) // bytes_per_block)

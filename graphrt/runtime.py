@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint, load_config
 from graphrt.cycle import Cycle, DecodeState
-from graphrt.errors import CapacityError, RequestError
+from graphrt.errors import CapacityError, OptionError, RequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
@@ -72,6 +72,14 @@ def _kv_heads(model) -> int:
     return model.layers[0].attn.num_kv_heads if model.layers else model.cfg.num_key_value_heads
 
 
+def _check_simulated_length(mean_length, num_draft_tokens: int) -> None:
+    """A simulated acceptance length L must lie in [1, K + 1]: one token a cycle at the least, every
+    draft and the bonus at the most."""
+    if not 1.0 <= float(mean_length) <= num_draft_tokens + 1:
+        raise OptionError(f"simulated acceptance length must be in [1, K + 1] = [1, {num_draft_tokens + 1}], "
+                          f"got {mean_length}")
+
+
 def _budget_left(req: _Request) -> int:
     """Tokens the request may still generate (max_new_tokens counts the prefill's first one)."""
     return req.params.max_new_tokens - len(req.gen.token_ids)
@@ -94,20 +102,22 @@ class Runtime:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
         if use_cuda_graphs and device.type != "cuda":
-            raise ValueError("use_cuda_graphs=True needs a CUDA device")
+            raise OptionError(f"use_cuda_graphs=True needs a CUDA device, got device {device}")
         # graphs are captured lazily, before the first decode cycle, or by capture()
         self.use_cuda_graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
-        if num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
-        if max_batch_size < 1 or max_seq_len < 2 or block_size < 1:
-            raise ValueError("max_batch_size, max_seq_len and block_size must be positive")
+        for name, value, least in (("num_draft_tokens", num_draft_tokens, 1), ("max_batch_size", max_batch_size, 1),
+                                   ("max_seq_len", max_seq_len, 2), ("block_size", block_size, 1)):
+            if value < least:
+                raise OptionError(f"{name} must be >= {least}, got {value}")
         if draft is not None:
             check_draft_compatible(target.config, draft.config)
         if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
-            raise ValueError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
+            raise OptionError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
                              f"{draft_quantization!r}{'' if draft is not None else ' without a draft'}")
-        if simulate_acceptance_length is not None and draft is None:
-            raise ValueError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
+        if simulate_acceptance_length is not None:
+            if draft is None:
+                raise OptionError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
+            _check_simulated_length(simulate_acceptance_length, num_draft_tokens)
         self.device = device
         self.draft_quantization = draft_quantization
         self.K = num_draft_tokens if draft is not None else 0
@@ -135,7 +145,7 @@ class Runtime:
                 draft = shard_checkpoint(draft, self.tp, rule)
             for name, ckpt in (("target", target), ("draft", draft)):
                 if ckpt is not None and ckpt.parallel not in (None, (self.tp.rank, self.tp.world_size)):
-                    raise ValueError(f"the {name} checkpoint is the slice {ckpt.parallel} (rank, world size), "
+                    raise OptionError(f"the {name} checkpoint is the slice {ckpt.parallel} (rank, world size), "
                                      f"not rank {self.tp.rank} of {self.tp.world_size}")
         self.target_ckpt, self.draft_ckpt = target, draft
         self.target = build_target(target, max_positions, device, self.tp)
@@ -368,7 +378,7 @@ class Runtime:
         not captured beforehand is captured before the first cycle that needs it; capturing the
         filtered set up front (filters=True) spares the first filtered request that pause."""
         if self.device.type != "cuda":
-            raise ValueError("CUDA graph capture needs a CUDA device")
+            raise OptionError(f"CUDA graph capture needs a CUDA device, this runtime is on {self.device}")
         from graphrt.capture.graphs import CycleGraphs
 
         if self.tp is not None:
@@ -502,7 +512,8 @@ class Runtime:
         from graphrt.kernels.simulated_acceptance import acceptance_rate_for
 
         if self.state.simulated_rate is None:
-            raise ValueError("this runtime was made without simulate_acceptance_length")
+            raise OptionError("this runtime was made without simulate_acceptance_length")
+        _check_simulated_length(mean_length, self.K)
         self.state.simulated_rate.fill_(acceptance_rate_for(float(mean_length), self.K))
 
     @property

@@ -17,7 +17,7 @@ from graphrt.profiling.kernel_families import IDLE, SEGMENTS, family_bars, kerne
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
-from graphrt.arg_types import int_list
+from graphrt.arg_types import positive_int, positive_int_list
 
 # Tracing slows replays (nsys node-level graph tracing the most). Past this, the header says so.
 OVERHEAD_LIMIT = 0.05
@@ -211,7 +211,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `graphrt profile` (the CLI adds --draft, -k, --device, --dtype itself)."""
     p.add_argument("checkpoint", nargs="?", help="target checkpoint (default: an embedded random preset)")
     p.add_argument("--preset", help="embedded preset when no checkpoint: llama-1b-shape (CUDA default), tiny, ...")
-    p.add_argument("--draft-layers", type=int, help="self-draft depth when no --draft is given")
+    p.add_argument("--draft-layers", type=positive_int, help="self-draft depth when no --draft is given")
     p.add_argument("--no-draft", action="store_true", help="plain decoding (TARGET_DECODE) only")
     p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"], default="lm",
                    help="embedded draft when no --draft is given (graphrt bench --draft-kind)")
@@ -223,15 +223,15 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
                         "phase wall times only; --from-sqlite: read such a capture")
     p.add_argument("--from-sqlite", help="attribute kernel time from an existing `nsys export --type sqlite` file")
     p.add_argument("--domain", default="graphrt", help="NVTX domain of the phase ranges (--from-sqlite)")
-    p.add_argument("--batch-sizes", type=int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, help="tokens per request (default 32 CUDA / 8 CPU)")
+    p.add_argument("--batch-sizes", type=positive_int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
+    p.add_argument("--prompt-len", type=positive_int, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, help="tokens per request (default 32 CUDA / 8 CPU)")
     p.add_argument("--json", dest="json_out", help="write the report's numbers as JSON")
     p.add_argument("--png", help="write a stacked bar per phase and batch size of exclusive time by kernel family "
                                  "(needs matplotlib)")
     p.add_argument("--trace", help="write a Perfetto/Chrome trace: a track per phase, kernels inside their launch, "
                                    "waits as slices of their own")
-    p.add_argument("--top", type=int, default=3, help="top kernels by exclusive time per phase and batch size")
+    p.add_argument("--top", type=positive_int, default=3, help="top kernels by exclusive time per phase and batch size")
     p.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)  # the run under nsys
     p.add_argument("--_meta", help=argparse.SUPPRESS)  # inner run: write graph node counts here
 

@@ -91,6 +91,38 @@ def test_bad_arguments_exit_cleanly():
     assert r.returncode == 2 and "comma-separated integers" in r.stderr
 
 
+@pytest.mark.parametrize("argv, names", [
+    (["bench", "--preset", "tiny", "--batch-sizes", "0"], "--batch-sizes"),
+    (["bench", "--preset", "tiny", "-k", "0"], "--num-draft-tokens"),
+    (["bench", "--preset", "tiny", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["bench", "--preset", "tiny", "--prompt-len", "-3"], "--prompt-len"),
+    (["bench", "--preset", "tiny", "--sweep-accept", "--sweep-k", "3,0"], "--sweep-k"),
+    (["profile", "--preset", "tiny", "--batch-sizes", "1,0"], "--batch-sizes"),
+    (["capture", "--max-batch-size", "0"], "--max-batch-size"),
+    (["generate", "x.gguf", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "x.gguf", "--prompt-ids", "1", "--tp", "0"], "--tp"),
+])
+def test_out_of_range_arguments_are_refused_by_name(argv, names, capsys):
+    """Zero or negative counts stop at the parser, which names the option (no traceback, exit 2);
+    before, --max-new-tokens 0 silently fell back to the default."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert names in err and "positive integer" in err and "Traceback" not in err
+
+
+def test_runtime_option_errors_reach_the_command_line_cleanly(tmp_path, monkeypatch, capsys):
+    """A value the parser cannot judge alone (L against K) is the Runtime's OptionError, printed as
+    the command's error; a path that does not exist is named as such, before any tokenizer."""
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    assert main(["bench", "--preset", "tiny", "--batch-sizes", "1", "-k", "3", "--accept-len", "4.5"]) == 2
+    assert "[1, K + 1] = [1, 4], got 4.5" in capsys.readouterr().err
+    missing = str(tmp_path / "nowhere")
+    assert main(["generate", missing, "--prompt", "hi"]) == 2
+    assert f"no checkpoint at {missing}" in capsys.readouterr().err
+
+
 def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"

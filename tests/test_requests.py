@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from graphrt import Runtime, SamplingParams
-from graphrt.errors import CapacityError, ConfigMismatchError, RequestError
+from graphrt.errors import CapacityError, ConfigMismatchError, GraphrtError, OptionError, RequestError
 from tests.helpers import draft_dir, load
 
 
@@ -66,6 +66,25 @@ def test_bad_input_is_rejected_and_runtime_stays_usable(target, draft):
     assert prompts == before
     assert [len(g.token_ids) for g in gens] == [6, 6]
     assert not rt.has_unfinished()
+
+
+@pytest.mark.parametrize("options, names", [
+    (dict(max_batch_size=0), "max_batch_size must be >= 1, got 0"),
+    (dict(max_seq_len=1), "max_seq_len must be >= 2, got 1"),
+    (dict(num_draft_tokens=0), "num_draft_tokens must be >= 1, got 0"),
+    (dict(block_size=-2), "block_size must be >= 1, got -2"),
+    (dict(simulate_acceptance_length=4.5), "[1, K + 1] = [1, 4], got 4.5"),
+    (dict(simulate_acceptance_length=0.9), "[1, K + 1] = [1, 4], got 0.9"),
+    (dict(draft_quantization="int4"), "draft_quantization takes one of"),
+])
+def test_runtime_options_out_of_range_are_option_errors(target, draft, options, names):
+    """A Runtime option out of range is an OptionError (a GraphrtError, still a ValueError) that
+    names the option and the value, raised before anything is built."""
+    kw = dict(num_draft_tokens=3, max_batch_size=2, max_seq_len=64) | options
+    with pytest.raises(OptionError) as exc:
+        Runtime(target, draft, **kw)
+    assert names in str(exc.value)
+    assert isinstance(exc.value, GraphrtError) and isinstance(exc.value, ValueError)
 
 
 def test_capacity_error_names_the_budget(target):

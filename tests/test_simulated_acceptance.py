@@ -11,6 +11,7 @@ from graphrt.kernels.simulated_acceptance import (
     simulate_uniforms,
 )
 
+from graphrt.errors import OptionError
 from tests.seeds import fresh_seed
 
 
@@ -142,10 +143,12 @@ def test_runtime_decodes_at_the_set_acceptance(tmp_path):
             assert 1 + sum(counts) / cycles == pytest.approx(2.5, rel=0.06)
             # every accepted draft counted once; a request's last cycle may accept past its budget
             assert decoded - cycles <= sum(counts) <= decoded - cycles + len(gens) * 3
-    with pytest.raises(ValueError, match=r"\[1, K \+ 1\]"):
+    with pytest.raises(OptionError, match=r"\[1, K \+ 1\]"):
         rt.set_simulated_acceptance(4.5)
+    rt.set_simulated_acceptance(1.0)  # the refused value left the runtime as it was
+    assert all(g.num_accepted_tokens == 0 for g in rt.generate(prompts[:2], params))
     plain = Runtime.from_pretrained(tmp_path / "t", tmp_path / "d", num_draft_tokens=3, device="cpu")
-    with pytest.raises(ValueError, match="without simulate_acceptance_length"):
+    with pytest.raises(OptionError, match="without simulate_acceptance_length"):
         plain.set_simulated_acceptance(2.0)
 
 
