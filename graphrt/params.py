@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 from graphrt.errors import RequestError
@@ -31,7 +32,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids))
         self.validate()
         if self.temperature < GREEDY_BELOW:
             # 1/T of a tiny temperature overflows fp32, and such a distribution is a point mass
@@ -57,6 +58,21 @@ class SamplingParams:
     def filters(self) -> bool:
         """Whether top_k, top_p or min_p is on."""
         return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+
+def _token_ids(ids) -> tuple[int, ...]:
+    """stop_token_ids as a tuple of ints >= 0: any iterable of integers (numpy's and 0-d tensors'
+    too); a string, a float or a bare int is a RequestError naming the field."""
+    bad = RequestError(f"SamplingParams.stop_token_ids must be an iterable of token ids (ints >= 0), got {ids!r}")
+    if isinstance(ids, (str, bytes)):
+        raise bad
+    try:
+        out = tuple(operator.index(t) for t in ids)
+    except TypeError:
+        raise bad from None
+    if any(t < 0 for t in out) or any(isinstance(t, bool) for t in ids):
+        raise bad
+    return out
 
 
 def _number(x) -> bool:

@@ -59,6 +59,11 @@ def test_bad_input_is_rejected_and_runtime_stays_usable(target, draft):
         SamplingParams(max_new_tokens=0)
     with pytest.raises(RequestError):
         rt.generate([[1, 2]], [SamplingParams(), SamplingParams()])
+    # stop ids: an iterable of ints >= 0 (a string's characters, floats, bools, negatives refused)
+    for bad in ("12", 7, [2.0], [True], [3, -1]):
+        with pytest.raises(RequestError, match="stop_token_ids"):
+            SamplingParams(stop_token_ids=bad)
+    assert SamplingParams(stop_token_ids=(torch.tensor(4), 5)).stop_token_ids == (4, 5)
     # a failed batch admits nothing: the next one runs normally, and inputs are not modified
     prompts = [[4, 5, 6], [7, 8]]
     before = copy.deepcopy(prompts)
