@@ -40,6 +40,14 @@ class RequestError(GraphrtError, ValueError):
     """A request is malformed (bad sampling parameter, empty prompt, token id out of range)."""
 
 
+class UnknownRequestError(RequestError, KeyError):
+    """A request id the runtime does not hold: never issued, or its Generation already popped.
+    Also a KeyError, what a lookup by id raised before."""
+
+    def __str__(self) -> str:  # KeyError's would print the message's repr
+        return str(self.args[0]) if self.args else ""
+
+
 class ParallelError(GraphrtError, RuntimeError):
     """A tensor-parallel rank failed (at load, say). Raised on every rank with the same message,
     which names the failing rank and its error, so that no rank waits forever in a collective."""

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint, load_config
 from graphrt.cycle import Cycle, DecodeState
-from graphrt.errors import CapacityError, OptionError, RequestError
+from graphrt.errors import CapacityError, OptionError, RequestError, UnknownRequestError
 from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
@@ -278,11 +278,17 @@ class Runtime:
         self._admit()
         return rid
 
+    def _request(self, request_id: int) -> _Request:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"no request {request_id!r} here: never added, or its generation was popped")
+        return req
+
     def finished(self, request_id: int) -> bool:
-        return self._requests[request_id].gen.finish_reason is not None
+        return self._request(request_id).gen.finish_reason is not None
 
     def get_generation(self, request_id: int) -> Generation:
-        return self._requests[request_id].gen
+        return self._request(request_id).gen
 
     def pop_generation(self, request_id: int) -> Generation:
         """Return a finished request's Generation and forget the request (an engine driving

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from graphrt import Runtime, SamplingParams
-from graphrt.errors import CapacityError, ConfigMismatchError, GraphrtError, OptionError, RequestError
+from graphrt.errors import (
+    CapacityError,
+    ConfigMismatchError,
+    GraphrtError,
+    OptionError,
+    RequestError,
+    UnknownRequestError,
+)
 from tests.helpers import draft_dir, load
 
 
@@ -146,8 +153,13 @@ def test_tiny_temperature_is_greedy_and_finished_requests_can_be_dropped(target)
         rt.step()
     greedy = rt.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0].token_ids
     assert rt.pop_generation(rid).token_ids == greedy
-    with pytest.raises(KeyError):
-        rt.get_generation(rid)
+    # a popped (or never issued) id: a RequestError that says so, still the KeyError it used to be
+    for call in (rt.get_generation, rt.pop_generation, rt.finished):
+        with pytest.raises(UnknownRequestError, match=f"no request {rid} here") as exc:
+            call(rid)
+        assert isinstance(exc.value, KeyError) and isinstance(exc.value, RequestError)
+    with pytest.raises(KeyError, match="never added"):
+        rt.get_generation(10**6)
 
 
 
