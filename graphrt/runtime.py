@@ -8,6 +8,7 @@ per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into
 
 from __future__ import annotations
 
+import numbers
 import operator
 import random
 import time
@@ -72,6 +73,15 @@ def _kv_heads(model) -> int:
     return model.layers[0].attn.num_kv_heads if model.layers else model.cfg.num_key_value_heads
 
 
+def _device(device) -> torch.device:
+    """The runtime's device: CUDA when there is one unless named; a CUDA device on a machine without
+    CUDA is an OptionError rather than torch's assertion at the first allocation."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device {device} asked for, but this torch sees no CUDA device")
+    return device
+
+
 def _check_simulated_length(mean_length, num_draft_tokens: int) -> None:
     """A simulated acceptance length L must lie in [1, K + 1]: one token a cycle at the least, every
     draft and the bonus at the most."""
@@ -98,7 +108,7 @@ class Runtime:
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
                  draft_quantization: str | None = None, tensor_parallel=None):
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = _device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
         if use_cuda_graphs and device.type != "cuda":
@@ -109,6 +119,8 @@ class Runtime:
                                    ("max_seq_len", max_seq_len, 2), ("block_size", block_size, 1)):
             if value < least:
                 raise OptionError(f"{name} must be >= {least}, got {value}")
+        if buckets is not None and any(not isinstance(b, numbers.Integral) or b < 1 for b in buckets):
+            raise OptionError(f"buckets must be batch sizes >= 1, got {tuple(buckets)}")
         if draft is not None:
             check_draft_compatible(target.config, draft.config)
         if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
@@ -228,11 +240,13 @@ class Runtime:
         runs the same requests: call the same methods with the same arguments on every rank. A rank
         that fails to load makes every rank raise the same ParallelError."""
         tp = None
+        if tensor_parallel_size is not None and tensor_parallel_size < 1:
+            raise OptionError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if tensor_parallel_size is not None and tensor_parallel_size > 1:
             from graphrt.parallel import draft_shard_rule, init_tensor_parallel, target_shard_rule
 
             tp = init_tensor_parallel(tensor_parallel_size)
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = _device(device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         if device.type == "cuda" and kwargs.get("use_cuda_graphs") is not False:

@@ -88,6 +88,7 @@ def test_bad_input_is_rejected_and_runtime_stays_usable(target, draft):
     (dict(simulate_acceptance_length=4.5), "[1, K + 1] = [1, 4], got 4.5"),
     (dict(simulate_acceptance_length=0.9), "[1, K + 1] = [1, 4], got 0.9"),
     (dict(draft_quantization="int4"), "draft_quantization takes one of"),
+    (dict(buckets=(0, 2)), "buckets must be batch sizes >= 1, got (0, 2)"),
 ])
 def test_runtime_options_out_of_range_are_option_errors(target, draft, options, names):
     """A Runtime option out of range is an OptionError (a GraphrtError, still a ValueError) that
@@ -97,6 +98,16 @@ def test_runtime_options_out_of_range_are_option_errors(target, draft, options, 
         Runtime(target, draft, **kw)
     assert names in str(exc.value)
     assert isinstance(exc.value, GraphrtError) and isinstance(exc.value, ValueError)
+
+
+def test_from_pretrained_options_out_of_range():
+    from tests.helpers import tiny_dir
+
+    with pytest.raises(OptionError, match="tensor_parallel_size must be >= 1, got 0"):
+        Runtime.from_pretrained(tiny_dir(), device="cpu", tensor_parallel_size=0)
+    if not torch.cuda.is_available():  # torch's own assertion before, at the first allocation
+        with pytest.raises(OptionError, match="sees no CUDA device"):
+            Runtime.from_pretrained(tiny_dir(), device="cuda")
 
 
 def test_capacity_error_names_the_budget(target):
