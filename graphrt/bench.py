@@ -191,6 +191,10 @@ def main(args) -> list[dict]:
             acc = f"{acc:>10.2f}" if acc is not None else f"{'-':>10}"
             print(f"{p['mode']:<18} {p['batch_size']:>4} {p['tokens_per_s']:>10.1f} {acc}  {r_pl:>27.2f}x  "
                   f"{r_sp:>17.2f}x")
+    if draft_desc.startswith("random ") and simulated is None:
+        print("note: the embedded draft has random weights, so it accepts next to nothing (acceptance length "
+              "about 1): this shows speculation's cost, not its gain. For the speedup at a known acceptance: "
+              "--accept-len L or --sweep-accept; a real target with its trained head: scripts/bench_real_pair.py")
     if bandwidth:
         t_bytes = lm_bytes(plain.target_ckpt.config, plain.target_ckpt.weights["embed_tokens.weight"].element_size())
         print(f"weight-read roofline for plain decode at B=1: {bandwidth * 1e9 / t_bytes:.0f} tok/s "

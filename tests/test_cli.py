@@ -123,6 +123,17 @@ def test_runtime_option_errors_reach_the_command_line_cleanly(tmp_path, monkeypa
     assert f"no checkpoint at {missing}" in capsys.readouterr().err
 
 
+def test_bench_says_when_its_draft_is_random(tmp_path, monkeypatch, capsys):
+    """A random embedded head accepts next to nothing: the report says so, and where the speedup is
+    measured instead, unless the acceptance is simulated."""
+    monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
+    base = ["bench", "--preset", "tiny", "--draft-kind", "eagle3", "--batch-sizes", "1", "--max-new-tokens", "4"]
+    assert main(base) == 0
+    assert "random weights, so it accepts next to nothing" in capsys.readouterr().out
+    assert main(base + ["--accept-len", "2"]) == 0
+    assert "random weights" not in capsys.readouterr().out
+
+
 def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRAPHRT_CACHE", str(tmp_path / "cache"))
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
