@@ -112,3 +112,15 @@ def test_walk_counts_like_the_runtime():
     preds[0, 4] = 14  # cycle 2 (n = 6): accepts 1, emits 2 -> done
     assert acceptance.walk(preds, tokens, 2, 3) == (5, 2)
     assert acceptance.walk(preds, tokens, 2, 1) == (5, 3)  # 2 + 1 + 2
+
+
+def test_saved_sequences_load_back_the_same(trained, tmp_path):
+    """scripts/train_eagle3.py --save-sequences / --sequences: a later run trains on exactly the
+    generations an earlier one wrote, in the same order and groups."""
+    held = trained["held"]
+    train = [data.Sequence(s.tokens, s.prompt_len, 0.7) for s in held[:3]]  # a sampled group too
+    path = tmp_path / "seqs.jsonl.gz"
+    data.save_sequences(path, {"train": train, "heldout": held})
+    back = data.load_sequences(path)
+    assert list(back) == ["train", "heldout"]
+    assert back["train"] == train and back["heldout"] == held

@@ -6,6 +6,7 @@ set), so the head learns the target's distribution, not a data set's.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -35,6 +36,27 @@ def generate(rt, prompts: list[list[int]], *, max_new_tokens: int, temperature: 
               for i in range(len(prompts))]
     gens = rt.generate(prompts, params)
     return [Sequence(list(p) + list(g.token_ids), len(p), temperature) for p, g in zip(prompts, gens)]
+
+
+def save_sequences(path: str | Path, groups: dict[str, list[Sequence]]) -> None:
+    """Write named groups of sequences (e.g. "train", "heldout") as gzipped JSON lines, so that a
+    later run trains on the same generations without generating them again."""
+    with gzip.open(path, "wt") as f:
+        for name, seqs in groups.items():
+            for s in seqs:
+                f.write(json.dumps({"group": name, "tokens": s.tokens, "prompt_len": s.prompt_len,
+                                    "temperature": s.temperature}) + "\n")
+
+
+def load_sequences(path: str | Path) -> dict[str, list[Sequence]]:
+    """save_sequences' groups, each in the order written."""
+    groups: dict[str, list[Sequence]] = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                groups.setdefault(r["group"], []).append(Sequence(r["tokens"], r["prompt_len"], r["temperature"]))
+    return groups
 
 
 def draft_vocabulary(seqs: list[Sequence], vocab_size: int, size: int) -> tuple[torch.Tensor, dict]:
