@@ -12,6 +12,7 @@ import numbers
 import operator
 import random
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,10 @@ class Runtime:
             raise OptionError(f"buckets must be batch sizes >= 1, got {tuple(buckets)}")
         if draft is not None:
             check_draft_compatible(target.config, draft.config)
+        if max_seq_len > target.config.max_position_embeddings:
+            warnings.warn(f"max_seq_len {max_seq_len} is past the target's max_position_embeddings "
+                          f"({target.config.max_position_embeddings}): positions beyond it are extrapolated, "
+                          "which the model was not trained for", stacklevel=2)
         if draft_quantization is not None and (draft is None or draft_quantization not in DRAFT_QUANTIZATIONS):
             raise OptionError(f"draft_quantization takes one of {DRAFT_QUANTIZATIONS} and a draft; got "
                              f"{draft_quantization!r}{'' if draft is not None else ' without a draft'}")

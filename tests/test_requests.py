@@ -100,6 +100,13 @@ def test_runtime_options_out_of_range_are_option_errors(target, draft, options, 
     assert isinstance(exc.value, GraphrtError) and isinstance(exc.value, ValueError)
 
 
+def test_sequence_budget_past_the_models_positions_warns(target):
+    """A max_seq_len past max_position_embeddings runs (rope extrapolates) but says so."""
+    limit = target.config.max_position_embeddings
+    with pytest.warns(UserWarning, match=f"max_seq_len {limit + 1} is past the target's max_position_embeddings"):
+        Runtime(target, None, max_batch_size=1, max_seq_len=limit + 1, kv_budget_tokens=64)
+
+
 def test_from_pretrained_options_out_of_range():
     from tests.helpers import tiny_dir
 
