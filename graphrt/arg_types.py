@@ -27,8 +27,7 @@ def positive_int(text: str) -> int:
 def positive_int_list(text: str) -> list[int]:
     """int_list whose every entry is >= 1 (batch sizes, K values)."""
     values = int_list(text)
-    bad = [v for v in values if v < 1]
-    if bad or not values:
+    if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
     return values
 

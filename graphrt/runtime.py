@@ -83,12 +83,15 @@ def _device(device) -> torch.device:
     return device
 
 
-def _check_simulated_length(mean_length, num_draft_tokens: int) -> None:
-    """A simulated acceptance length L must lie in [1, K + 1]: one token a cycle at the least, every
-    draft and the bonus at the most."""
-    if not 1.0 <= float(mean_length) <= num_draft_tokens + 1:
-        raise OptionError(f"simulated acceptance length must be in [1, K + 1] = [1, {num_draft_tokens + 1}], "
-                          f"got {mean_length}")
+def _simulated_rate(mean_length, num_draft_tokens: int) -> float:
+    """The per-draft acceptance rate of a simulated acceptance length (kernels/simulated_acceptance,
+    which checks L in [1, K + 1]); its range error as an OptionError."""
+    from graphrt.kernels.simulated_acceptance import acceptance_rate_for
+
+    try:
+        return acceptance_rate_for(float(mean_length), num_draft_tokens)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _budget_left(req: _Request) -> int:
@@ -134,7 +137,7 @@ class Runtime:
         if simulate_acceptance_length is not None:
             if draft is None:
                 raise OptionError("simulate_acceptance_length needs a draft (it sets how many drafts are accepted)")
-            _check_simulated_length(simulate_acceptance_length, num_draft_tokens)
+            _simulated_rate(simulate_acceptance_length, num_draft_tokens)  # the range, before anything is built
         self.device = device
         self.draft_quantization = draft_quantization
         self.K = num_draft_tokens if draft is not None else 0
@@ -534,12 +537,9 @@ class Runtime:
         forward and rejection kernel still run (kernels/simulated_acceptance.py). Needs a runtime
         made with simulate_acceptance_length; changing L needs no new graphs. Output tokens are then
         not the target's distribution: for cost measurements only."""
-        from graphrt.kernels.simulated_acceptance import acceptance_rate_for
-
         if self.state.simulated_rate is None:
             raise OptionError("this runtime was made without simulate_acceptance_length")
-        _check_simulated_length(mean_length, self.K)
-        self.state.simulated_rate.fill_(acceptance_rate_for(float(mean_length), self.K))
+        self.state.simulated_rate.fill_(_simulated_rate(mean_length, self.K))
 
     @property
     def acceptance_counts(self) -> list[int]:
