@@ -18,6 +18,7 @@ from graphrt.floors import lm_bytes, phase_bytes
 from graphrt.parallel import join_ranks, rank_zero_first
 from graphrt.params import SamplingParams
 from graphrt.profiling.phase_timer import PhaseTimer
+from graphrt.profiling.phases import PREFILL
 from graphrt.runtime import Runtime
 
 
@@ -60,6 +61,60 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
             "cycles": cycles, "cycle_ms": 1e3 * elapsed / max(cycles, 1),
             "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1), "host_us_per_cycle": host_us,
             "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1), "phases": phases}
+
+
+def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_requests: int, max_new_tokens: int,
+               temperature: float = 0.0, seed: int = 0) -> dict:
+    """num_requests prompts (prompts' list, cycled) through `concurrency` slots, as a serving engine
+    runs them: a new request joins as soon as one finishes, each stopping at its EOS. run_decode's
+    batch ends with its slowest request, which under speculation is the one whose drafts the target
+    accepted least; here the slots stay full. Throughput is counted in the steady state, up to the
+    last request's admission: tokens per cycle (the cycles the host has read) over the decode phases'
+    GPU time per cycle (every launched cycle's, from the phase timer's events), so the eager prefill
+    of each joining request stays out of it. The wall-clock figure counts everything, prefill included."""
+    if concurrency < 1 or num_requests < 2 * concurrency:  # else the steady state is over at once
+        raise GraphrtError(f"run_served: need concurrency >= 1 ({concurrency}) and num_requests >= twice it "
+                           f"({num_requests})")
+    queue = [prompts[i % len(prompts)] for i in range(num_requests)]
+    rids: list[int] = []
+
+    def admit():
+        running = sum(not rt.finished(r) for r in rids)
+        while queue and running < concurrency:
+            sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + len(rids))
+            rids.append(rt.add_request(queue.pop(0), sp))
+            running += 1
+
+    timer = PhaseTimer(rt.device)
+    rt.cycle.timer = timer
+    _sync(rt.device)
+    t0, cycles0, read = time.perf_counter(), rt.num_cycles, 0
+    admit()
+    steady = None
+    while rt.has_unfinished() or queue:
+        if rt.step():  # one cycle read (in the steady state every cycle carries a running request)
+            read += 1
+        admit()
+        if not queue and steady is None:
+            phases = timer.summary()  # waits for the cycles in flight: once
+            launched = rt.num_cycles - cycles0
+            decode_ms = sum(p["total_ms"] for name, p in phases.items() if name != PREFILL)
+            gens = [rt.get_generation(r) for r in rids]
+            steady = {"cycles": read, "tokens": sum(len(g.token_ids) - 1 for g in gens),
+                      "mean_batch": sum(g.num_cycles for g in gens) / max(read, 1),
+                      "gpu_us_per_cycle": 1e3 * decode_ms / max(launched, 1), "launched": launched}
+    _sync(rt.device)
+    elapsed = time.perf_counter() - t0
+    rt.cycle.timer = None
+    gens = [rt.pop_generation(r) for r in rids]
+    decoded = sum(len(g.token_ids) - 1 for g in gens)
+    per_cycle = steady["tokens"] / max(steady["cycles"], 1)
+    return {"concurrency": concurrency, "requests": num_requests, "tokens": decoded,
+            "tokens_per_s": 1e6 * per_cycle / steady["gpu_us_per_cycle"],
+            "tokens_per_s_wall": decoded / elapsed,
+            "mean_batch": sum(g.num_cycles for g in gens) / max(rt.num_cycles - cycles0, 1),
+            "mean_acceptance_length": decoded / max(sum(g.num_cycles for g in gens), 1),
+            "steady": steady}
 
 
 def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:

@@ -5,10 +5,15 @@
 Held-out chat prompts (data/prompts/heldout.jsonl, chat template), each request stopping at the
 model's EOS. Per batch size (1, 8, 64): graphrt plain decoding and speculative decoding with the
 head (K = 3 and 5, greedy; K = 3 at temperature 0.7), all under CUDA graphs, with tokens/s, mean
-acceptance length and per-phase GPU time; then Hugging Face transformers on the same GGUF and the
-same prompts: dynamic cache, static cache (B = 1) and assisted generation (B = 1) with a self-draft
-(the target's first 4 layers: transformers has no EAGLE-3 drafting) -- its figures time whole
-`generate` calls, warm-up call first, prompt pass included.
+acceptance length and per-phase GPU time. Then, at each B > 1, the same as a serving engine runs it
+(--served N: N x B requests through B slots, a new one joining as one finishes; plain and the first
+K, greedy): a batch that starts together ends with its slowest request, and under speculation that
+is the one whose drafts were accepted least, so the first table undersells a served batch; the
+served rows count the steady state's tokens over its decode phases' GPU time
+(graphrt.bench.run_served; wall clock, eager prefill included, beside it). Then Hugging Face
+transformers on the same GGUF and the same prompts: dynamic cache, static cache (B = 1) and assisted
+generation (B = 1) with a self-draft (the target's first 4 layers: transformers has no EAGLE-3
+drafting) -- its figures time whole `generate` calls, warm-up call first, prompt pass included.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.bench import run_decode, run_meta
+from graphrt.bench import run_decode, run_meta, run_served
 from graphrt.checkpoint import load_checkpoint
 from graphrt.runtime import Runtime
 from graphrt.tokenizer import encode, load_tokenizer
@@ -39,7 +44,7 @@ def resolve(name: str) -> str:
     return str(model_path(name))
 
 
-def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False) -> list[dict]:
+def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, served=0) -> list[dict]:
     device = torch.device("cuda")
     tckpt = load_checkpoint(target, dtype=torch.bfloat16, device=device)
     dckpt = load_checkpoint(draft, dtype=torch.bfloat16, device=device)
@@ -61,6 +66,15 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False) ->
             rows.append({"mode": name, "batch_size": b, "tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "phases_us": {p: r["phases"][p]["mean_us"] for p in PHASES if p in r["phases"]}})
+            print(_fmt(rows[-1]), flush=True)
+    for name, rt, temp in runs[:2 if served else 0]:  # plain and the first K, greedy
+        for b in (b for b in batch_sizes if b > 1):
+            r = run_served(rt, b, prompts, num_requests=served * b, max_new_tokens=max_new, temperature=temp)
+            rows.append({"mode": f"{name}, served", "batch_size": b, "tokens_per_s": r["tokens_per_s"],
+                         "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"],
+                         "mean_acceptance_length": r["mean_acceptance_length"],
+                         "steady_mean_batch": r["steady"]["mean_batch"],
+                         "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"]})
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -123,7 +137,9 @@ def _fmt(r: dict) -> str:
     acc = r.get("mean_acceptance_length")
     phases = " ".join(f"{p}={v:.1f}us" for p, v in r.get("phases_us", {}).items())
     return (f"{r['mode']:<52} B={r['batch_size']:<3} {r['tokens_per_s']:>10.1f} tok/s"
-            + (f"  accept {acc:.2f}" if acc is not None else "") + (f"  {phases}" if phases else ""))
+            + (f"  accept {acc:.2f}" if acc is not None else "") + (f"  {phases}" if phases else "")
+            + (f"  (wall, prefill included: {r['tokens_per_s_wall']:.1f} tok/s; steady batch "
+               f"{r['steady_mean_batch']:.1f})" if "tokens_per_s_wall" in r else ""))
 
 
 def main(argv=None) -> int:
@@ -136,6 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="3,5")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="also the head read as FP8 (--draft-quantization fp8), first K")
+    ap.add_argument("--served", type=int, default=4, metavar="N",
+                    help="also N x B requests through B slots at each B > 1, a new one joining as one finishes "
+                         "(graphrt.bench.run_served), plain and the first K; 0: off")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = resolve(args.target)
@@ -143,13 +162,14 @@ def main(argv=None) -> int:
     prompts = [encode(tok, p["text"], chat=True) for p in load_prompts(args.prompts)]
     bs = [int(b) for b in args.batch_sizes.split(",")]
     rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")],
-                        args.fp8)
-    plain = {r["batch_size"]: r["tokens_per_s"] for r in rows if r["mode"] == "graphrt plain"}
+                        args.fp8, args.served)
+    plain = {(r["batch_size"], r["mode"].endswith(", served")): r["tokens_per_s"]
+             for r in rows if r["mode"].startswith("graphrt plain")}
     if not args.no_hf:
         rows += hf_rows(target, prompts, bs, args.max_new_tokens)
     print("speedup over graphrt plain decoding, same prompts, same run:")
     for r in rows:
-        r["vs_graphrt_plain"] = r["tokens_per_s"] / plain[r["batch_size"]]
+        r["vs_graphrt_plain"] = r["tokens_per_s"] / plain[r["batch_size"], r["mode"].endswith(", served")]
         print(f"  {r['mode']:<52} B={r['batch_size']:<3} {r['vs_graphrt_plain']:.2f}x")
     if args.json:
         meta = run_meta(torch.device("cuda"), target=target, draft=args.draft, prompts=args.prompts,

@@ -124,7 +124,11 @@ def main(argv=None) -> int:
     ap.add_argument("--save-sequences", help="also write the generated sequences here (.jsonl.gz), for --sequences")
     ap.add_argument("--sequences", help="train on the sequences a --save-sequences run wrote instead of generating "
                                         "them (the prompts' order and the held-out set come from that run)")
+    ap.add_argument("--only-generate", action="store_true",
+                    help="stop once --save-sequences has written them (a device call of its own)")
     args = ap.parse_args(argv)
+    if args.only_generate and not args.save_sequences:
+        ap.error("--only-generate needs --save-sequences")
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
     run_dtype = torch.bfloat16 if on_cuda else torch.float32
@@ -171,6 +175,8 @@ def main(argv=None) -> int:
                       "max_new_tokens": args.max_new_tokens, "sequences_from": args.sequences}
     stage("generate", t0)
     _log(f"{len(seqs)} training sequences, {gen_tokens} generated tokens")
+    if args.only_generate:
+        return 0
 
     # -- draft vocabulary, teacher features -------------------------------------------------------------
     t0 = time.perf_counter()
