@@ -71,7 +71,7 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
         for b in (b for b in batch_sizes if b > 1):
             r = run_served(rt, b, prompts, num_requests=served * b, max_new_tokens=max_new, temperature=temp)
             rows.append({"mode": f"{name}, served", "batch_size": b, "tokens_per_s": r["tokens_per_s"],
-                         "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"],
+                         "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "steady_mean_batch": r["steady"]["mean_batch"],
                          "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"]})
