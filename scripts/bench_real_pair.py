@@ -5,11 +5,12 @@
 Held-out chat prompts (data/prompts/heldout.jsonl, chat template), each request stopping at the
 model's EOS. Per batch size (1, 8, 64): graphrt plain decoding and speculative decoding with the
 head (K = 3 and 5, greedy; K = 3 at temperature 0.7), all under CUDA graphs, with tokens/s, mean
-acceptance length and per-phase GPU time. Then, at each B > 1, the same as a serving engine runs it
-(--served N: N x B requests through B slots, a new one joining as one finishes; plain and the first
-K, greedy): a batch that starts together ends with its slowest request, and under speculation that
-is the one whose drafts were accepted least, so the first table undersells a served batch; the
-served rows count the steady state's tokens over its decode phases' GPU time
+acceptance length and per-phase GPU time; the first B prompts start together, so B = 1 is one
+prompt. Then the same as a serving engine runs it (--served N: N x max(B, 8) requests through B
+slots, a new one joining as one finishes; plain and the first K, greedy): a batch that starts
+together ends with its slowest request, and under speculation that is the one whose drafts were
+accepted least, so the first table undersells a served batch, and at B = 1 the served rows cover 8N
+prompts one after another; they count the steady state's tokens over its decode phases' GPU time
 (graphrt.bench.run_served; wall clock, eager prefill included, beside it). Then Hugging Face
 transformers on the same GGUF and the same prompts: dynamic cache, static cache (B = 1) and assisted
 generation (B = 1) with a self-draft (the target's first 4 layers: transformers has no EAGLE-3
@@ -68,8 +69,9 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
                          "phases_us": {p: r["phases"][p]["mean_us"] for p in PHASES if p in r["phases"]}})
             print(_fmt(rows[-1]), flush=True)
     for name, rt, temp in runs[:2 if served else 0]:  # plain and the first K, greedy
-        for b in (b for b in batch_sizes if b > 1):
-            r = run_served(rt, b, prompts, num_requests=served * b, max_new_tokens=max_new, temperature=temp)
+        for b in batch_sizes:  # at least 8 slots' worth of requests: B = 1 then covers many prompts, not one
+            r = run_served(rt, b, prompts, num_requests=served * max(b, 8), max_new_tokens=max_new,
+                           temperature=temp)
             rows.append({"mode": f"{name}, served", "batch_size": b, "tokens_per_s": r["tokens_per_s"],
                          "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
@@ -153,8 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--fp8", action="store_true", help="also the head read as FP8 (--draft-quantization fp8), first K")
     ap.add_argument("--served", type=int, default=4, metavar="N",
-                    help="also N x B requests through B slots at each B > 1, a new one joining as one finishes "
-                         "(graphrt.bench.run_served), plain and the first K; 0: off")
+                    help="also N x max(B, 8) requests through B slots at each B, a new one joining as one "
+                         "finishes (graphrt.bench.run_served), plain and the first K; 0: off")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = resolve(args.target)
