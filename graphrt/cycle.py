@@ -7,10 +7,10 @@ Per speculative cycle with K drafts (docs/design.md, "The cycle"):
                  (a one-layer EAGLE head: KV for all K+1, the rest of the layer on the last one)
   DRAFT_DECODE   K-1 more argmax steps: next d_2 .. d_K
 
-TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass. Every phase reads and
-writes only the static buffers of `DecodeState` (sliced to the bucket size), so each one can be
-captured once per bucket as a CUDA graph and replayed: no host sync, no `.item()`, no shape that
-depends on data.
+TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass (the requests admitted
+together in one forward). Every phase reads and writes only the static buffers of `DecodeState`
+(sliced to the bucket size), so each one can be captured once per bucket as a CUDA graph and
+replayed: no host sync, no `.item()`, no shape that depends on data.
 
 State invariant at the start of a cycle, for a request with n verified tokens t_0 .. t_{n-1}:
   target KV holds positions [0, n-1); t_{n-1} is `last_token`;
@@ -154,9 +154,9 @@ class Cycle:
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
     def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
-        """The metadata of one request's positions 0 .. T-1 (slots: [1]). Eager and once per request:
-        the torch reference, as a Triton launch would compile for every prompt length."""
-        start = torch.zeros(1, dtype=torch.int64, device=slots.device)
+        """The metadata of positions 0 .. T-1 of each slot's request (slots: [n]). Eager and once per
+        prefill: the torch reference, as a Triton launch would compile for every prompt length."""
+        start = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
         return self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
 
@@ -289,35 +289,41 @@ class Cycle:
                 else:
                     fn(B)
 
-    # ---- PREFILL (eager, one request) ---------------------------------------------------------
-    def prefill(self, slot: int, prompt: torch.Tensor):
-        """prompt: [P] int64 on the device. Leaves the slot in the cycle-start state and returns
-        the first generated token and its logprob, both [1] device tensors."""
-        s = self.s
-        P = prompt.shape[0]
-        slots = torch.tensor([slot], device=prompt.device)
-        positions = torch.arange(P, device=prompt.device)[None, :]  # [1, P]
-        hidden, aux = self.target.forward(prompt, positions[0], self._prompt_meta(slots, P), self.target_kv)
-        logits = self.target.logits(hidden[-1:]).view(1, 1, -1)
-        out = rejection_sample(logits, self.no_drafts[:1], s.temperature[slots], s.seed[slots],
-                               torch.full((1,), P, dtype=torch.int64, device=prompt.device), **s.filters(slots),
-                               **self.target.logits_shard)
-        first = out.token_ids[:, 0]  # [1]
-        s.num_tokens[slot] = P + 1
+    # ---- PREFILL (eager, the requests admitted together) -----------------------------------------
+    def prefill(self, slots: torch.Tensor, prompts: list[list[int]]):
+        """slots: [n] int64 on the device; prompts: n lists of token ids. One forward over the
+        prompts, each padded at its end to the longest: a padding row sits at a position after its
+        prompt, which no row of its own prompt attends to (causal), and stores its KV where the first
+        cycles write before they read (past the request's blocks: the trash block). Leaves each slot
+        in the cycle-start state and returns the first generated tokens and their logprobs, [n]
+        device tensors each."""
+        s, dev, n = self.s, slots.device, slots.shape[0]
+        P = max(map(len, prompts))
+        # t_0 .. t_{P_i - 1}, then a column for each request's first token t_{P_i}; one copy
+        tokens = torch.tensor([p + [0] * (P + 1 - len(p)) for p in prompts], dtype=torch.int64).to(dev)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev)
+        rows = torch.arange(n, device=dev)
+        hidden, aux = self.target.forward(tokens[:, :P].flatten(), torch.arange(P, device=dev).repeat(n),
+                                          self._prompt_meta(slots, P), self.target_kv)
+        logits = self.target.logits(hidden[rows * P + lens - 1]).view(n, 1, -1)  # each prompt's last row
+        out = rejection_sample(logits, self.no_drafts[:n], s.temperature[slots], s.seed[slots], lens,
+                               **s.filters(slots), **self.target.logits_shard)
+        first = out.token_ids[:, 0]  # [n]
+        s.num_tokens[slots] = lens + 1
         s.last_token[slots] = first
         if self.draft is None:
             return first, out.logprobs[:, 0]
-        tokens = torch.cat([prompt, first])  # t_0 .. t_P
-        if self.draft.uses_target_hidden:  # rows (h_i, t_{i+1}) at positions 0 .. P-1
+        tokens[rows, lens] = first
+        if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
             hidden_in = aux if self.draft.target_hidden == "aux" else hidden
-            tokens = tokens[1:]
+            tokens, T, last = tokens[:, 1:], P, lens - 1
         else:  # rows t_0 .. t_P at positions 0 .. P
-            hidden_in = None
-            positions = torch.arange(P + 1, device=prompt.device)[None, :]
-        state = summed(self.draft.draft_forward(tokens, positions[0], self._prompt_meta(slots, positions.shape[1]),
-                                                self.draft_kv, hidden_in))
+            hidden_in, T, last = None, P + 1, lens
+        state = summed(self.draft.draft_forward(tokens.flatten(), torch.arange(T, device=dev).repeat(n),
+                                                self._prompt_meta(slots, T), self.draft_kv, hidden_in))
+        state = state[rows * T + last]  # each request's row at its last real position
         if s.draft_state is not None:
-            s.draft_state[:1] = state[-1:]  # batch row 0: what draft_decode(1, slots) reads
-        self._propose(slots, state[-1:], column=0)
-        self.draft_decode(1, slots)
+            s.draft_state[:n] = state  # batch rows 0 .. n-1: what draft_decode(n, slots) reads
+        self._propose(slots, state, column=0)
+        self.draft_decode(n, slots)
         return first, out.logprobs[:, 0]

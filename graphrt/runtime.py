@@ -24,13 +24,17 @@ import torch.distributed as dist
 from graphrt.checkpoint import Checkpoint, check_draft_compatible, load_checkpoint, load_config
 from graphrt.cycle import Cycle, DecodeState
 from graphrt.errors import CapacityError, OptionError, RequestError, UnknownRequestError
-from graphrt.kv_cache import BlockAllocator, KVPool, blocks_for_budget
+from graphrt.kv_cache import TRASH_BLOCK, BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
 from graphrt.params import Generation, SamplingParams
 from graphrt.profiling.phases import PREFILL
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+# Padded prompt tokens a prefill forward takes at most, beside max_seq_len (one prompt can take
+# that many anyway): the requests admitted together share one forward (its launches, the host's
+# cost of a prefill, are paid once) while padding them to the longest stays within both.
+_PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -283,6 +287,11 @@ class Runtime:
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
         """Queue a request; it is prefilled as soon as a slot and its KV blocks are free.
         Raises RequestError for bad input and CapacityError if it could never fit."""
+        rid = self._enqueue(prompt, params)
+        self._admit()
+        return rid
+
+    def _enqueue(self, prompt, params: SamplingParams | None) -> int:
         params = params or SamplingParams()
         prompt = self._check_request(prompt, params)
         need = self._blocks_needed(len(prompt), params)
@@ -297,7 +306,6 @@ class Runtime:
         req = _Request(rid, prompt, params, seed, Generation(rid, list(prompt)), stop_ids=stop)
         self._requests[rid] = req
         self._waiting.append(req)
-        self._admit()
         return rid
 
     def _request(self, request_id: int) -> _Request:
@@ -347,33 +355,48 @@ class Runtime:
         return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
 
     def _admit(self) -> None:
+        """Prefill the waiting requests that a free slot and their KV blocks admit, first come first
+        served, in one forward (padded to the longest prompt, within _PREFILL_TOKENS and max_seq_len
+        tokens a forward, so a prefill never holds more activations than one full-length prompt)."""
+        budget = min(_PREFILL_TOKENS, self.max_seq_len)
+        batch: list[_Request] = []
         while self._waiting and self._free_slots:
             req = self._waiting[0]
             need = self._blocks_needed(len(req.prompt), req.params)
             if need > self.allocator.num_free:
-                return  # wait for running requests to free blocks (first come, first served)
+                break  # wait for running requests to free blocks (first come, first served)
+            if batch and (len(batch) + 1) * max(len(req.prompt), *(len(r.prompt) for r in batch)) > budget:
+                self._prefill(batch)
+                batch = []
             self._waiting.popleft()
             req.slot = self._free_slots.pop()
             req.blocks = self.allocator.allocate(need)
-            self._prefill(req)
+            batch.append(req)
+        if batch:
+            self._prefill(batch)
 
-    def _prefill(self, req: _Request) -> None:
-        s, slot, dev = self.state, req.slot, self.device
-        table = torch.zeros(self.max_blocks, dtype=torch.int32)
-        table[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
-        s.block_tables[slot] = table.to(dev)
-        s.temperature[slot] = float(req.params.temperature)
-        s.seed[slot] = req.seed
-        s.top_k[slot], s.top_p[slot], s.min_p[slot] = req.params.top_k, req.params.top_p, req.params.min_p
-        # the prompt's token honours the request's filters (prefill is eager: the flag is all it reads)
-        filtering, s.filtering = s.filtering, s.filtering or req.params.filters
+    def _prefill(self, reqs: list[_Request]) -> None:
+        s, dev = self.state, self.device
+        table = torch.full((len(reqs), self.max_blocks), TRASH_BLOCK, dtype=torch.int32)
+        for row, req in zip(table, reqs):
+            row[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64).to(dev)
+        s.block_tables[slots] = table.to(dev)
+        for buf, values in ((s.temperature, [r.params.temperature for r in reqs]), (s.seed, [r.seed for r in reqs]),
+                            (s.top_k, [r.params.top_k for r in reqs]), (s.top_p, [r.params.top_p for r in reqs]),
+                            (s.min_p, [r.params.min_p for r in reqs])):
+            buf[slots] = torch.tensor(values, dtype=buf.dtype).to(dev)
+        # the prompt's token honours the requests' filters (prefill is eager: the flag is all it reads)
+        filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
         try:
-            with self.cycle.hooks.phase(PREFILL, 1):
-                first, logprob = self.cycle.prefill(slot, torch.tensor(req.prompt, dtype=torch.int64, device=dev))
+            with self.cycle.hooks.phase(PREFILL, len(reqs)):
+                first, logprob = self.cycle.prefill(slots, [r.prompt for r in reqs])
         finally:
             s.filtering = filtering
-        self._running[slot] = req
-        self._emit(req, [int(first[0])], [float(logprob[0])])  # prefill is eager: one sync is fine
+        firsts, logprobs = first.tolist(), logprob.tolist()  # prefill is eager: one sync is fine
+        for req, tok, lp in zip(reqs, firsts, logprobs):
+            self._running[req.slot] = req
+            self._emit(req, [tok], [lp])
 
     def _emit(self, req: _Request, tokens: list[int], logprobs: list[float]) -> None:
         gen = req.gen
@@ -526,7 +549,8 @@ class Runtime:
             raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         for p, sp in zip(prompts, params):  # validate all before admitting any
             self._check_request(p, sp)
-        rids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        rids = [self._enqueue(p, sp) for p, sp in zip(prompts, params)]
+        self._admit()  # those that fit now share one prefill
         while not all(self.finished(r) for r in rids):
             self.step()
         return [self.pop_generation(r) for r in rids]

@@ -204,12 +204,14 @@ def test_triton_matches_reference(query_len, group, head_dim, page, dtype):
         assert_close(tri, dense_attention(q, dense, query_len=query_len, scale=scale), dtype, seed, what)
 
 
+@pytest.mark.parametrize("lens", [[45], [37, 37, 37]])
 @pytest.mark.parametrize("dtype,num_splits", [(torch.float32, None), (torch.bfloat16, 2)])
-def test_triton_prefill(dtype, num_splits):
-    """B = 1, query_len = 37 > one query tile (GQA 4: 16-row tiles), causal skipping per tile."""
+def test_triton_prefill(dtype, num_splits, lens):
+    """query_len = 37 > one query tile (GQA 4: 16-row tiles), causal skipping per tile: one request
+    past a cached prefix, and three prompts padded to one length as a batched prefill runs them."""
     seed = fresh_seed()
     q, kc, vc, bt, sl, dense = make_case(
-        seed, [45], query_len=37, hq=8, hkv=2, head_dim=16, page=16, dtype=dtype
+        seed, lens, query_len=37, hq=8, hkv=2, head_dim=16, page=16, dtype=dtype
     )
     ref = paged_attention_reference(q, kc, vc, bt, sl, query_len=37, scale=0.25)
     tri = paged_attention_triton(
