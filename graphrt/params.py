@@ -87,7 +87,7 @@ class Generation:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (a stop or EOS token) | "length"
+    finish_reason: str | None = None  # "stop" (a stop or EOS token) | "length" | "abort" (Runtime.abort)
     num_cycles: int = 0  # speculative cycles (or plain decode steps) this request took part in
     num_draft_tokens: int = 0  # drafts proposed to the target
     num_accepted_tokens: int = 0  # drafts the target accepted

@@ -327,6 +327,24 @@ class Runtime:
             raise RequestError(f"request {request_id} has not finished")
         return self._requests.pop(request_id).gen
 
+    def abort(self, request_id: int) -> bool:
+        """Stop a request now (its client went away): a waiting request is never prefilled, a
+        running one gives its slot and KV blocks back at once (a cycle already in flight for it
+        runs, and its tokens are dropped, as for a request that finished in the cycle before).
+        Its Generation keeps the tokens it had, with finish_reason "abort"; pop_generation forgets
+        it. Returns False, changing nothing, when the request had already finished. Under tensor
+        parallelism, call it on every rank, as add_request."""
+        req = self._request(request_id)
+        if req.gen.finish_reason is not None:
+            return False
+        req.gen.finish_reason = "abort"
+        if req.slot >= 0:
+            self._release(req)
+        else:
+            self._waiting = deque(r for r in self._waiting if r is not req)
+        self._admit()  # the freed slot and blocks may admit a waiting request
+        return True
+
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting)
 

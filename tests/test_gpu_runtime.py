@@ -68,3 +68,29 @@ def test_filtered_and_unfiltered_cycles_replay_their_own_graphs():
         assert mixed[0].token_ids == greedy
         assert after[0].token_ids == before[0].token_ids and mixed[2].token_ids == before[0].token_ids
     assert got[True] == got[False]
+
+
+@pytest.mark.parametrize("kind", [None, "eagle3"])
+def test_batched_prefill_and_abort_under_graphs(kind):
+    """On CUDA (graphs, cycles pipelined): prompts prefilled in one forward decode as when each is
+    prefilled alone, and a request aborted while its next cycle is in flight changes nobody's tokens."""
+    target = _load(tiny_dir())
+    draft = _load(draft_dir(kind)) if kind else None
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (2, 17, 9, 30, 5, 12)]
+    params = [SamplingParams(max_new_tokens=20, temperature=0.8 * (i % 2), seed=i, ignore_eos=True) for i in range(6)]
+    kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
+    together = Runtime(target, draft, **kw).generate(prompts, params)
+    alone = Runtime(target, draft, **kw)
+    rids = [alone.add_request(p, sp) for p, sp in zip(prompts, params)]
+    for _ in range(3):
+        alone.step()
+    assert alone.abort(rids[2])
+    while alone.has_unfinished():
+        alone.step()
+    for i, rid in enumerate(rids):
+        gen = alone.pop_generation(rid)
+        if i == 2:
+            assert gen.finish_reason == "abort" and together[2].token_ids[: len(gen.token_ids)] == gen.token_ids
+        else:
+            assert gen.token_ids == together[i].token_ids, i

@@ -1,0 +1,57 @@
+"""Runtime.abort: a request stopped while it waits or runs frees what it held, and nobody else's
+tokens change."""
+
+import pytest
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.errors import UnknownRequestError
+from tests.helpers import draft_dir, load, tiny_dir
+from tests.seeds import fresh_seed
+
+
+def _prompts(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(3, 16, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("draft,overlap", [(None, False), ("eagle-self", False), ("eagle-self", True)])
+def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
+    target = load(tiny_dir())
+    dckpt = load(draft_dir(draft)) if draft else None
+    seed = fresh_seed()
+    prompts = _prompts(5, target.config.vocab_size, seed)
+    sp = [SamplingParams(max_new_tokens=12, temperature=0.9 * (i % 2), seed=seed + i) for i in range(5)]
+    kw = dict(max_batch_size=3, max_seq_len=48)
+    ref = Runtime(target, dckpt, **kw).generate([prompts[i] for i in (0, 2, 3, 4)], [sp[i] for i in (0, 2, 3, 4)])
+
+    rt = Runtime(target, dckpt, **kw)
+    rt.overlap = overlap  # on the CPU nothing is asynchronous; on, the cycle after is launched first
+    free0 = rt.allocator.num_free
+    rids = [rt.add_request(p, s) for p, s in zip(prompts, sp)]  # 3 run, 2 wait
+    assert len(rt.running_slots()) == 3
+    waiting = rids[4]
+    assert rt.abort(waiting) and rt.finished(waiting)
+    assert rt.get_generation(waiting).finish_reason == "abort" and rt.get_generation(waiting).token_ids == []
+    for _ in range(2):
+        rt.step()
+    running = rids[1]
+    before = list(rt.get_generation(running).token_ids)
+    assert rt.abort(running)
+    assert rt.get_generation(running).finish_reason == "abort"
+    assert len(rt.running_slots()) == 3  # the freed slot took the waiting request at once
+    while rt.has_unfinished():
+        out = rt.step()
+        assert running not in out and waiting not in out
+    assert rt.get_generation(running).token_ids == before  # a cycle in flight for it adds nothing
+    assert not rt.abort(running)  # finished: nothing to do
+    got = [rt.pop_generation(rids[i]) for i in (0, 2, 3)]
+    assert [g.token_ids for g in got] == [g.token_ids for g in ref[:3]]
+    rt.pop_generation(running), rt.pop_generation(waiting)
+    with pytest.raises(UnknownRequestError, match=str(running)):
+        rt.abort(running)
+    assert rt.allocator.num_free == free0 and not rt.running_slots()
+    # the runtime stays usable: a new request decodes as on a fresh runtime
+    again = rt.generate([prompts[4]], [sp[4]])
+    assert again[0].token_ids == ref[3].token_ids
