@@ -92,8 +92,8 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
     admit()
     steady = None
     while rt.has_unfinished() or queue:
-        if rt.step():  # one cycle read (in the steady state every cycle carries a running request)
-            read += 1
+        read += rt.has_unfinished()  # then step() reads one cycle
+        rt.step()
         admit()
         if not queue and steady is None:
             phases = timer.summary()  # waits for the cycles in flight: once

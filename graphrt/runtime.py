@@ -47,6 +47,7 @@ class _Request:
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
     stop_ids: frozenset = frozenset()
+    reported: int = 0  # how many of its tokens step() has returned
 
 
 def _token_ids(prompt) -> list[int]:
@@ -235,6 +236,7 @@ class Runtime:
         self._free_slots = list(range(max_batch_size - 1, -1, -1))
         self._running: dict[int, _Request] = {}  # slot -> request
         self._waiting: deque[_Request] = deque()
+        self._unreported: dict[int, _Request] = {}  # requests with tokens step() has not returned yet
         self._requests: dict[int, _Request] = {}
         self._next_id = 0
         self._rng = random.Random(seed)  # draws the seeds of requests that bring none
@@ -325,6 +327,7 @@ class Runtime:
         add_request/step calls this, or the host keeps every finished request)."""
         if not self.finished(request_id):
             raise RequestError(f"request {request_id} has not finished")
+        self._unreported.pop(request_id, None)
         return self._requests.pop(request_id).gen
 
     def abort(self, request_id: int) -> bool:
@@ -418,6 +421,7 @@ class Runtime:
 
     def _emit(self, req: _Request, tokens: list[int], logprobs: list[float]) -> None:
         gen = req.gen
+        self._unreported[req.rid] = req
         for tok, lp in zip(tokens, logprobs):
             gen.token_ids.append(tok)
             gen.logprobs.append(lp)
@@ -482,7 +486,9 @@ class Runtime:
 
     # ---- decoding -----------------------------------------------------------------------------
     def step(self) -> dict[int, list[int]]:
-        """One decode cycle over every running request. Returns the tokens each request gained.
+        """One decode cycle over every running request. Returns {request id: tokens} with every
+        token each request gained since step() last returned it, in order and once: the cycle's
+        tokens and a first token from a prefill (in add_request, abort or this call).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
@@ -494,7 +500,7 @@ class Runtime:
         self._admit()
         if self._inflight is None:
             if not self._running:
-                return {}
+                return self._report()
             self._inflight = self._launch()
         done = self._inflight
         # No cycle n+1 when cycle n ends every running request anyway (each cycle emits at least
@@ -503,7 +509,16 @@ class Runtime:
         ends_all = all(r.rid in in_done and _budget_left(r) <= 1 for r in self._running.values())
         self._inflight = self._launch() if self.overlap and self._running and not ends_all else None
         self.host_seconds += time.perf_counter() - t0
-        return self._collect(done)
+        self._collect(done)
+        return self._report()
+
+    def _report(self) -> dict[int, list[int]]:
+        out = {}
+        for rid, req in self._unreported.items():
+            out[rid] = req.gen.token_ids[req.reported:]
+            req.reported = len(req.gen.token_ids)
+        self._unreported.clear()
+        return out
 
     def _launch(self):
         """Enqueue one cycle for the running requests; returns what _collect needs. No sync."""
@@ -533,7 +548,7 @@ class Runtime:
         self.num_cycles += 1
         return reqs, h
 
-    def _collect(self, launched) -> dict[int, list[int]]:
+    def _collect(self, launched) -> None:
         reqs, h = launched
         if h["event"] is not None:
             h["event"].synchronize()
@@ -541,21 +556,17 @@ class Runtime:
         if self.cycle.timer is not None:
             self.cycle.timer.collect()  # completed phases only: reading them costs no sync
         emitted, nums, lps = h["emitted"].tolist(), h["num"].tolist(), h["logprobs"].tolist()
-        new: dict[int, list[int]] = {}
         for i, req in enumerate(reqs):
             if req.gen.finish_reason is not None:  # finished in the previous cycle: a ride-along
                 continue
             n = nums[i]
-            before = len(req.gen.token_ids)
             req.gen.num_cycles += 1
             if self.K:
                 req.gen.num_draft_tokens += self.K
                 req.gen.num_accepted_tokens += n - 1
             self._emit(req, emitted[i][:n], lps[i][:n])
-            new[req.rid] = req.gen.token_ids[before:]
         self._admit()
         self.host_seconds += time.perf_counter() - t0
-        return new
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:
         """Run every prompt to completion. Prompts beyond the free slots or KV wait their turn."""
