@@ -397,6 +397,24 @@ class Runtime:
             self._prefill(batch)
 
     def _prefill(self, reqs: list[_Request]) -> None:
+        try:
+            first, logprob = self._prefill_launch(reqs)
+            firsts, logprobs = first.tolist(), logprob.tolist()  # prefill is eager: one sync is fine
+        except BaseException:
+            # (out of memory, an interrupt): the requests wait again at the head of the queue, first
+            # come first served, and their slots and blocks are free, so the runtime stays usable
+            for req in reqs:
+                self.state.block_tables[req.slot] = TRASH_BLOCK
+                self.allocator.free(req.blocks)
+                self._free_slots.append(req.slot)
+                req.blocks, req.slot = [], -1
+            self._waiting.extendleft(reversed(reqs))
+            raise
+        for req, tok, lp in zip(reqs, firsts, logprobs):
+            self._running[req.slot] = req
+            self._emit(req, [tok], [lp])
+
+    def _prefill_launch(self, reqs: list[_Request]):
         s, dev = self.state, self.device
         table = torch.full((len(reqs), self.max_blocks), TRASH_BLOCK, dtype=torch.int32)
         for row, req in zip(table, reqs):
@@ -411,13 +429,9 @@ class Runtime:
         filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
         try:
             with self.cycle.hooks.phase(PREFILL, len(reqs)):
-                first, logprob = self.cycle.prefill(slots, [r.prompt for r in reqs])
+                return self.cycle.prefill(slots, [r.prompt for r in reqs])
         finally:
             s.filtering = filtering
-        firsts, logprobs = first.tolist(), logprob.tolist()  # prefill is eager: one sync is fine
-        for req, tok, lp in zip(reqs, firsts, logprobs):
-            self._running[req.slot] = req
-            self._emit(req, [tok], [lp])
 
     def _emit(self, req: _Request, tokens: list[int], logprobs: list[float]) -> None:
         gen = req.gen

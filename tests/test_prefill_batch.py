@@ -74,3 +74,30 @@ def test_prefill_never_pads_past_max_seq_len():
     rt.cycle.prefill = lambda slots, ps: sizes.append(len(ps)) or prefill(slots, ps)
     rt.generate([[7] * 12] * 5, SamplingParams(max_new_tokens=2))
     assert sizes == [2, 2, 1]
+
+
+def test_a_failed_prefill_leaves_the_runtime_usable():
+    """A prefill that raises (out of memory, say) puts its requests back at the head of the queue
+    with their slots and blocks free; the next step admits them again and they decode as usual."""
+    target = load(tiny_dir())
+    rt = Runtime(target, load(draft_dir("eagle3")), max_batch_size=4, max_seq_len=64)
+    free0, slots0 = rt.allocator.num_free, sorted(rt._free_slots)
+    prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]
+    sp = SamplingParams(max_new_tokens=6)
+    ref = Runtime(target, load(draft_dir("eagle3")), max_batch_size=4, max_seq_len=64).generate(prompts, sp)
+    prefill = rt.cycle.prefill
+    fail = [True]
+
+    def flaky(slots, ps):
+        if fail.pop() if fail else False:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return prefill(slots, ps)
+
+    rt.cycle.prefill = flaky
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        rt.generate(prompts, sp)
+    assert rt.allocator.num_free == free0 and sorted(rt._free_slots) == slots0 and not rt.running_slots()
+    assert [r.prompt for r in rt._waiting] == prompts  # still first come, first served
+    while rt.has_unfinished():
+        rt.step()
+    assert [rt.get_generation(r).token_ids for r in range(3)] == [g.token_ids for g in ref]
