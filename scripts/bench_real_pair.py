@@ -45,10 +45,19 @@ def resolve(name: str) -> str:
     return str(model_path(name))
 
 
-def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, served=0) -> list[dict]:
-    device = torch.device("cuda")
-    tckpt = load_checkpoint(target, dtype=torch.bfloat16, device=device)
-    dckpt = load_checkpoint(draft, dtype=torch.bfloat16, device=device)
+def _dtype(device):
+    return torch.bfloat16 if device.type == "cuda" else torch.float32  # the CPU: a smoke run, fp32
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, served=0, device=None) -> list[dict]:
+    device = device or torch.device("cuda")
+    tckpt = load_checkpoint(target, dtype=_dtype(device), device=device)
+    dckpt = load_checkpoint(draft, dtype=_dtype(device), device=device)
     kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=max(map(len, prompts)) + max_new + 8)
     runs = [("graphrt plain", Runtime(tckpt, None, **kw), 0.0)]
     for K in Ks:
@@ -81,7 +90,7 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
     return rows
 
 
-def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4) -> list[dict]:
+def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4, device=None) -> list[dict]:
     import copy
 
     from transformers import AutoModelForCausalLM
@@ -89,8 +98,9 @@ def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4) -> list[dict]
 
     hf_logging.set_verbosity_error()
     path = Path(target)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16)
-    model = model.cuda().eval()
+    device = device or torch.device("cuda")
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=_dtype(device))
+    model = model.to(device).eval()
     eos = model.generation_config.eos_token_id
     pad = eos[0] if isinstance(eos, (list, tuple)) else eos
     model.generation_config.pad_token_id = pad
@@ -99,14 +109,14 @@ def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4) -> list[dict]
     def timed(b, **kw):
         batch = prompts[:b]
         width = max(map(len, batch))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device="cuda")  # left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device="cuda")
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)  # left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
         gen = dict(attention_mask=mask, max_new_tokens=max_new, do_sample=False, **kw)
         model.generate(ids, **gen)  # warm-up: compilation, caches
-        torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         out = model.generate(ids, **gen)
-        torch.cuda.synchronize()
+        _sync(device)
         dt = time.perf_counter() - t0
         new = out[:, width:].tolist()
         tokens = sum((row.index(pad) + 1 if pad in row else len(row)) for row in new)
@@ -157,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--served", type=int, default=4, metavar="N",
                     help="also N x max(B, 8) requests through B slots at each B, a new one joining as one "
                          "finishes (graphrt.bench.run_served), plain and the first K; 0: off")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cpu: a smoke run in fp32 (eager), for tests; its timings mean nothing")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     target = resolve(args.target)
@@ -164,17 +176,17 @@ def main(argv=None) -> int:
     prompts = [encode(tok, p["text"], chat=True) for p in load_prompts(args.prompts)]
     bs = [int(b) for b in args.batch_sizes.split(",")]
     rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")],
-                        args.fp8, args.served)
+                        args.fp8, args.served, torch.device(args.device))
     plain = {(r["batch_size"], r["mode"].endswith(", served")): r["tokens_per_s"]
              for r in rows if r["mode"].startswith("graphrt plain")}
     if not args.no_hf:
-        rows += hf_rows(target, prompts, bs, args.max_new_tokens)
+        rows += hf_rows(target, prompts, bs, args.max_new_tokens, device=torch.device(args.device))
     print("speedup over graphrt plain decoding, same prompts, same run:")
     for r in rows:
         r["vs_graphrt_plain"] = r["tokens_per_s"] / plain[r["batch_size"], r["mode"].endswith(", served")]
         print(f"  {r['mode']:<52} B={r['batch_size']:<3} {r['vs_graphrt_plain']:.2f}x")
     if args.json:
-        meta = run_meta(torch.device("cuda"), target=target, draft=args.draft, prompts=args.prompts,
+        meta = run_meta(torch.device(args.device), target=target, draft=args.draft, prompts=args.prompts,
                         max_new_tokens=args.max_new_tokens)
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0

@@ -324,3 +324,32 @@ def test_trained_eagle3_head_decodes_as_recorded(smollm2, tokenizer):
     for g, want in zip(spec, rec["estimate_per_prompt"]):
         assert g.mean_acceptance_length == pytest.approx(want, rel=0.10)
         assert g.mean_acceptance_length > 2.0  # the head drafts well, not merely correctly
+
+
+def test_bench_real_pair_runs_on_the_cpu(tmp_path):
+    """scripts/bench_real_pair.py, which makes RESULTS.md's real-pair table, end to end on the CPU
+    (fp32, eager, a few tokens; its timings mean nothing here): every row it claims, the served rows
+    with full slots, the speedups taken against the plain row of the same kind."""
+    from tests.helpers import load_script
+
+    out = tmp_path / "rp.json"
+    mod = load_script("bench_real_pair")
+    assert mod.main(["--device", "cpu", "--batch-sizes", "1,2", "--max-new-tokens", "4", "--ks", "3", "--no-hf",
+                     "--served", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    modes = {(r["mode"], r["batch_size"]) for r in rows}
+    for b in (1, 2):
+        for m in ("graphrt plain", "graphrt EAGLE-3 K=3", "graphrt EAGLE-3 K=3 T=0.7", "graphrt plain, served",
+                  "graphrt EAGLE-3 K=3, served"):
+            assert (m, b) in modes
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and 1.0 <= r["mean_acceptance_length"] <= 4.0
+        plain = next(p for p in rows if p["batch_size"] == r["batch_size"]
+                     and p["mode"] == ("graphrt plain, served" if r["mode"].endswith(", served") else "graphrt plain"))
+        assert r["vs_graphrt_plain"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
+        if r["mode"].endswith(", served"):
+            # on the CPU nothing is pipelined: every steady cycle runs every slot; --served 1: max(B, 8) requests
+            assert r["steady_mean_batch"] == pytest.approx(r["batch_size"]) and r["requests"] == max(8, r["batch_size"])
+        else:
+            assert set(r["phases_us"]) >= ({"TARGET_DECODE"} if r["mode"] == "graphrt plain"
+                                           else {"TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"})
