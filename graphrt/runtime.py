@@ -381,14 +381,16 @@ class Runtime:
         tokens a forward, so a prefill never holds more activations than one full-length prompt)."""
         budget = min(_PREFILL_TOKENS, self.max_seq_len)
         batch: list[_Request] = []
+        longest = 0
         while self._waiting and self._free_slots:
             req = self._waiting[0]
             need = self._blocks_needed(len(req.prompt), req.params)
             if need > self.allocator.num_free:
                 break  # wait for running requests to free blocks (first come, first served)
-            if batch and (len(batch) + 1) * max(len(req.prompt), *(len(r.prompt) for r in batch)) > budget:
+            longest = max(longest, len(req.prompt))
+            if batch and (len(batch) + 1) * longest > budget:
                 self._prefill(batch)
-                batch = []
+                batch, longest = [], len(req.prompt)
             self._waiting.popleft()
             req.slot = self._free_slots.pop()
             req.blocks = self.allocator.allocate(need)
