@@ -71,7 +71,8 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
     rows = []
     for name, rt, temp in runs:
         for b in batch_sizes:
-            run_decode(rt, b, prompt_len=0, max_new_tokens=8, prompts=prompts, temperature=temp)  # warm-up
+            run_decode(rt, b, prompt_len=0, max_new_tokens=min(8, max_new), prompts=prompts,
+                       temperature=temp)  # warm-up
             r = run_decode(rt, b, prompt_len=0, max_new_tokens=max_new, prompts=prompts, temperature=temp)
             rows.append({"mode": name, "batch_size": b, "tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
