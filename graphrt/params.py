@@ -6,6 +6,9 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+import numpy as np
+import torch
+
 from graphrt.errors import RequestError
 
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
@@ -32,7 +35,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids))
+        stops = tuple(token_ids(self.stop_token_ids, "SamplingParams.stop_token_ids"))
+        if any(t < 0 for t in stops):
+            raise RequestError(f"SamplingParams.stop_token_ids must be token ids >= 0, got {stops}")
+        object.__setattr__(self, "stop_token_ids", stops)
         self.validate()
         if self.temperature < GREEDY_BELOW:
             # 1/T of a tiny temperature overflows fp32, and such a distribution is a point mass
@@ -60,18 +66,27 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
 
 
-def _token_ids(ids) -> tuple[int, ...]:
-    """stop_token_ids as a tuple of ints >= 0: any iterable of integers (numpy's and 0-d tensors'
-    too); a string, a float or a bare int is a RequestError naming the field."""
-    bad = RequestError(f"SamplingParams.stop_token_ids must be an iterable of token ids (ints >= 0), got {ids!r}")
-    if isinstance(ids, (str, bytes)):
-        raise bad
-    try:
-        out = tuple(operator.index(t) for t in ids)
-    except TypeError:
-        raise bad from None
-    if any(t < 0 for t in out) or any(isinstance(t, bool) for t in ids):
-        raise bad
+def token_ids(ids, what: str) -> list[int]:
+    """ids as a new list of Python ints. Elements must be integers (int, numpy or torch integer
+    scalars; a 1-D integer array or tensor as a whole): int() would read 1.5, True or "3" as token
+    ids 1, 1 and 3. Anything else is a RequestError that names `what` and the element."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim != 1:
+            raise RequestError(f"{what} must be 1-D token ids, got a tensor of shape {list(ids.shape)}")
+        ids = ids.tolist()  # python ints, floats or bools: checked below like a list
+    elif isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"{what} must be a list of token ids, got {type(ids).__name__}")
+    out = []
+    for i, t in enumerate(ids):
+        is_bool = isinstance(t, (bool, np.bool_)) or (isinstance(t, torch.Tensor) and t.dtype == torch.bool)
+        try:
+            if is_bool:
+                raise TypeError
+            out.append(operator.index(t))  # ints, numpy integers, 0-d integer tensors; not floats or strings
+        except TypeError:
+            raise RequestError(
+                f"{what} must be a list of token ids: element {i} is {t!r} ({type(t).__name__}), "
+                "not an integer") from None
     return out
 
 

@@ -41,6 +41,22 @@ def hf_from_pretrained(path, **kw):
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(file), gguf_file=os.path.basename(file), **kw)
 
 
+def pad_with_eos(model) -> int:
+    """Set the model's pad token to its (first) EOS token, as batched generate needs; returns it."""
+    eos = model.generation_config.eos_token_id
+    model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    return model.generation_config.pad_token_id
+
+
+def as_assistant(draft, num_draft_tokens: int):
+    """Configure an HF model as assisted generation's draft: a fixed num_draft_tokens a step, no
+    confidence cut-off (graphrt's K drafts). Returns it."""
+    draft.generation_config.num_assistant_tokens = num_draft_tokens
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    return draft
+
+
 def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32, new_tokens=64,
            num_draft_tokens=3) -> list[dict]:
     from transformers.utils import logging as hf_logging
@@ -48,8 +64,7 @@ def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32,
     hf_logging.set_verbosity_error()
     load = dict(dtype=torch.bfloat16)
     model = hf_from_pretrained(target_dir, **load).cuda().eval()
-    eos = model.generation_config.eos_token_id
-    model.generation_config.pad_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+    pad_with_eos(model)
     g = torch.Generator().manual_seed(0)
     rows = []
     with torch.inference_mode():
@@ -60,10 +75,7 @@ def run_hf(target_dir, draft_dir=None, *, batch_sizes=(1, 8, 64), prompt_len=32,
                 tps = decode_tokens_per_s(model, ids, new_tokens, **kw)
                 rows.append({"mode": name, "batch_size": b, "tokens_per_s": tps})
         if draft_dir is not None:
-            draft = hf_from_pretrained(draft_dir, **load).cuda().eval()
-            draft.generation_config.num_assistant_tokens = num_draft_tokens
-            draft.generation_config.num_assistant_tokens_schedule = "constant"
-            draft.generation_config.assistant_confidence_threshold = 0.0
+            draft = as_assistant(hf_from_pretrained(draft_dir, **load).cuda().eval(), num_draft_tokens)
             ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=g).cuda()
             tps = decode_tokens_per_s(model, ids, new_tokens, assistant_model=draft)
             # Acceptance, measured like graphrt's: tokens after the first over target forwards after

@@ -9,7 +9,6 @@ per cycle: one non-blocking copy of the emitted tokens, counts and logprobs into
 from __future__ import annotations
 
 import numbers
-import operator
 import random
 import time
 import warnings
@@ -17,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,7 +25,7 @@ from graphrt.errors import CapacityError, OptionError, RequestError, UnknownRequ
 from graphrt.kv_cache import TRASH_BLOCK, BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
-from graphrt.params import Generation, SamplingParams
+from graphrt.params import Generation, SamplingParams, token_ids
 from graphrt.profiling.phases import PREFILL
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -48,30 +46,6 @@ class _Request:
     blocks: list[int] = field(default_factory=list)
     stop_ids: frozenset = frozenset()
     reported: int = 0  # how many of its tokens step() has returned
-
-
-def _token_ids(prompt) -> list[int]:
-    """A prompt as a new list of Python ints. Elements must be integers (int, numpy or torch integer
-    scalars; a 1-D integer array or tensor as the whole prompt): int() would read 1.5, True or "3"
-    as token ids 1, 1 and 3."""
-    if isinstance(prompt, (torch.Tensor, np.ndarray)):
-        if prompt.ndim != 1:
-            raise RequestError(f"prompt must be 1-D token ids, got a tensor of shape {list(prompt.shape)}")
-        prompt = prompt.tolist()  # python ints, floats or bools: checked below like a list
-    elif isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
-        raise RequestError(f"prompt must be a list of token ids, got {type(prompt).__name__}")
-    out = []
-    for i, t in enumerate(prompt):
-        is_bool = isinstance(t, (bool, np.bool_)) or (isinstance(t, torch.Tensor) and t.dtype == torch.bool)
-        try:
-            if is_bool:
-                raise TypeError
-            out.append(operator.index(t))  # ints, numpy integers, 0-d integer tensors; not floats or strings
-        except TypeError:
-            raise RequestError(
-                f"prompt must be a list of token ids: element {i} is {t!r} ({type(t).__name__}), "
-                "not an integer") from None
-    return out
 
 
 def _kv_heads(model) -> int:
@@ -289,18 +263,13 @@ class Runtime:
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
         """Queue a request; it is prefilled as soon as a slot and its KV blocks are free.
         Raises RequestError for bad input and CapacityError if it could never fit."""
-        rid = self._enqueue(prompt, params)
+        params = params or SamplingParams()
+        rid = self._enqueue(self._check_request(prompt, params), params)
         self._admit()
         return rid
 
-    def _enqueue(self, prompt, params: SamplingParams | None) -> int:
-        params = params or SamplingParams()
-        prompt = self._check_request(prompt, params)
-        need = self._blocks_needed(len(prompt), params)
-        if need > self.allocator.num_blocks - 1:
-            raise CapacityError(
-                f"request needs {need} KV blocks (prompt {len(prompt)} + max_new_tokens {params.max_new_tokens}) "
-                f"but the pool has {self.allocator.num_blocks - 1}")
+    def _enqueue(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue a request _check_request has passed."""
         rid = self._next_id
         self._next_id += 1
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -356,11 +325,12 @@ class Runtime:
         return sorted(self._running)
 
     def _check_request(self, prompt, params) -> list[int]:
-        """The prompt as token ids; RequestError for bad params or a prompt that can't run."""
+        """The prompt as token ids; RequestError for bad params or a prompt that can't run,
+        CapacityError for a request the KV pool could never hold."""
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
-        prompt = _token_ids(prompt)
+        prompt = token_ids(prompt, "prompt")
         if not prompt:
             raise RequestError("prompt is empty: give at least one token id")
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
@@ -370,6 +340,11 @@ class Runtime:
             raise RequestError(
                 f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds "
                 f"max_seq_len {self.max_seq_len}")
+        need = self._blocks_needed(len(prompt), params)
+        if need > self.allocator.num_blocks - 1:
+            raise CapacityError(
+                f"request needs {need} KV blocks (prompt {len(prompt)} + max_new_tokens {params.max_new_tokens}) "
+                f"but the pool has {self.allocator.num_blocks - 1}")
         return prompt
 
     def _blocks_needed(self, prompt_len, params) -> int:
@@ -406,10 +381,7 @@ class Runtime:
             # (out of memory, an interrupt): the requests wait again at the head of the queue, first
             # come first served, and their slots and blocks are free, so the runtime stays usable
             for req in reqs:
-                self.state.block_tables[req.slot] = TRASH_BLOCK
-                self.allocator.free(req.blocks)
-                self._free_slots.append(req.slot)
-                req.blocks, req.slot = [], -1
+                self._free(req)
             self._waiting.extendleft(reversed(reqs))
             raise
         for req, tok, lp in zip(reqs, firsts, logprobs):
@@ -451,7 +423,11 @@ class Runtime:
 
     def _release(self, req: _Request) -> None:
         del self._running[req.slot]
-        self.state.block_tables[req.slot] = 0  # the trash block: stray writes can't reach reused blocks
+        self._free(req)
+
+    def _free(self, req: _Request) -> None:
+        """Give the request's slot and KV blocks back."""
+        self.state.block_tables[req.slot] = TRASH_BLOCK  # stray writes can't reach reused blocks
         self.allocator.free(req.blocks)
         self._free_slots.append(req.slot)
         req.blocks, req.slot = [], -1
@@ -592,9 +568,8 @@ class Runtime:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        for p, sp in zip(prompts, params):  # validate all before admitting any
-            self._check_request(p, sp)
-        rids = [self._enqueue(p, sp) for p, sp in zip(prompts, params)]
+        checked = [self._check_request(p, sp) for p, sp in zip(prompts, params)]  # all, before queueing any
+        rids = [self._enqueue(p, sp) for p, sp in zip(checked, params)]
         self._admit()  # those that fit now share one prefill
         while not all(self.finished(r) for r in rids):
             self.step()

@@ -94,17 +94,14 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
 def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4, device=None) -> list[dict]:
     import copy
 
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from graphrt.peers import as_assistant, hf_from_pretrained, pad_with_eos
+
     hf_logging.set_verbosity_error()
-    path = Path(target)
     device = device or torch.device("cuda")
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=_dtype(device))
-    model = model.to(device).eval()
-    eos = model.generation_config.eos_token_id
-    pad = eos[0] if isinstance(eos, (list, tuple)) else eos
-    model.generation_config.pad_token_id = pad
+    model = hf_from_pretrained(target, dtype=_dtype(device)).to(device).eval()
+    pad = pad_with_eos(model)
     rows = []
 
     def timed(b, **kw):
@@ -133,9 +130,7 @@ def hf_rows(target, prompts, batch_sizes, max_new, draft_layers=4, device=None) 
         draft = copy.deepcopy(model)
         draft.model.layers = draft.model.layers[:draft_layers]
         draft.config.num_hidden_layers = draft_layers
-        draft.generation_config.num_assistant_tokens = 3
-        draft.generation_config.num_assistant_tokens_schedule = "constant"
-        draft.generation_config.assistant_confidence_threshold = 0.0
+        as_assistant(draft, 3)
         calls = [0]
         hook = model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         tps = timed(1, assistant_model=draft)

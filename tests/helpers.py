@@ -41,6 +41,13 @@ def draft_dir(kind: str, target_preset: str = "tiny", seed: int = 1) -> Path:
     return path
 
 
+def random_prompts(n: int, vocab: int, seed: int, lo: int = 3, hi: int = 20) -> list[list[int]]:
+    """n prompts of random ids below vocab, each of a random length in [lo, hi)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
 def load(path):
     return load_checkpoint(path, dtype=torch.float32, device="cpu")
 

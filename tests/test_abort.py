@@ -2,18 +2,11 @@
 tokens change."""
 
 import pytest
-import torch
 
 from graphrt import Runtime, SamplingParams
 from graphrt.errors import UnknownRequestError
-from tests.helpers import draft_dir, load, tiny_dir
+from tests.helpers import draft_dir, load, random_prompts, tiny_dir
 from tests.seeds import fresh_seed
-
-
-def _prompts(n, vocab, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (int(torch.randint(3, 16, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 @pytest.mark.parametrize("draft,overlap", [(None, False), ("eagle-self", False), ("eagle-self", True)])
@@ -21,7 +14,7 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
     target = load(tiny_dir())
     dckpt = load(draft_dir(draft)) if draft else None
     seed = fresh_seed()
-    prompts = _prompts(5, target.config.vocab_size, seed)
+    prompts = random_prompts(5, target.config.vocab_size, seed, hi=16)
     sp = [SamplingParams(max_new_tokens=12, temperature=0.9 * (i % 2), seed=seed + i) for i in range(5)]
     kw = dict(max_batch_size=3, max_seq_len=48)
     ref = Runtime(target, dckpt, **kw).generate([prompts[i] for i in (0, 2, 3, 4)], [sp[i] for i in (0, 2, 3, 4)])

@@ -1,26 +1,19 @@
 """graphrt.bench.run_served: requests through a fixed number of slots, a new one joining as one finishes."""
 
 import pytest
-import torch
 
 from graphrt import Runtime, SamplingParams
 from graphrt.bench import run_served
 from graphrt.errors import GraphrtError
-from tests.helpers import draft_dir, load, tiny_dir
+from tests.helpers import draft_dir, load, random_prompts, tiny_dir
 from tests.seeds import fresh_seed
-
-
-def _prompts(n, vocab, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 @pytest.mark.parametrize("draft", [None, "self"])
 def test_served_keeps_the_slots_full_and_emits_what_generate_does(draft):
     target = load(tiny_dir())
     dckpt = load(draft_dir(draft)) if draft else None
-    prompts = _prompts(5, target.config.vocab_size, fresh_seed())
+    prompts = random_prompts(5, target.config.vocab_size, fresh_seed(), hi=12)
     rt = Runtime(target, dckpt, max_batch_size=4, max_seq_len=64)
     r = run_served(rt, 2, prompts, num_requests=7, max_new_tokens=9)
     ref = Runtime(target, dckpt, max_batch_size=4, max_seq_len=64)

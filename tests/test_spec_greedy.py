@@ -4,20 +4,14 @@ import pytest
 import torch
 
 from graphrt import Runtime, SamplingParams
-from tests.helpers import draft_dir, load, tiny_dir
-
-
-def _prompts(n, vocab, seed, lo=3, hi=20):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+from tests.helpers import draft_dir, load, random_prompts, tiny_dir
 
 
 @pytest.fixture(scope="module")
 def plain_outputs():
     target = load(tiny_dir())
     rt = Runtime(target, None, max_batch_size=8, max_seq_len=96)
-    prompts = _prompts(7, target.config.vocab_size, seed=11)
+    prompts = random_prompts(7, target.config.vocab_size, seed=11)
     # different lengths so requests finish at different cycles
     params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in (5, 17, 9, 30, 1, 23, 12)]
     gens = rt.generate(prompts, params)
