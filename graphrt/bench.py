@@ -41,6 +41,7 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     params = [SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, temperature=temperature,
                              seed=seed + i) for i in range(len(prompts))]
     rids = [rt.add_request(p, sp) for p, sp in zip(prompts, params)]
+    rt.admit()  # the prefill, outside the timing
     timer = PhaseTimer(rt.device)
     rt.cycle.timer = timer
     _sync(rt.device)
@@ -105,13 +106,19 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
                       "gpu_us_per_cycle": 1e3 * decode_ms / max(launched, 1), "launched": launched}
     _sync(rt.device)
     elapsed = time.perf_counter() - t0
+    phases = timer.summary()
     rt.cycle.timer = None
     gens = [rt.pop_generation(r) for r in rids]
     decoded = sum(len(g.token_ids) - 1 for g in gens)
     per_cycle = steady["tokens"] / max(steady["cycles"], 1)
+    prefill = phases.get(PREFILL, {"total_ms": 0.0, "calls": 0})
     return {"concurrency": concurrency, "requests": num_requests, "tokens": decoded,
             "tokens_per_s": 1e6 * per_cycle / steady["gpu_us_per_cycle"],
             "tokens_per_s_wall": decoded / elapsed,
+            # where the wall clock went: the GPU time of the decode phases and of the prefills (each
+            # a forward over the requests admitted together); the rest is the host's
+            "wall_s": elapsed, "prefills": prefill["calls"], "prefill_gpu_s": prefill["total_ms"] / 1e3,
+            "decode_gpu_s": sum(p["total_ms"] for name, p in phases.items() if name != PREFILL) / 1e3,
             "mean_batch": sum(g.num_cycles for g in gens) / max(rt.num_cycles - cycles0, 1),
             "mean_acceptance_length": decoded / max(sum(g.num_cycles for g in gens), 1),
             "steady": steady}

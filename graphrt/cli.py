@@ -134,7 +134,7 @@ def cmd_generate(args) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, ignore_eos=args.ignore_eos)
     stream = TextStream(tokenizer) if tokenizer is not None and not args.json else None
-    rid = rt.add_request(prompt, params)  # prefills: the first token is there already
+    rid = rt.add_request(prompt, params)
     while True:
         if stream is not None:
             sys.stdout.write(stream.update(rt.get_generation(rid).token_ids))

@@ -261,12 +261,11 @@ class Runtime:
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams | None = None) -> int:
-        """Queue a request; it is prefilled as soon as a slot and its KV blocks are free.
+        """Queue a request; the next step() prefills it once a slot and its KV blocks are free,
+        in one forward with every other request admitted then (those added since the last step).
         Raises RequestError for bad input and CapacityError if it could never fit."""
         params = params or SamplingParams()
-        rid = self._enqueue(self._check_request(prompt, params), params)
-        self._admit()
-        return rid
+        return self._enqueue(self._check_request(prompt, params), params)
 
     def _enqueue(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request _check_request has passed."""
@@ -301,8 +300,9 @@ class Runtime:
 
     def abort(self, request_id: int) -> bool:
         """Stop a request now (its client went away): a waiting request is never prefilled, a
-        running one gives its slot and KV blocks back at once (a cycle already in flight for it
-        runs, and its tokens are dropped, as for a request that finished in the cycle before).
+        running one gives its slot and KV blocks back at once, for the next step() to admit a waiting
+        request into (a cycle already in flight for it runs, and its tokens are dropped, as for a
+        request that finished in the cycle before).
         Its Generation keeps the tokens it had, with finish_reason "abort"; pop_generation forgets
         it. Returns False, changing nothing, when the request had already finished. Under tensor
         parallelism, call it on every rank, as add_request."""
@@ -314,7 +314,6 @@ class Runtime:
             self._release(req)
         else:
             self._waiting = deque(r for r in self._waiting if r is not req)
-        self._admit()  # the freed slot and blocks may admit a waiting request
         return True
 
     def has_unfinished(self) -> bool:
@@ -350,10 +349,12 @@ class Runtime:
     def _blocks_needed(self, prompt_len, params) -> int:
         return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
 
-    def _admit(self) -> None:
-        """Prefill the waiting requests that a free slot and their KV blocks admit, first come first
-        served, in one forward (padded to the longest prompt, within _PREFILL_TOKENS and max_seq_len
-        tokens a forward, so a prefill never holds more activations than one full-length prompt)."""
+    def admit(self) -> None:
+        """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
+        first served, in one forward (padded to the longest prompt, within _PREFILL_TOKENS and
+        max_seq_len tokens a forward, so a prefill never holds more activations than one full-length
+        prompt). step() does it first; an engine calls it to have their first tokens, and pay the
+        prefill, before the next cycle."""
         budget = min(_PREFILL_TOKENS, self.max_seq_len)
         batch: list[_Request] = []
         longest = 0
@@ -480,7 +481,8 @@ class Runtime:
     def step(self) -> dict[int, list[int]]:
         """One decode cycle over every running request. Returns {request id: tokens} with every
         token each request gained since step() last returned it, in order and once: the cycle's
-        tokens and a first token from a prefill (in add_request, abort or this call).
+        tokens and the first token of every request prefilled since (by admit(), or by this call,
+        which first admits what waits and fits).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
@@ -489,7 +491,7 @@ class Runtime:
         token budget), cycle n+1 is not launched at all.
         """
         t0 = time.perf_counter()
-        self._admit()
+        self.admit()
         if self._inflight is None:
             if not self._running:
                 return self._report()
@@ -557,7 +559,7 @@ class Runtime:
                 req.gen.num_draft_tokens += self.K
                 req.gen.num_accepted_tokens += n - 1
             self._emit(req, emitted[i][:n], lps[i][:n])
-        self._admit()
+        self.admit()
         self.host_seconds += time.perf_counter() - t0
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:
@@ -570,7 +572,7 @@ class Runtime:
             raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         checked = [self._check_request(p, sp) for p, sp in zip(prompts, params)]  # all, before queueing any
         rids = [self._enqueue(p, sp) for p, sp in zip(checked, params)]
-        self._admit()  # those that fit now share one prefill
+        self.admit()  # those that fit now share one prefill
         while not all(self.finished(r) for r in rids):
             self.step()
         return [self.pop_generation(r) for r in rids]

@@ -86,7 +86,8 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
                          "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "steady_mean_batch": r["steady"]["mean_batch"],
-                         "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"]})
+                         "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"],
+                         **{k: r[k] for k in ("wall_s", "prefills", "prefill_gpu_s", "decode_gpu_s")}})
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -147,7 +148,8 @@ def _fmt(r: dict) -> str:
     return (f"{r['mode']:<52} B={r['batch_size']:<3} {r['tokens_per_s']:>10.1f} tok/s"
             + (f"  accept {acc:.2f}" if acc is not None else "") + (f"  {phases}" if phases else "")
             + (f"  (wall, prefill included: {r['tokens_per_s_wall']:.1f} tok/s; steady batch "
-               f"{r['steady_mean_batch']:.1f})" if "tokens_per_s_wall" in r else ""))
+               f"{r['steady_mean_batch']:.1f}; {r['wall_s']:.2f} s = decode GPU {r['decode_gpu_s']:.2f} + "
+               f"{r['prefills']} prefills' GPU {r['prefill_gpu_s']:.2f} + host)" if "tokens_per_s_wall" in r else ""))
 
 
 def main(argv=None) -> int:

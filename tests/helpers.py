@@ -96,6 +96,7 @@ def bit_diff(a: torch.Tensor, b: torch.Tensor) -> str:
 def prompt_forward(rt, prompt):
     """(final hidden [P, H], logits [P, V]) of the target over the prompt, through the paged KV."""
     rid = rt.add_request(prompt, graphrt.SamplingParams(max_new_tokens=4))
+    rt.admit()  # its prefill, without a cycle after it
     slot = rt.running_slots()[0]
     meta = rt.cycle._prompt_meta(torch.tensor([slot], device=rt.device), len(prompt))
     positions = torch.arange(len(prompt), device=rt.device)

@@ -22,7 +22,9 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
     rt = Runtime(target, dckpt, **kw)
     rt.overlap = overlap  # on the CPU nothing is asynchronous; on, the cycle after is launched first
     free0 = rt.allocator.num_free
-    rids = [rt.add_request(p, s) for p, s in zip(prompts, sp)]  # 3 run, 2 wait
+    rids = [rt.add_request(p, s) for p, s in zip(prompts, sp)]
+    assert not rt.running_slots()  # queued: the next step prefills
+    rt.step()  # 3 run, 2 wait
     assert len(rt.running_slots()) == 3
     waiting = rids[4]
     assert rt.abort(waiting) and rt.finished(waiting)
@@ -33,7 +35,9 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
     before = list(rt.get_generation(running).token_ids)
     assert rt.abort(running)
     assert rt.get_generation(running).finish_reason == "abort"
-    assert len(rt.running_slots()) == 3  # the freed slot took the waiting request at once
+    assert len(rt.running_slots()) == 2
+    rt.step()
+    assert len(rt.running_slots()) == 3  # the next step admitted the waiting request into the freed slot
     while rt.has_unfinished():
         out = rt.step()
         assert running not in out and waiting not in out

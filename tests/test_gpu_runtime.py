@@ -82,8 +82,9 @@ def test_batched_prefill_and_abort_under_graphs(kind):
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
     together = Runtime(target, draft, **kw).generate(prompts, params)
     alone = Runtime(target, draft, **kw)
-    rids = [alone.add_request(p, sp) for p, sp in zip(prompts, params)]
-    for _ in range(3):
+    rids = []
+    for p, sp in zip(prompts, params):  # each prefilled alone, by the step after its arrival
+        rids.append(alone.add_request(p, sp))
         alone.step()
     assert alone.abort(rids[2])
     while alone.has_unfinished():

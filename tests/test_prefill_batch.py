@@ -38,7 +38,10 @@ def test_batched_prefill_decodes_as_one_at_a_time(draft):
     assert calls == [6], f"prefill calls {calls}: the six requests were not prefilled together"
 
     alone = Runtime(target, dckpt, **kw)
-    rids = [alone.add_request(p, sp) for p, sp in zip(prompts, params)]  # each prefilled on arrival
+    rids = []
+    for p, sp in zip(prompts, params):  # each prefilled alone, by the step after its arrival
+        rids.append(alone.add_request(p, sp))
+        alone.step()
     while alone.has_unfinished():
         alone.step()
     single = [alone.pop_generation(r) for r in rids]

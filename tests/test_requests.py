@@ -189,6 +189,7 @@ def test_default_pool_holds_every_slot_at_full_length(target):
     sp = SamplingParams(max_new_tokens=64, ignore_eos=True)
     for p in _rand_prompts(8, target.config.vocab_size, seed=5):
         rt.add_request((p * 32)[:32], sp)
+    rt.step()
     assert len(rt._running) == 8 and not rt._waiting
 
 

@@ -25,6 +25,10 @@ def test_served_keeps_the_slots_full_and_emits_what_generate_does(draft):
     assert r["steady"]["mean_batch"] == pytest.approx(2.0)
     assert 1.0 <= r["mean_batch"] <= 2.0
     assert r["tokens_per_s"] > 0 and r["tokens_per_s_wall"] > 0
+    # 7 requests through 2 slots: the first two share a prefill, later ones join as slots free
+    assert 2 <= r["prefills"] <= 6
+    assert 0 < r["prefill_gpu_s"] and 0 < r["decode_gpu_s"]
+    assert r["prefill_gpu_s"] + r["decode_gpu_s"] <= r["wall_s"]
     assert 1.0 <= r["mean_acceptance_length"] <= rt.K + 1
     assert not rt.has_unfinished()
 

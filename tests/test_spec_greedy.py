@@ -103,8 +103,8 @@ def test_batch_larger_than_slots_is_queued(plain_outputs):
 
 
 def test_step_interface(plain_outputs):
-    """step() returns every token once, in order: the first ones too, whether the prefill ran in
-    add_request or, for requests that waited for a slot, inside a later step()."""
+    """step() returns every token once, in order: the first ones too, whether the request was
+    prefilled by the first step() or, having waited for a slot, by a later one."""
     target, prompts, params, expected = plain_outputs
     rt = Runtime(target, load(draft_dir("eagle")), num_draft_tokens=2, max_batch_size=2, max_seq_len=96)
     rids = [rt.add_request(p, sp) for p, sp in zip(prompts[:4], params[:4])]  # two of them wait
