@@ -124,6 +124,33 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
             "steady": steady}
 
 
+def run_prefill(rt: Runtime, prompts: list[list[int]], num_requests: int, *, repeats: int = 5) -> dict:
+    """What admitting num_requests waiting requests at once costs (one prefill forward over the
+    prompts, cycled from prompts): the host's wall clock for admit(), which waits for the first
+    tokens, and the prefill's GPU time, means over `repeats` admissions after a warm-up one. The
+    requests are aborted after each, so the runtime needs num_requests free slots."""
+    timer = PhaseTimer(rt.device)
+    wall = []
+    for i in range(repeats + 1):
+        batch = [prompts[(i * num_requests + j) % len(prompts)] for j in range(num_requests)]
+        rids = [rt.add_request(p, SamplingParams(max_new_tokens=2)) for p in batch]
+        _sync(rt.device)
+        rt.cycle.timer = timer if i else None
+        t0 = time.perf_counter()
+        rt.admit()
+        if i:
+            wall.append(time.perf_counter() - t0)
+        rt.cycle.timer = None
+        if len(rt.running_slots()) != num_requests:
+            raise GraphrtError(f"run_prefill: {num_requests} requests need as many free slots and their KV")
+        for r in rids:
+            rt.abort(r)
+            rt.pop_generation(r)
+    gpu = timer.summary().get(PREFILL, {"total_ms": 0.0})["total_ms"] / repeats
+    return {"requests": num_requests, "wall_ms": 1e3 * sum(wall) / repeats, "gpu_ms": gpu,
+            "prompt_tokens": sum(len(prompts[j % len(prompts)]) for j in range(num_requests))}
+
+
 def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:
     """Per-phase floor in microseconds: the phase's weight bytes (graphrt/floors.py) read once at
     the measured bandwidth."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from graphrt.bench import run_decode, run_meta, run_served
+from graphrt.bench import run_decode, run_meta, run_prefill, run_served
 from graphrt.checkpoint import load_checkpoint
 from graphrt.runtime import Runtime
 from graphrt.tokenizer import encode, load_tokenizer
@@ -78,6 +78,12 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "phases_us": {p: r["phases"][p]["mean_us"] for p in PHASES if p in r["phases"]}})
             print(_fmt(rows[-1]), flush=True)
+    for name, rt, _ in runs[:2]:  # what admitting b requests at once costs (the first table leaves it out)
+        for b in batch_sizes:
+            r = run_prefill(rt, prompts, b, repeats=5 if device.type == "cuda" else 1)
+            rows.append({"mode": f"{name}, prefill", "batch_size": b, **r})
+            print(f"{name + ', prefill':<52} B={b:<3} {r['wall_ms']:8.2f} ms wall, {r['gpu_ms']:8.2f} ms GPU "
+                  f"({r['prompt_tokens']} prompt tokens)", flush=True)
     for name, rt, temp in runs[:2 if served else 0]:  # plain and the first K, greedy
         for b in batch_sizes:  # at least 8 slots' worth of requests: B = 1 then covers many prompts, not one
             r = run_served(rt, b, prompts, num_requests=served * max(b, 8), max_new_tokens=max_new,
@@ -175,6 +181,8 @@ def main(argv=None) -> int:
     bs = [int(b) for b in args.batch_sizes.split(",")]
     rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")],
                         args.fp8, args.served, torch.device(args.device))
+    prefill = [r for r in rows if r["mode"].endswith(", prefill")]
+    rows = [r for r in rows if not r["mode"].endswith(", prefill")]
     plain = {(r["batch_size"], r["mode"].endswith(", served")): r["tokens_per_s"]
              for r in rows if r["mode"].startswith("graphrt plain")}
     if not args.no_hf:
@@ -186,7 +194,7 @@ def main(argv=None) -> int:
     if args.json:
         meta = run_meta(torch.device(args.device), target=target, draft=args.draft, prompts=args.prompts,
                         max_new_tokens=args.max_new_tokens)
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "prefill": prefill}, indent=2) + "\n")
     return 0
 
 

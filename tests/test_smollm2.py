@@ -336,7 +336,12 @@ def test_bench_real_pair_runs_on_the_cpu(tmp_path):
     mod = load_script("bench_real_pair")
     assert mod.main(["--device", "cpu", "--batch-sizes", "2", "--max-new-tokens", "3", "--ks", "3", "--no-hf",
                      "--served", "1", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    got = json.loads(out.read_text())
+    rows = got["rows"]
+    assert {(r["mode"], r["batch_size"]) for r in got["prefill"]} == {("graphrt plain, prefill", 2),
+                                                                      ("graphrt EAGLE-3 K=3, prefill", 2)}
+    for r in got["prefill"]:
+        assert r["requests"] == 2 and r["prompt_tokens"] > 2 and 0 < r["gpu_ms"] <= r["wall_ms"]
     modes = {(r["mode"], r["batch_size"]) for r in rows}
     assert modes == {(m, 2) for m in ("graphrt plain", "graphrt EAGLE-3 K=3", "graphrt EAGLE-3 K=3 T=0.7",
                                       "graphrt plain, served", "graphrt EAGLE-3 K=3, served")}
