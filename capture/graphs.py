@@ -1,4 +1,5 @@
-"""One CUDA graph per (phase, bucket), captured largest bucket first into one shared memory pool.
+"""One CUDA graph per (phase, bucket), captured largest bucket first into one shared memory pool,
+and one per prefill shape (rows, padded prompt length), captured into the same pool when first needed.
 
 Every phase function of graphrt.cycle.Cycle reads and writes only the runtime's static buffers,
 so a graph captured once replays for any requests: the host changes what the graph sees by
@@ -30,6 +31,20 @@ class CapturedGraph:
         return sum(self.kernels.values())
 
 
+@dataclass
+class PrefillGraph:
+    """The prefill forward (graphrt.cycle.Cycle.prefill_forward) at one padded shape: the host
+    writes `inputs` (Cycle.prefill_specs, one packed buffer), replays, and reads `outputs` (first
+    tokens [rows], logprobs [rows])."""
+
+    rows: int
+    length: int
+    graph: torch.cuda.CUDAGraph
+    inputs: torch.Tensor
+    outputs: tuple[torch.Tensor, torch.Tensor]
+    capture_s: float
+
+
 def _new_graph() -> torch.cuda.CUDAGraph:
     # keep_graph keeps the cudaGraph_t alive after instantiation so its nodes can be listed.
     try:
@@ -47,6 +62,7 @@ class CycleGraphs:
         self.graphs: dict[tuple[str, int], CapturedGraph] = {}
         self.pool = pool
         self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
+        self.prefills: dict[tuple[int, int], PrefillGraph] = {}
 
     def capture(self, progress=None, inspect_kernels: bool = True,
                 precompile_kernels: bool = True) -> list[CapturedGraph]:
@@ -120,3 +136,39 @@ class CycleGraphs:
     def get(self, phase: str, batch_size: int):
         rec = self.graphs.get((phase, batch_size))
         return rec.graph if rec is not None else None
+
+    def prefill(self, rows: int, length: int) -> PrefillGraph:
+        """The prefill graph of this shape, captured now if it was not (after a warm-up run that
+        compiles its kernels: a pause of a fraction of a second, once per shape). Both run on the
+        scratch slot only, after every launched cycle has finished, since cycles read that slot."""
+        rec = self.prefills.get((rows, length))
+        if rec is not None:
+            return rec
+        from graphrt.packed import packed
+
+        c, s = self.cycle, self.cycle.s
+        inputs, (tokens, lens, slots) = packed(c.prefill_specs(rows, length), s.num_tokens.device)
+        lens.fill_(1)
+        slots.fill_(s.scratch_slot)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        gc.collect()  # as in capture(): no graph destroyed by the collector mid-capture
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):  # compile and allocate outside the capture
+                c.prefill_forward(tokens, lens, slots)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                outputs = c.prefill_forward(tokens, lens, slots)
+            torch.cuda.synchronize()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+            s.reset_scratch()
+        rec = PrefillGraph(rows, length, graph, inputs, outputs, time.perf_counter() - t0)
+        self.prefills[(rows, length)] = rec
+        return rec

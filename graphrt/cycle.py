@@ -7,10 +7,10 @@ Per speculative cycle with K drafts (docs/design.md, "The cycle"):
                  (a one-layer EAGLE head: KV for all K+1, the rest of the layer on the last one)
   DRAFT_DECODE   K-1 more argmax steps: next d_2 .. d_K
 
-TARGET_DECODE is the draft-less step and PREFILL the eager prompt pass (the requests admitted
-together in one forward). Every phase reads and writes only the static buffers of `DecodeState`
-(sliced to the bucket size), so each one can be captured once per bucket as a CUDA graph and
-replayed: no host sync, no `.item()`, no shape that depends on data.
+TARGET_DECODE is the draft-less step and PREFILL the prompt pass (the requests admitted together
+in one forward, captured per padded shape). Every phase reads and writes only the static buffers of
+`DecodeState` (sliced to the bucket size), so each one can be captured once per bucket as a CUDA
+graph and replayed: no host sync, no `.item()`, no shape that depends on data.
 
 State invariant at the start of a cycle, for a request with n verified tokens t_0 .. t_{n-1}:
   target KV holds positions [0, n-1); t_{n-1} is `last_token`;
@@ -289,41 +289,70 @@ class Cycle:
                 else:
                     fn(B)
 
-    # ---- PREFILL (eager, the requests admitted together) -----------------------------------------
-    def prefill(self, slots: torch.Tensor, prompts: list[list[int]]):
-        """slots: [n] int64 on the device; prompts: n lists of token ids. One forward over the
-        prompts, each padded at its end to the longest: a padding row sits at a position after its
-        prompt, which no row of its own prompt attends to (causal), and stores its KV where the first
-        cycles write before they read (past the request's blocks: the trash block). Leaves each slot
-        in the cycle-start state and returns the first generated tokens and their logprobs, [n]
-        device tensors each."""
-        s, dev, n = self.s, slots.device, slots.shape[0]
-        P = max(map(len, prompts))
-        # t_0 .. t_{P_i - 1}, then a column for each request's first token t_{P_i}; one copy
-        tokens = torch.tensor([p + [0] * (P + 1 - len(p)) for p in prompts], dtype=torch.int64).to(dev)
-        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev)
-        rows = torch.arange(n, device=dev)
-        hidden, aux = self.target.forward(tokens[:, :P].flatten(), torch.arange(P, device=dev).repeat(n),
+    # ---- PREFILL (the requests admitted together, one forward) ---------------------------------
+    @staticmethod
+    def prefill_specs(rows: int, length: int):
+        """prefill_forward's inputs as one packed buffer: tokens [rows, length + 1] int64 (prompts
+        padded at their ends, a last column for the first token), lens [rows] int64, slots [rows] int64."""
+        return [((rows, length + 1), torch.int64), ((rows,), torch.int64), ((rows,), torch.int64)]
+
+    def prefill(self, slots: list[int], prompts: list[list[int]], shape: tuple[int, int] | None = None,
+                graph=None):
+        """slots: the n requests' slots; prompts: their n lists of token ids. One forward over the
+        prompts, each padded at its end to the longest, or to shape = (rows, length), a prefill
+        graph's (graph: that graphrt.capture.graphs.PrefillGraph, replayed instead of running the
+        forward): rows past n prefill a one-token prompt on the scratch slot. Leaves each slot in
+        the cycle-start state and returns the first generated tokens and their logprobs, [n] device
+        tensors each."""
+        n = len(prompts)
+        rows, length = shape or (n, max(map(len, prompts)))
+        host, (tokens, lens, row_slots) = packed(self.prefill_specs(rows, length), "cpu")
+        for row, p in zip(tokens, prompts):
+            row[: len(p)] = torch.tensor(p, dtype=torch.int64)
+        lens[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+        lens[n:] = 1
+        row_slots[:n] = torch.tensor(slots, dtype=torch.int64)
+        row_slots[n:] = self.s.scratch_slot
+        if graph is not None:
+            graph.inputs.copy_(host)
+            graph.graph.replay()
+            first, logprobs = graph.outputs
+        else:
+            buf, views = packed(self.prefill_specs(rows, length), self.s.num_tokens.device)
+            buf.copy_(host)
+            first, logprobs = self.prefill_forward(*views)
+        return first[:n], logprobs[:n]
+
+    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor):
+        """tokens [R, P + 1], lens [R], slots [R] (prefill_specs): prompt r is tokens[r, :lens[r]]. A
+        padding row sits at a position after its prompt, which no row of its own prompt attends to
+        (causal), and stores its KV where the first cycles write before they read (past the
+        request's blocks: the trash block). Every shape is static, so a prefill graph captures it.
+        Returns (first tokens [R] int64, their logprobs [R] fp32)."""
+        s, dev = self.s, tokens.device
+        R, P = tokens.shape[0], tokens.shape[1] - 1
+        rows = torch.arange(R, device=dev)
+        hidden, aux = self.target.forward(tokens[:, :P].flatten(), torch.arange(P, device=dev).repeat(R),
                                           self._prompt_meta(slots, P), self.target_kv)
-        logits = self.target.logits(hidden[rows * P + lens - 1]).view(n, 1, -1)  # each prompt's last row
-        out = rejection_sample(logits, self.no_drafts[:n], s.temperature[slots], s.seed[slots], lens,
+        logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
+        out = rejection_sample(logits, self.no_drafts[:R], s.temperature[slots], s.seed[slots], lens,
                                **s.filters(slots), **self.target.logits_shard)
-        first = out.token_ids[:, 0]  # [n]
+        first = out.token_ids[:, 0]  # [R]
         s.num_tokens[slots] = lens + 1
         s.last_token[slots] = first
-        if self.draft is None:
-            return first, out.logprobs[:, 0]
-        tokens[rows, lens] = first
-        if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
-            hidden_in = aux if self.draft.target_hidden == "aux" else hidden
-            tokens, T, last = tokens[:, 1:], P, lens - 1
-        else:  # rows t_0 .. t_P at positions 0 .. P
-            hidden_in, T, last = None, P + 1, lens
-        state = summed(self.draft.draft_forward(tokens.flatten(), torch.arange(T, device=dev).repeat(n),
-                                                self._prompt_meta(slots, T), self.draft_kv, hidden_in))
-        state = state[rows * T + last]  # each request's row at its last real position
-        if s.draft_state is not None:
-            s.draft_state[:n] = state  # batch rows 0 .. n-1: what draft_decode(n, slots) reads
-        self._propose(slots, state, column=0)
-        self.draft_decode(n, slots)
+        if self.draft is not None:
+            tokens[rows, lens] = first
+            if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
+                hidden_in = aux if self.draft.target_hidden == "aux" else hidden
+                tokens, T, last = tokens[:, 1:], P, lens - 1
+            else:  # rows t_0 .. t_P at positions 0 .. P
+                hidden_in, T, last = None, P + 1, lens
+            state = summed(self.draft.draft_forward(tokens.flatten(), torch.arange(T, device=dev).repeat(R),
+                                                    self._prompt_meta(slots, T), self.draft_kv, hidden_in))
+            state = state[rows * T + last]  # each request's row at its last real position
+            if s.draft_state is not None:
+                s.draft_state[:R] = state  # batch rows 0 .. R-1: what draft_decode(R, slots) reads
+            self._propose(slots, state, column=0)
+            self.draft_decode(R, slots)
+        s.reset_scratch()  # the padding rows' slot
         return first, out.logprobs[:, 0]

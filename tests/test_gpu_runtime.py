@@ -95,3 +95,36 @@ def test_batched_prefill_and_abort_under_graphs(kind):
             assert gen.finish_reason == "abort" and together[2].token_ids[: len(gen.token_ids)] == gen.token_ids
         else:
             assert gen.token_ids == together[i].token_ids, i
+
+
+@pytest.mark.parametrize("kind", [None, "self", "eagle", "eagle3"])
+def test_prefill_graphs_decode_as_eager_prefill(kind):
+    """Under graphs a prefill replays the graph of its padded shape, captured the first time that
+    shape comes: requests prefilled together or one at a time decode as in eager mode, greedy,
+    sampled and filtered, and each shape is captured once."""
+    target = _load(tiny_dir())
+    draft = _load(draft_dir(kind)) if kind else None
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (1, 2, 17, 9, 30, 5, 40)]
+    kinds = [dict(), dict(temperature=0.8), dict(temperature=1.1, top_k=5), dict(temperature=0.7, top_p=0.8)]
+    params = [SamplingParams(max_new_tokens=12, seed=i, ignore_eos=True, **kinds[i % 4]) for i in range(7)]
+    kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
+    eager = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
+    rt = Runtime(target, draft, **kw)
+    together = rt.generate(prompts, params)
+    assert set(rt.graph_sets[True].prefills) == {(8, 64)}  # the batch filters: the filtered set's graph
+    rids = []
+    for p, sp in zip(prompts, params):
+        rids.append(rt.add_request(p, sp))
+        rt.step()
+    alone = []
+    while rt.has_unfinished():
+        rt.step()
+    alone = [rt.pop_generation(r) for r in rids]
+    shapes = set(rt.graph_sets[False].prefills) | set(rt.graph_sets[True].prefills)
+    assert shapes >= {(1, 16), (1, 32), (1, 64), (8, 64)}
+    assert all(r.length <= 64 for s in rt.graph_sets.values() for r in s.prefills.values())
+    for got in (together, alone):
+        for a, b in zip(got, eager):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)

@@ -33,7 +33,7 @@ def test_batched_prefill_decodes_as_one_at_a_time(draft):
     together = Runtime(target, dckpt, **kw)
     calls = []
     prefill = together.cycle.prefill
-    together.cycle.prefill = lambda slots, ps: calls.append(len(ps)) or prefill(slots, ps)
+    together.cycle.prefill = lambda slots, ps, *a: calls.append(len(ps)) or prefill(slots, ps, *a)
     batched = together.generate(prompts, params)
     assert calls == [6], f"prefill calls {calls}: the six requests were not prefilled together"
 
@@ -52,6 +52,51 @@ def test_batched_prefill_decodes_as_one_at_a_time(draft):
         assert (b.num_cycles, b.num_accepted_tokens) == (s.num_cycles, s.num_accepted_tokens)
 
 
+@pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
+def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
+    """Under CUDA graphs a prefill runs at its graph's shape: the rows up to a batch bucket (the
+    extra ones a one-token prompt on the scratch slot) and the prompts padded to a power of two.
+    Eager here, at such shapes: every request decodes as with the exact shape, and the padding rows
+    leave the scratch slot as they found it."""
+    target = load(tiny_dir())
+    dckpt = load(draft_dir(draft)) if draft else None
+    seed = fresh_seed()
+    prompts = _prompts(5, target.config.vocab_size, seed)
+    params = _params(5, seed)
+    kw = dict(max_batch_size=8, max_seq_len=160)  # 5 prompts of < 24 tokens fit one forward
+    exact = Runtime(target, dckpt, **kw).generate(prompts, params)
+
+    rt = Runtime(target, dckpt, **kw)
+    shapes = []
+    # the shape the runtime picks under graphs, but capped at 40 tokens here: not a power of two
+    rt._prefill_shape = lambda n, longest: shapes.append((n + 3 if n < 5 else 8, 40)) or shapes[-1]
+    s = rt.state
+    pinned = (s.num_tokens[s.scratch_slot].item(), s.last_token[s.scratch_slot].item())
+    padded = rt.generate(prompts, params)
+    assert shapes == [(8, 40)]
+    assert (s.num_tokens[s.scratch_slot].item(), s.last_token[s.scratch_slot].item()) == pinned
+    for a, b in zip(padded, exact):
+        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+        assert (a.num_cycles, a.num_accepted_tokens) == (b.num_cycles, b.num_accepted_tokens)
+    # and one request alone, padded to 5 rows
+    alone = rt.generate(prompts[:1], params[:1])[0]
+    assert shapes[-1] == (4, 40) and alone.token_ids == exact[0].token_ids
+
+
+def test_prefill_graph_shapes():
+    """The graph shape for n prompts of up to `longest` tokens: the batch bucket that holds n, the
+    next power of two of at least 16 tokens within the block table, none past 4096 padded tokens."""
+    rt = Runtime(load(tiny_dir()), None, max_batch_size=64, max_seq_len=200, use_cuda_graphs=False)
+    assert rt._prefill_shape(3, 40) is None  # no graphs
+    rt.use_cuda_graphs = True
+    cap = rt.cycle.max_seq_len - 1
+    assert rt._prefill_shape(1, 1) == (1, 16) and rt._prefill_shape(3, 17) == (4, 32)
+    assert rt._prefill_shape(5, 64) == (8, 64) and rt._prefill_shape(20, 33) == (24, 64)
+    assert rt._prefill_shape(1, 190) == (1, min(256, cap)) and cap < 256
+    assert rt._prefill_shape(64, 64) == (64, 64) and rt._prefill_shape(64, 65) is None  # 64 x 128 > 4096
+
+
 def test_prefill_token_budget_splits_the_forward(monkeypatch):
     import graphrt.runtime as runtime
 
@@ -60,7 +105,7 @@ def test_prefill_token_budget_splits_the_forward(monkeypatch):
     rt = Runtime(target, None, max_batch_size=8, max_seq_len=64)
     sizes = []
     prefill = rt.cycle.prefill
-    rt.cycle.prefill = lambda slots, ps: sizes.append([len(p) for p in ps]) or prefill(slots, ps)
+    rt.cycle.prefill = lambda slots, ps, *a: sizes.append([len(p) for p in ps]) or prefill(slots, ps, *a)
     prompts = [[1] * 10, [2] * 12, [3] * 20, [4] * 5, [5] * 8]
     gens = rt.generate(prompts, SamplingParams(max_new_tokens=3))
     # padded to the longest, a forward holds at most 40 tokens: 2 x 12, then 2 x 20 (3 x 20 > 40)
@@ -74,7 +119,7 @@ def test_prefill_never_pads_past_max_seq_len():
     rt = Runtime(target, None, max_batch_size=8, max_seq_len=32)
     sizes = []
     prefill = rt.cycle.prefill
-    rt.cycle.prefill = lambda slots, ps: sizes.append(len(ps)) or prefill(slots, ps)
+    rt.cycle.prefill = lambda slots, ps, *a: sizes.append(len(ps)) or prefill(slots, ps, *a)
     rt.generate([[7] * 12] * 5, SamplingParams(max_new_tokens=2))
     assert sizes == [2, 2, 1]
 
@@ -91,10 +136,10 @@ def test_a_failed_prefill_leaves_the_runtime_usable():
     prefill = rt.cycle.prefill
     fail = [True]
 
-    def flaky(slots, ps):
+    def flaky(slots, ps, *a):
         if fail.pop() if fail else False:
             raise torch.cuda.OutOfMemoryError("simulated")
-        return prefill(slots, ps)
+        return prefill(slots, ps, *a)
 
     rt.cycle.prefill = flaky
     with pytest.raises(torch.cuda.OutOfMemoryError):
