@@ -130,9 +130,10 @@ def run_prefill(rt: Runtime, prompts: list[list[int]], num_requests: int, *, rep
     tokens, and the prefill's GPU time, means over `repeats` admissions after a warm-up one. The
     requests are aborted after each, so the runtime needs num_requests free slots."""
     timer = PhaseTimer(rt.device)
-    wall = []
+    wall, tokens = [], 0
     for i in range(repeats + 1):
         batch = [prompts[(i * num_requests + j) % len(prompts)] for j in range(num_requests)]
+        tokens += sum(map(len, batch)) if i else 0
         rids = [rt.add_request(p, SamplingParams(max_new_tokens=2)) for p in batch]
         _sync(rt.device)
         rt.cycle.timer = timer if i else None
@@ -148,7 +149,7 @@ def run_prefill(rt: Runtime, prompts: list[list[int]], num_requests: int, *, rep
             rt.pop_generation(r)
     gpu = timer.summary().get(PREFILL, {"total_ms": 0.0})["total_ms"] / repeats
     return {"requests": num_requests, "wall_ms": 1e3 * sum(wall) / repeats, "gpu_ms": gpu,
-            "prompt_tokens": sum(len(prompts[j % len(prompts)]) for j in range(num_requests))}
+            "prompt_tokens": tokens / repeats}  # a mean admission's
 
 
 def rooflines(rt, bandwidth_gbs: float) -> dict[str, float]:

@@ -29,9 +29,10 @@ from graphrt.params import Generation, SamplingParams, token_ids
 from graphrt.profiling.phases import PREFILL
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-# Padded prompt tokens a prefill forward takes at most, beside max_seq_len (one prompt can take
-# that many anyway): the requests admitted together share one forward (its launches, the host's
-# cost of a prefill, are paid once) while padding them to the longest stays within both.
+# Padded prompt tokens a prefill forward takes at most: the requests admitted together share one
+# forward (its launches, or its graph's replay, paid once) while padding them to the longest stays
+# within max_seq_len or _PREFILL_GRAPH_TOKENS, whichever is more (one prompt may take max_seq_len
+# anyway), and within _PREFILL_TOKENS.
 _PREFILL_TOKENS = 8192
 # Under CUDA graphs a prefill of up to this many padded tokens replays a graph captured for its
 # shape: rows a batch bucket, the prompts padded to a power of two of at least 16 tokens. The
@@ -356,11 +357,10 @@ class Runtime:
 
     def admit(self) -> None:
         """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
-        first served, in one forward (padded to the longest prompt, within _PREFILL_TOKENS and
-        max_seq_len tokens a forward, so a prefill never holds more activations than one full-length
-        prompt). step() does it first; an engine calls it to have their first tokens, and pay the
-        prefill, before the next cycle."""
-        budget = min(_PREFILL_TOKENS, self.max_seq_len)
+        first served, in one forward (padded to the longest prompt; for the tokens a forward takes at
+        most, see _PREFILL_TOKENS). step() does it first; an engine calls it to have their first
+        tokens, and pay the prefill, before the next cycle."""
+        budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
         batch: list[_Request] = []
         longest = 0
         while self._waiting and self._free_slots:

@@ -14,12 +14,13 @@ __all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL
 
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
 # to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
-MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 16
-# GRAPHRT_GEMV=all: every product with M <= MAX_M on Triton, also where cuBLAS measured as fast.
-# For compute-sanitizer's initcheck, which does not see the stores of cuBLAS's sm90 bf16 kernels
-# (nvjet, tensor-memory-accelerator stores; scripts/initcheck_probe.py) and so reports every read of
-# their output: with this switch a bf16 decode cycle has no cuBLAS writer left.
+# GRAPHRT_GEMV=all: every product with M <= MAX_M on Triton, also where cuBLAS measured as fast,
+# and MAX_M up to the kernel's 64 rows (the DOT path). For compute-sanitizer's initcheck, which does
+# not see the stores of cuBLAS's sm90 bf16 kernels (nvjet, tensor-memory-accelerator stores;
+# scripts/initcheck_probe.py) and so reports every read of their output: with this switch a bf16
+# decode cycle, and a prefill graph of up to 64 padded tokens, has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64 if ALL_M else 16
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
@@ -170,7 +171,7 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
 def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
     """select_config(m, n, k) when it is the unsplit DOT path (3-16 tokens of a qkv projection): the
     configuration whose launch kernels/qkv_rotary.py extends with the rotary and the KV store."""
-    cfg = select_config(m, n, k)
+    cfg = select_config(m, n, k) if m <= 16 else None  # (GRAPHRT_GEMV=all's 17-64 rows: two launches)
     return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 
 

@@ -83,7 +83,7 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
             r = run_prefill(rt, prompts, b, repeats=5 if device.type == "cuda" else 1)
             rows.append({"mode": f"{name}, prefill", "batch_size": b, **r})
             print(f"{name + ', prefill':<52} B={b:<3} {r['wall_ms']:8.2f} ms wall, {r['gpu_ms']:8.2f} ms GPU "
-                  f"({r['prompt_tokens']} prompt tokens)", flush=True)
+                  f"({r['prompt_tokens']:.0f} prompt tokens)", flush=True)
     for name, rt, temp in runs[:2 if served else 0]:  # plain and the first K, greedy
         for b in batch_sizes:  # at least 8 slots' worth of requests: B = 1 then covers many prompts, not one
             r = run_served(rt, b, prompts, num_requests=served * max(b, 8), max_new_tokens=max_new,

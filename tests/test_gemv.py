@@ -60,6 +60,8 @@ DOT_CASES = [
     (16, 50, 130, 32, 32, 2, False),
     (9, 200, 48, 64, 16, 3, True),
     (12, 16, 16, 16, 16, 1, None),
+    (33, 70, 90, 32, 32, None, None),  # past 16 rows: GRAPHRT_GEMV=all's prefill graphs (up to 64)
+    (64, 48, 64, 16, 32, 2, True),
 ]
 
 
@@ -149,7 +151,7 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
 
 
 # (inter, k, m, block_n, block_k): N tail, K tail, 16 rows
-GATED_DOT_CASES = [(48, 100, 3, 32, 32), (40, 64, 5, 32, 64), (32, 130, 16, 64, 32)]
+GATED_DOT_CASES = [(48, 100, 3, 32, 32), (40, 64, 5, 32, 64), (32, 130, 16, 64, 32), (24, 64, 40, 64, 32)]
 
 
 @pytest.mark.parametrize("case", GATED_DOT_CASES)
@@ -419,14 +421,15 @@ def test_env_switch_sends_everything_to_cublas():
 
 def test_env_switch_all_sends_every_decode_product_to_triton():
     """GRAPHRT_GEMV=all: shapes the dispatcher leaves to cuBLAS (N > K at M = 2) get a Triton
-    configuration; prefill-sized M still goes to cuBLAS."""
+    configuration, and so do up to 64 rows (a small prefill graph's); more still go to cuBLAS."""
     import subprocess
     import sys
 
     code = ("from graphrt.kernels import gemv; "
             "print(gemv.select_config(2, 3072, 2048) is not None, gemv.select_config(2, 16384, 2048) is not None, "
-            "gemv.select_config(17, 3072, 2048) is None)")
-    for value, want in (("all", "True True True"), ("1", "False False True")):
+            "gemv.select_config(17, 3072, 2048) is None, gemv.select_config(64, 3072, 2048) is None, "
+            "gemv.select_config(65, 3072, 2048) is None)")
+    for value, want in (("all", "True True False False True"), ("1", "False False True True True")):
         env = dict(os.environ, GRAPHRT_GEMV=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want, (value, out.stdout)

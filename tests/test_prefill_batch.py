@@ -113,15 +113,21 @@ def test_prefill_token_budget_splits_the_forward(monkeypatch):
     assert all(len(g.token_ids) == 3 for g in gens)
 
 
-def test_prefill_never_pads_past_max_seq_len():
-    """A forward holds at most max_seq_len padded tokens: the activations of one full-length prompt."""
+def test_prefill_budget_is_max_seq_len_or_the_graph_tokens(monkeypatch):
+    """A forward holds at most max(max_seq_len, _PREFILL_GRAPH_TOKENS) padded tokens: one full-length
+    prompt's activations, or a prefill graph's largest shape's."""
+    import graphrt.runtime as runtime
+
     target = load(tiny_dir())
-    rt = Runtime(target, None, max_batch_size=8, max_seq_len=32)
-    sizes = []
-    prefill = rt.cycle.prefill
-    rt.cycle.prefill = lambda slots, ps, *a: sizes.append(len(ps)) or prefill(slots, ps, *a)
-    rt.generate([[7] * 12] * 5, SamplingParams(max_new_tokens=2))
-    assert sizes == [2, 2, 1]
+    for graph_tokens, want in ((4096, [5]), (24, [2, 2, 1])):  # 5 x 12 = 60 tokens; then max_seq_len 32 binds
+        monkeypatch.setattr(runtime, "_PREFILL_GRAPH_TOKENS", graph_tokens)
+        rt = Runtime(target, None, max_batch_size=8, max_seq_len=32)
+        sizes = []
+        prefill = rt.cycle.prefill
+        rt.cycle.prefill = lambda slots, ps, *a, sizes=sizes, prefill=prefill: sizes.append(len(ps)) or prefill(
+            slots, ps, *a)
+        rt.generate([[7] * 12] * 5, SamplingParams(max_new_tokens=2))
+        assert sizes == want, graph_tokens
 
 
 def test_a_failed_prefill_leaves_the_runtime_usable():
