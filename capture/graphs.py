@@ -138,18 +138,17 @@ class CycleGraphs:
         return rec.graph if rec is not None else None
 
     def prefill(self, rows: int, length: int) -> PrefillGraph:
-        """The prefill graph of this shape, captured now if it was not (after a warm-up run that
-        compiles its kernels: a pause of a fraction of a second, once per shape). Both run on the
-        scratch slot only, after every launched cycle has finished, since cycles read that slot."""
+        """The prefill graph of this shape, captured now if it was not (capture_prefills)."""
         rec = self.prefills.get((rows, length))
-        if rec is not None:
-            return rec
+        return rec if rec is not None else self.capture_prefills([(rows, length)])[0]
+
+    def capture_prefills(self, shapes) -> list[PrefillGraph]:
+        """Capture the prefill graph of each (rows, length) in shapes, each after a warm-up run that
+        compiles its kernels (about 0.1 s a shape on a 30-layer model). Both run on the scratch slot
+        only, after every launched cycle has finished, since cycles read that slot."""
         from graphrt.packed import packed
 
         c, s = self.cycle, self.cycle.s
-        inputs, (tokens, lens, slots) = packed(c.prefill_specs(rows, length), s.num_tokens.device)
-        lens.fill_(1)
-        slots.fill_(s.scratch_slot)
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -157,18 +156,24 @@ class CycleGraphs:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            t0 = time.perf_counter()
-            with torch.cuda.stream(stream):  # compile and allocate outside the capture
-                c.prefill_forward(tokens, lens, slots)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                outputs = c.prefill_forward(tokens, lens, slots)
-            torch.cuda.synchronize()
+            for rows, length in shapes:
+                if (rows, length) in self.prefills:
+                    continue
+                t0 = time.perf_counter()
+                inputs, (tokens, lens, slots) = packed(c.prefill_specs(rows, length), s.num_tokens.device)
+                lens.fill_(1)
+                slots.fill_(s.scratch_slot)
+                with torch.cuda.stream(stream):  # compile and allocate outside the capture
+                    c.prefill_forward(tokens, lens, slots)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    outputs = c.prefill_forward(tokens, lens, slots)
+                torch.cuda.synchronize()
+                self.prefills[(rows, length)] = PrefillGraph(rows, length, graph, inputs, outputs,
+                                                             time.perf_counter() - t0)
         finally:
             if gc_was_enabled:
                 gc.enable()
             s.reset_scratch()
-        rec = PrefillGraph(rows, length, graph, inputs, outputs, time.perf_counter() - t0)
-        self.prefills[(rows, length)] = rec
-        return rec
+        return [self.prefills[shape] for shape in shapes]

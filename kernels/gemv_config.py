@@ -119,6 +119,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     if m > MAX_M:
         return None
+    if m > 16:  # (GRAPHRT_GEMV=all's prefill rows) 64-row tiles in four stages overflow shared memory
+        return dict(select_config(16, n, k), num_stages=2)
     if k < n:
         if m == 2:
             return dict(_DOT_DEFAULT) if ALL_M else None

@@ -11,7 +11,9 @@ slots, a new one joining as one finishes; plain and the first K, greedy): a batc
 together ends with its slowest request, and under speculation that is the one whose drafts were
 accepted least, so the first table undersells a served batch, and at B = 1 the served rows cover 8N
 prompts one after another; they count the steady state's tokens over its decode phases' GPU time
-(graphrt.bench.run_served; wall clock, eager prefill included, beside it). Then Hugging Face
+(graphrt.bench.run_served; wall clock, prefill included, beside it). Every graph, the prefill graphs of
+every shape included, is captured before the first run, as a server does at start; the prefill rows
+give what admitting B requests at once costs (graphrt.bench.run_prefill). Then Hugging Face
 transformers on the same GGUF and the same prompts: dynamic cache, static cache (B = 1) and assisted
 generation (B = 1) with a self-draft (the target's first 4 layers: transformers has no EAGLE-3
 drafting) -- its figures time whole `generate` calls, warm-up call first, prompt pass included.
@@ -68,6 +70,9 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
             if fp8:  # the same head read as FP8 (kernels/fp8_weight.py)
                 runs.append((f"graphrt EAGLE-3 FP8 K={K}", Runtime(tckpt, dckpt, num_draft_tokens=K,
                                                                    draft_quantization="fp8", **kw), 0.0))
+    if device.type == "cuda":  # every graph up front, prefill shapes too, as a server starts: no capture mid-run
+        for rt in {id(rt): rt for _, rt, _ in runs}.values():
+            rt.capture(inspect_kernels=False, prefill=True)
     rows = []
     for name, rt, temp in runs:
         for b in batch_sizes:

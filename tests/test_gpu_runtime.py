@@ -128,3 +128,23 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
         for a, b in zip(got, eager):
             assert a.token_ids == b.token_ids
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def test_capture_with_prefill_captures_every_prefill_shape_up_front():
+    """capture(prefill=True), as a server does before it takes requests: no prefill captures a graph
+    afterwards, and the requests decode as in eager mode."""
+    target = _load(tiny_dir())
+    draft = _load(draft_dir("eagle3"))
+    kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
+    rt = Runtime(target, draft, **kw)
+    rt.capture(inspect_kernels=False, prefill=True)
+    shapes = set(rt.cycle.graphs.prefills)
+    assert shapes == set(rt.prefill_shapes()) and (8, 64) in shapes
+    g = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (3, 70, 12, 33, 1)]
+    params = [SamplingParams(max_new_tokens=10, temperature=0.9 * (i % 2), seed=i, ignore_eos=True) for i in range(5)]
+    got = rt.generate(prompts, params) + rt.generate(prompts[1:2], params[1:2])
+    assert set(rt.cycle.graphs.prefills) == shapes
+    eager = Runtime(target, draft, use_cuda_graphs=False, **kw)
+    want = eager.generate(prompts, params) + eager.generate(prompts[1:2], params[1:2])
+    assert [x.token_ids for x in got] == [x.token_ids for x in want]

@@ -95,6 +95,11 @@ def test_prefill_graph_shapes():
     assert rt._prefill_shape(5, 64) == (8, 64) and rt._prefill_shape(20, 33) == (24, 64)
     assert rt._prefill_shape(1, 190) == (1, min(256, cap)) and cap < 256
     assert rt._prefill_shape(64, 64) == (64, 64) and rt._prefill_shape(64, 65) is None  # 64 x 128 > 4096
+    # capture(prefill=True) captures every shape a prefill can take, each once
+    shapes = rt.prefill_shapes()
+    assert len(set(shapes)) == len(shapes) and shapes[0] == (64, 64)
+    taken = {rt._prefill_shape(n, longest) for n in range(1, 65) for longest in range(1, cap + 1)} - {None}
+    assert taken == set(shapes)
 
 
 def test_prefill_token_budget_splits_the_forward(monkeypatch):
