@@ -34,10 +34,13 @@ def cli_main(args) -> int:
     print(f"graphrt capture: target {target}; draft: {desc}; K = {rt.K}; buckets {list(rt.buckets)}")
     t0 = time.perf_counter()
     with tqdm(total=len(phases) * len(rt.buckets), desc="capture", unit="graph") as bar:
-        records = rt.capture(progress=lambda r: bar.update(1))
+        records = rt.capture(progress=lambda r: bar.update(1), prefill=args.prefill)
     total_s = time.perf_counter() - t0
     graphs = rt.cycle.graphs
     print(f"precompile: {graphs.precompiled} kernel variants in {graphs.precompile_s:.1f} s")
+    prefill_s = sum(p.capture_s for p in graphs.prefills.values())
+    if args.prefill:
+        print(f"prefill graphs: {len(graphs.prefills)} shapes in {prefill_s:.1f} s (within the total below)")
 
     # Validate with real state: a few requests decoded for a few cycles, then every bucket's
     # phases replayed and re-run eagerly from the same buffers.
@@ -74,5 +77,6 @@ def cli_main(args) -> int:
         with open(args.json_out, "w") as f:
             json.dump({"target": str(target), "draft": desc, "num_draft_tokens": rt.K, "total_s": total_s,
                        "precompiled": graphs.precompiled, "precompile_s": graphs.precompile_s,
-                       "pool_bytes": pool, "all_bit_exact": all_exact, "graphs": rows}, f, indent=2)
+                       "pool_bytes": pool, "all_bit_exact": all_exact, "graphs": rows,
+                       "prefill_shapes": sorted(graphs.prefills), "prefill_capture_s": prefill_s}, f, indent=2)
     return 0 if all_exact else 1

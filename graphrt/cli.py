@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-batch-size", type=positive_int, default=64, help="largest bucket (default buckets up to it)")
     c.add_argument("--max-seq-len", type=positive_int, default=2048)
     c.add_argument("--no-draft", action="store_true", help="capture TARGET_DECODE only")
+    c.add_argument("--prefill", action="store_true",
+                   help="also every prefill shape's graph (Runtime.capture(prefill=True)), as a server starts")
     _common(c)
 
     pr = sub.add_parser("profile", help="per-phase GPU kernel time (PyTorch profiler or Nsight Systems)")
