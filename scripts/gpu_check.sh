@@ -47,13 +47,17 @@ import graphrt; print("tree:", graphrt.__file__, file=sys.stderr); runpy.run_mod
 for step in $steps; do
   echo "=== $step" | log
   case $step in
-    tests)    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | log | tail -30 ;;
+    # test_profiling compares timings of two processes within 5%: alone, after the rest, not beside
+    # other workers sharing the GPU (it failed at 15% apart beside them on 2026-11-28, passed alone)
+    tests)    python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_profiling.py 2>&1 | log | tail -30
+              python3 -m pytest -q -m gpu -p no:cacheprovider -n 0 tests/test_profiling.py 2>&1 | log | tail -5 ;;
     # pytest-xdist workers share the GPU (tests/conftest.py; its wheels must be on the machine:
     # `pip download --no-deps -d .gpu-carry/whl pytest-xdist execnet`, else one process). On a
     # 16-core H200 machine the whole suite took 217 s with Triton's cache warm and about ten
     # minutes cold, near a call's limit: two halves, the sampler and fuzz files (the heaviest) in the second
     tests1)   python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_rejection.py \
-                --ignore=tests/test_fuzz_kernels.py 2>&1 | log | tail -30 ;;
+                --ignore=tests/test_fuzz_kernels.py --ignore=tests/test_profiling.py 2>&1 | log | tail -30
+              python3 -m pytest -q -m gpu -p no:cacheprovider -n 0 tests/test_profiling.py 2>&1 | log | tail -5 ;;
     tests2)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_rejection.py tests/test_fuzz_kernels.py \
                 2>&1 | log | tail -30 ;;
     # speedup over plain decoding against simulated acceptance, EAGLE-3-shaped heads, both shapes
