@@ -21,14 +21,25 @@ def _params(n, seed):
     return [SamplingParams(max_new_tokens=7, seed=seed + i, **kinds[i % len(kinds)]) for i in range(n)]
 
 
+def _case(draft, n):
+    """(target, draft, seed, n prompts of < 24 tokens, their params, Runtime keywords under which
+    they fit one forward)."""
+    target = load(tiny_dir())
+    seed = fresh_seed()
+    return (target, load(draft_dir(draft)) if draft else None, seed, _prompts(n, target.config.vocab_size, seed),
+            _params(n, seed), dict(max_batch_size=8, max_seq_len=160))
+
+
+def _assert_same_decode(got, want, seed):
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+        assert (a.num_cycles, a.num_accepted_tokens) == (b.num_cycles, b.num_accepted_tokens)
+
+
 @pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
 def test_batched_prefill_decodes_as_one_at_a_time(draft):
-    target = load(tiny_dir())
-    dckpt = load(draft_dir(draft)) if draft else None
-    seed = fresh_seed()
-    prompts = _prompts(6, target.config.vocab_size, seed)
-    params = _params(6, seed)
-    kw = dict(max_batch_size=8, max_seq_len=160)  # 6 prompts of < 24 tokens fit one forward
+    target, dckpt, seed, prompts, params, kw = _case(draft, 6)
 
     together = Runtime(target, dckpt, **kw)
     calls = []
@@ -44,12 +55,7 @@ def test_batched_prefill_decodes_as_one_at_a_time(draft):
         alone.step()
     while alone.has_unfinished():
         alone.step()
-    single = [alone.pop_generation(r) for r in rids]
-
-    for b, s in zip(batched, single):
-        assert b.token_ids == s.token_ids, f"seed {seed}: {b.token_ids} != {s.token_ids}"
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(s.logprobs), rtol=1e-4, atol=1e-4)
-        assert (b.num_cycles, b.num_accepted_tokens) == (s.num_cycles, s.num_accepted_tokens)
+    _assert_same_decode(batched, [alone.pop_generation(r) for r in rids], seed)
 
 
 @pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
@@ -58,12 +64,7 @@ def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
     extra ones a one-token prompt on the scratch slot) and the prompts padded to a power of two.
     Eager here, at such shapes: every request decodes as with the exact shape, and the padding rows
     leave the scratch slot as they found it."""
-    target = load(tiny_dir())
-    dckpt = load(draft_dir(draft)) if draft else None
-    seed = fresh_seed()
-    prompts = _prompts(5, target.config.vocab_size, seed)
-    params = _params(5, seed)
-    kw = dict(max_batch_size=8, max_seq_len=160)  # 5 prompts of < 24 tokens fit one forward
+    target, dckpt, seed, prompts, params, kw = _case(draft, 5)
     exact = Runtime(target, dckpt, **kw).generate(prompts, params)
 
     rt = Runtime(target, dckpt, **kw)
@@ -75,10 +76,7 @@ def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
     padded = rt.generate(prompts, params)
     assert shapes == [(8, 40)]
     assert (s.num_tokens[s.scratch_slot].item(), s.last_token[s.scratch_slot].item()) == pinned
-    for a, b in zip(padded, exact):
-        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
-        assert (a.num_cycles, a.num_accepted_tokens) == (b.num_cycles, b.num_accepted_tokens)
+    _assert_same_decode(padded, exact, seed)
     # and one request alone, padded to 5 rows
     alone = rt.generate(prompts[:1], params[:1])[0]
     assert shapes[-1] == (4, 40) and alone.token_ids == exact[0].token_ids
