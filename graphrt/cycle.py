@@ -154,8 +154,9 @@ class Cycle:
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
     def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
-        """The metadata of positions 0 .. T-1 of each slot's request (slots: [n]). Eager and once per
-        prefill: the torch reference, as a Triton launch would compile for every prompt length."""
+        """The metadata of positions 0 .. T-1 of each slot's request (slots: [n]), once per prefill:
+        the torch reference, as the Triton launch (T a constant of its kernel) would compile a
+        variant for every prompt length the eager forward meets."""
         start = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
         return self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
