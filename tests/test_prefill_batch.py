@@ -158,3 +158,23 @@ def test_a_failed_prefill_leaves_the_runtime_usable():
     while rt.has_unfinished():
         rt.step()
     assert [rt.get_generation(r).token_ids for r in range(3)] == [g.token_ids for g in ref]
+
+
+def test_add_request_queues_and_admit_prefills_now():
+    """add_request only queues; admit() prefills, in one forward, what a free slot admits (first
+    come, first served), and the next step() returns those first tokens once, then the cycle's."""
+    rt = Runtime(load(tiny_dir()), None, max_batch_size=2, max_seq_len=64)
+    calls = []
+    prefill = rt.cycle.prefill
+    rt.cycle.prefill = lambda slots, ps, *a: calls.append(len(ps)) or prefill(slots, ps, *a)
+    sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    a, b, c = (rt.add_request(p, sp) for p in ([1, 2, 3], [4, 5], [6]))
+    assert not rt.running_slots() and not calls and rt.get_generation(a).token_ids == []
+    rt.admit()
+    assert calls == [2] and len(rt.running_slots()) == 2
+    firsts = {r: list(rt.get_generation(r).token_ids) for r in (a, b)}
+    assert all(len(t) == 1 for t in firsts.values()) and rt.get_generation(c).token_ids == []
+    out = rt.step()
+    assert {r: out[r][:1] for r in (a, b)} == firsts and len(out[a]) >= 2 and c not in out
+    rt.admit()  # nothing freed yet: c still waits, no forward
+    assert calls == [2]
