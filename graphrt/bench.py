@@ -71,19 +71,23 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
     batch ends with its slowest request, which under speculation is the one whose drafts the target
     accepted least; here the slots stay full. Throughput is counted in the steady state, up to the
     last request's admission: tokens per cycle (the cycles the host has read) over the decode phases'
-    GPU time per cycle (every launched cycle's, from the phase timer's events), so the eager prefill
-    of each joining request stays out of it. The wall-clock figure counts everything, prefill included."""
+    GPU time per cycle (every launched cycle's, from the phase timer's events), so the prefill of
+    each joining request stays out of it. The wall-clock figure counts everything, prefill included,
+    and so do the latencies a client sees: time to the first token (from add_request to the step()
+    that returns it) and time per later token (to the step() that returns the last), in ms."""
     if concurrency < 1 or num_requests < 2 * concurrency:  # else the steady state is over at once
         raise GraphrtError(f"run_served: need concurrency >= 1 ({concurrency}) and num_requests >= twice it "
                            f"({num_requests})")
     queue = [prompts[i % len(prompts)] for i in range(num_requests)]
     rids: list[int] = []
+    added, first, last = {}, {}, {}  # request id -> perf_counter at add_request, first and last token
 
     def admit():
         running = sum(not rt.finished(r) for r in rids)
         while queue and running < concurrency:
             sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + len(rids))
             rids.append(rt.add_request(queue.pop(0), sp))
+            added[rids[-1]] = time.perf_counter()
             running += 1
 
     timer = PhaseTimer(rt.device)
@@ -94,7 +98,11 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
     steady = None
     while rt.has_unfinished() or queue:
         read += rt.has_unfinished()  # then step() reads one cycle
-        rt.step()
+        out = rt.step()
+        now = time.perf_counter()
+        for rid in out:
+            first.setdefault(rid, now)
+            last[rid] = now
         admit()
         if not queue and steady is None:
             phases = timer.summary()  # waits for the cycles in flight: once
@@ -112,6 +120,8 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
     decoded = sum(len(g.token_ids) - 1 for g in gens)
     per_cycle = steady["tokens"] / max(steady["cycles"], 1)
     prefill = phases.get(PREFILL, {"total_ms": 0.0, "calls": 0})
+    ttft = sorted(1e3 * (first[r] - added[r]) for r in rids)
+    tpot = [1e3 * (last[r] - first[r]) / (len(g.token_ids) - 1) for r, g in zip(rids, gens) if len(g.token_ids) > 1]
     return {"concurrency": concurrency, "requests": num_requests, "tokens": decoded,
             "tokens_per_s": 1e6 * per_cycle / steady["gpu_us_per_cycle"],
             "tokens_per_s_wall": decoded / elapsed,
@@ -121,6 +131,9 @@ def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_r
             "decode_gpu_s": sum(p["total_ms"] for name, p in phases.items() if name != PREFILL) / 1e3,
             "mean_batch": sum(g.num_cycles for g in gens) / max(rt.num_cycles - cycles0, 1),
             "mean_acceptance_length": decoded / max(sum(g.num_cycles for g in gens), 1),
+            "ttft_ms": {"mean": sum(ttft) / len(ttft), "p50": ttft[len(ttft) // 2],
+                        "p99": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]},
+            "tpot_ms_mean": sum(tpot) / max(len(tpot), 1),
             "steady": steady}
 
 

@@ -98,7 +98,8 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "steady_mean_batch": r["steady"]["mean_batch"],
                          "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"],
-                         **{k: r[k] for k in ("wall_s", "prefills", "prefill_gpu_s", "decode_gpu_s")}})
+                         **{k: r[k] for k in ("wall_s", "prefills", "prefill_gpu_s", "decode_gpu_s", "ttft_ms",
+                                              "tpot_ms_mean")}})
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -160,7 +161,9 @@ def _fmt(r: dict) -> str:
             + (f"  accept {acc:.2f}" if acc is not None else "") + (f"  {phases}" if phases else "")
             + (f"  (wall, prefill included: {r['tokens_per_s_wall']:.1f} tok/s; steady batch "
                f"{r['steady_mean_batch']:.1f}; {r['wall_s']:.2f} s = decode GPU {r['decode_gpu_s']:.2f} + "
-               f"{r['prefills']} prefills' GPU {r['prefill_gpu_s']:.2f} + host)" if "tokens_per_s_wall" in r else ""))
+               f"{r['prefills']} prefills' GPU {r['prefill_gpu_s']:.2f} + host; time to first token "
+               f"p50 {r['ttft_ms']['p50']:.1f} / p99 {r['ttft_ms']['p99']:.1f} ms, then {r['tpot_ms_mean']:.2f} ms "
+               f"a token)" if "tokens_per_s_wall" in r else ""))
 
 
 def main(argv=None) -> int:

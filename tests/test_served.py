@@ -29,6 +29,9 @@ def test_served_keeps_the_slots_full_and_emits_what_generate_does(draft):
     assert 2 <= r["prefills"] <= 6
     assert 0 < r["prefill_gpu_s"] and 0 < r["decode_gpu_s"]
     assert r["prefill_gpu_s"] + r["decode_gpu_s"] <= r["wall_s"]
+    t = r["ttft_ms"]
+    assert 0 < t["p50"] <= t["p99"] <= 1e3 * r["wall_s"] and 0 < t["mean"] <= t["p99"]
+    assert 0 < r["tpot_ms_mean"] < 1e3 * r["wall_s"]
     assert 1.0 <= r["mean_acceptance_length"] <= rt.K + 1
     assert not rt.has_unfinished()
 

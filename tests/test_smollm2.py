@@ -353,6 +353,7 @@ def test_bench_real_pair_runs_on_the_cpu(tmp_path):
         if r["mode"].endswith(", served"):
             # on the CPU nothing is pipelined: every steady cycle runs every slot; --served 1: max(B, 8) requests
             assert r["steady_mean_batch"] == pytest.approx(r["batch_size"]) and r["requests"] == max(8, r["batch_size"])
+            assert 0 < r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"] and r["tpot_ms_mean"] > 0
         else:
             assert set(r["phases_us"]) >= ({"TARGET_DECODE"} if r["mode"] == "graphrt plain"
                                            else {"TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"})
