@@ -35,9 +35,10 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 # anyway), and within _PREFILL_TOKENS.
 _PREFILL_TOKENS = 8192
 # Under CUDA graphs a prefill of up to this many padded tokens replays a graph captured for its
-# shape: rows a batch bucket, the prompts padded to a power of two of at least 16 tokens. The
-# eager forward's launches cost the host about 20 ms on a 30-layer model; the graph's replay a few
-# tens of microseconds. Larger prefills are long enough for the GPU time to dominate: eager.
+# shape: rows a batch bucket, the prompts padded to a power of two of at least 16 tokens. The eager
+# forward's launches cost the host more than the forward's GPU time at these sizes (25-40 ms on a
+# 30-layer model against about 1 ms replayed: RESULTS.md). Larger prefills run eagerly: their GPU
+# time outweighs the launches, and their graphs would keep that much more activation memory.
 _PREFILL_GRAPH_TOKENS = 4096
 
 
