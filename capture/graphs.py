@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +74,51 @@ class CycleGraphs:
         saved_slots, saved_ndrafts = s.batch_slots.clone(), s.batch_num_drafts.clone()
         s.batch_slots.fill_(s.scratch_slot)
         s.batch_num_drafts.zero_()
+        try:
+            with self._capturing() as stream:
+                def run_all():
+                    for B in self.buckets:
+                        for _, fn in self.cycle.phases():
+                            fn(B)
+
+                if precompile_kernels:
+                    t0 = time.perf_counter()
+                    self.precompiled = precompile(run_all, self._configuration())
+                    self.precompile_s = time.perf_counter() - t0
+                with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
+                    run_all()
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                reserved0 = torch.cuda.memory_reserved()
+                for B in self.buckets:
+                    for name, fn in self.cycle.phases():
+                        graph = _new_graph()
+                        t0 = time.perf_counter()
+                        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                            fn(B)
+                        if hasattr(graph, "instantiate"):
+                            try:
+                                graph.instantiate()
+                            except RuntimeError:
+                                pass  # already instantiated (keep_graph=False)
+                        torch.cuda.synchronize()
+                        rec = CapturedGraph(name, B, graph, time.perf_counter() - t0,
+                                            torch.cuda.memory_reserved() - reserved0)
+                        if inspect_kernels:
+                            rec.kernels = kernel_names(graph)
+                        self.graphs[(name, B)] = rec
+                        if progress is not None:
+                            progress(rec)
+        finally:
+            s.batch_slots.copy_(saved_slots)
+            s.batch_num_drafts.copy_(saved_ndrafts)
+        return list(self.graphs.values())
+
+    @contextmanager
+    def _capturing(self):
+        """Around a capture: a side stream (yielded) that starts after the current one, the shared
+        pool, the garbage collector off, and the scratch slot, which warm-ups and captures write,
+        pinned again after."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         if self.pool is None:
@@ -83,46 +129,11 @@ class CycleGraphs:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            def run_all():
-                for B in self.buckets:
-                    for _, fn in self.cycle.phases():
-                        fn(B)
-
-            if precompile_kernels:
-                t0 = time.perf_counter()
-                self.precompiled = precompile(run_all, self._configuration())
-                self.precompile_s = time.perf_counter() - t0
-            with torch.cuda.stream(stream):  # compile, autotune and allocate outside any capture
-                run_all()
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            reserved0 = torch.cuda.memory_reserved()
-            for B in self.buckets:
-                for name, fn in self.cycle.phases():
-                    graph = _new_graph()
-                    t0 = time.perf_counter()
-                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                        fn(B)
-                    if hasattr(graph, "instantiate"):
-                        try:
-                            graph.instantiate()
-                        except RuntimeError:
-                            pass  # already instantiated (keep_graph=False)
-                    torch.cuda.synchronize()
-                    rec = CapturedGraph(name, B, graph, time.perf_counter() - t0,
-                                        torch.cuda.memory_reserved() - reserved0)
-                    if inspect_kernels:
-                        rec.kernels = kernel_names(graph)
-                    self.graphs[(name, B)] = rec
-                    if progress is not None:
-                        progress(rec)
+            yield stream
         finally:
             if gc_was_enabled:
                 gc.enable()
-            s.batch_slots.copy_(saved_slots)
-            s.batch_num_drafts.copy_(saved_ndrafts)
-            s.reset_scratch()
-        return list(self.graphs.values())
+            self.cycle.s.reset_scratch()
 
     def _configuration(self) -> str:
         """What decides which kernel variants the captures compile (for capture/precompile.py)."""
@@ -150,12 +161,7 @@ class CycleGraphs:
 
         c, s = self.cycle, self.cycle.s
         torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        gc.collect()  # as in capture(): no graph destroyed by the collector mid-capture
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with self._capturing() as stream:
             for rows, length in shapes:
                 if (rows, length) in self.prefills:
                     continue
@@ -172,8 +178,4 @@ class CycleGraphs:
                 torch.cuda.synchronize()
                 self.prefills[(rows, length)] = PrefillGraph(rows, length, graph, inputs, outputs,
                                                              time.perf_counter() - t0)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-            s.reset_scratch()
         return [self.prefills[shape] for shape in shapes]

@@ -422,10 +422,7 @@ class Runtime:
             shape = self._prefill_shape(len(reqs), max(len(r.prompt) for r in reqs))
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
-                if self.cycle.graphs is None:  # the set the cycles will replay, captured now
-                    torch.cuda.synchronize(self.device)  # its warm-up writes what a cycle in flight reads
-                    self.capture(inspect_kernels=False)
-                graph = self.cycle.graphs.prefill(*shape)
+                graph = self._graphs().prefill(*shape)
             with self.cycle.hooks.phase(PREFILL, len(reqs)):
                 return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], shape, graph)
         finally:
@@ -501,6 +498,13 @@ class Runtime:
         sets[want] = graphs
         return records
 
+    def _graphs(self):
+        """The set of graphs that the state's filtering flag picks, captured now if it was not."""
+        if self.cycle.graphs is None:
+            torch.cuda.synchronize(self.device)  # the capture's warm-up writes what a cycle in flight reads
+            self.capture(inspect_kernels=False)
+        return self.cycle.graphs
+
     def prefill_shapes(self) -> list[tuple[int, int]]:
         """Every (rows, padded length) a prefill graph of this runtime can have, largest first; none
         without CUDA graphs or under tensor parallelism (prefill is eager there)."""
@@ -563,10 +567,8 @@ class Runtime:
         rows = tuple(r.slot for r in reqs) + (s.scratch_slot,) * (Bk - B)
         # the filters' kernels run only in cycles whose batch has a request that filters
         s.filtering = any(r.params.filters for r in reqs)
-        if self.use_cuda_graphs and self.cycle.graphs is None:
-            # the capture's warm-up runs write the static buffers that a cycle in flight reads
-            torch.cuda.synchronize(self.device)
-            self.capture(inspect_kernels=False)
+        if self.use_cuda_graphs:
+            self._graphs()
         if s.staged != rows:  # a steady batch keeps its device inputs: no copy
             h["slots"][:Bk] = torch.tensor(rows)
             h["ndrafts"][:Bk] = 0
@@ -609,8 +611,7 @@ class Runtime:
         if len(params) != len(prompts):
             raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         checked = [self._check_request(p, sp) for p, sp in zip(prompts, params)]  # all, before queueing any
-        rids = [self._enqueue(p, sp) for p, sp in zip(checked, params)]
-        self.admit()  # those that fit now share one prefill
+        rids = [self._enqueue(p, sp) for p, sp in zip(checked, params)]  # the first step prefills them together
         while not all(self.finished(r) for r in rids):
             self.step()
         return [self.pop_generation(r) for r in rids]

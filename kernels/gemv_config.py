@@ -20,7 +20,8 @@ __all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL
 # scripts/initcheck_probe.py) and so reports every read of their output: with this switch a bf16
 # decode cycle, and a prefill graph of up to 64 padded tokens, has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
-MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64 if ALL_M else 16
+_TUNED_M = 16  # the most rows the tables below were swept at (a verify step at batch 1 to 4)
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64 if ALL_M else _TUNED_M
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
@@ -119,8 +120,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     if m > MAX_M:
         return None
-    if m > 16:  # (GRAPHRT_GEMV=all's prefill rows) 64-row tiles in four stages overflow shared memory
-        return dict(select_config(16, n, k), num_stages=2)
+    if m > _TUNED_M:  # (GRAPHRT_GEMV=all's prefill rows) 64-row tiles in four stages overflow shared memory
+        return dict(select_config(_TUNED_M, n, k), num_stages=2)
     if k < n:
         if m == 2:
             return dict(_DOT_DEFAULT) if ALL_M else None
@@ -173,7 +174,7 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
 def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
     """select_config(m, n, k) when it is the unsplit DOT path (3-16 tokens of a qkv projection): the
     configuration whose launch kernels/qkv_rotary.py extends with the rotary and the KV store."""
-    cfg = select_config(m, n, k) if m <= 16 else None  # (GRAPHRT_GEMV=all's 17-64 rows: two launches)
+    cfg = select_config(m, n, k) if m <= _TUNED_M else None  # (GRAPHRT_GEMV=all's 17-64 rows: two launches)
     return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 
 
