@@ -156,10 +156,12 @@ class Cycle:
     def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
         """The metadata of positions 0 .. T-1 of each slot's request (slots: [n]), once per prefill:
         the torch reference, as the Triton launch (T a constant of its kernel) would compile a
-        variant for every prompt length the eager forward meets."""
+        variant for every prompt length the eager forward meets. Every row's keys end at T, so T
+        bounds the attention's KV range: a short prompt runs unsplit, with no merge launch."""
         start = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
-        return self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
+        meta = self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
+        return replace(meta, max_seq_len=T)
 
     def _advance(self, slots, n, B):
         s = self.s
