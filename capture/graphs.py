@@ -157,8 +157,6 @@ class CycleGraphs:
         """Capture the prefill graph of each (rows, length) in shapes, each after a warm-up run that
         compiles its kernels (about 0.1 s a shape on a 30-layer model). Both run on the scratch slot
         only, after every launched cycle has finished, since cycles read that slot."""
-        from graphrt.packed import packed
-
         c, s = self.cycle, self.cycle.s
         torch.cuda.synchronize()
         with self._capturing() as stream:
@@ -166,15 +164,13 @@ class CycleGraphs:
                 if (rows, length) in self.prefills:
                     continue
                 t0 = time.perf_counter()
-                inputs, (tokens, lens, slots) = packed(c.prefill_specs(rows, length), s.num_tokens.device)
-                lens.fill_(1)
-                slots.fill_(s.scratch_slot)
+                inputs, views = c.prefill_inputs(rows, length, s.num_tokens.device)  # padding rows only
                 with torch.cuda.stream(stream):  # compile and allocate outside the capture
-                    c.prefill_forward(tokens, lens, slots)
+                    c.prefill_forward(*views)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    outputs = c.prefill_forward(tokens, lens, slots)
+                    outputs = c.prefill_forward(*views)
                 torch.cuda.synchronize()
                 self.prefills[(rows, length)] = PrefillGraph(rows, length, graph, inputs, outputs,
                                                              time.perf_counter() - t0)

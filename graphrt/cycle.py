@@ -293,29 +293,51 @@ class Cycle:
                     fn(B)
 
     # ---- PREFILL (the requests admitted together, one forward) ---------------------------------
-    @staticmethod
-    def prefill_specs(rows: int, length: int):
-        """prefill_forward's inputs as one packed buffer: tokens [rows, length + 1] int64 (prompts
-        padded at their ends, a last column for the first token), lens [rows] int64, slots [rows] int64."""
-        return [((rows, length + 1), torch.int64), ((rows,), torch.int64), ((rows,), torch.int64)]
+    # Each request's sampling parameters, as prefill_forward writes them to its slot's buffers.
+    SAMPLING = ("temperature", "seed", "top_k", "top_p", "min_p")
 
-    def prefill(self, slots: list[int], prompts: list[list[int]], shape: tuple[int, int] | None = None,
-                graph=None):
-        """slots: the n requests' slots; prompts: their n lists of token ids. One forward over the
-        prompts, each padded at its end to the longest, or to shape = (rows, length), a prefill
-        graph's (graph: that graphrt.capture.graphs.PrefillGraph, replayed instead of running the
-        forward): rows past n prefill a one-token prompt on the scratch slot. Leaves each slot in
-        the cycle-start state and returns the first generated tokens and their logprobs, [n] device
-        tensors each."""
+    def prefill_specs(self, rows: int, length: int):
+        """prefill_forward's inputs as one packed buffer: tokens [rows, length + 1] int64 (prompts
+        padded at their ends, a last column for the first token), lens [rows] int64, slots [rows]
+        int64, the slots' block tables [rows, max_blocks] int32, then their sampling parameters
+        (SAMPLING) [rows] each in its state buffer's dtype."""
+        s = self.s
+        return ([((rows, length + 1), torch.int64), ((rows,), torch.int64), ((rows,), torch.int64),
+                 ((rows, s.block_tables.shape[1]), torch.int32)]
+                + [((rows,), getattr(s, name).dtype) for name in self.SAMPLING])
+
+    def prefill_inputs(self, rows: int, length: int, device):
+        """(buffer, views) of prefill_specs on device, every row a padding row: a one-token prompt
+        on the scratch slot, whose block table (the trash block) and sampling (greedy, no filter)
+        it writes back unchanged."""
+        buf, views = packed(self.prefill_specs(rows, length), device)
+        _, lens, slots, table, *_, top_p, _ = views
+        lens.fill_(1)
+        slots.fill_(self.s.scratch_slot)
+        table.fill_(TRASH_BLOCK)
+        top_p.fill_(1.0)
+        return buf, views
+
+    def prefill(self, slots: list[int], prompts: list[list[int]], blocks: list[list[int]], sampling: list[tuple],
+                shape: tuple[int, int] | None = None, graph=None):
+        """slots: the n requests' slots; prompts: their n lists of token ids; blocks: their KV block
+        ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
+        to the longest, or to shape = (rows, length), a prefill graph's (graph: that
+        graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward): rows past n
+        prefill a one-token prompt on the scratch slot. Everything goes to the device in one copy.
+        Leaves each slot in the cycle-start state and returns the first generated tokens and their
+        logprobs, [n] device tensors each."""
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
-        host, (tokens, lens, row_slots) = packed(self.prefill_specs(rows, length), "cpu")
+        host, (tokens, lens, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
         for row, p in zip(tokens, prompts):
             row[: len(p)] = torch.tensor(p, dtype=torch.int64)
         lens[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
-        lens[n:] = 1
         row_slots[:n] = torch.tensor(slots, dtype=torch.int64)
-        row_slots[n:] = self.s.scratch_slot
+        for row, b in zip(table, blocks):
+            row[: len(b)] = torch.tensor(b, dtype=torch.int32)
+        for buf, values in zip(params, zip(*sampling)):
+            buf[:n] = torch.tensor(values, dtype=buf.dtype)
         if graph is not None:
             graph.inputs.copy_(host)
             graph.graph.replay()
@@ -326,20 +348,27 @@ class Cycle:
             first, logprobs = self.prefill_forward(*views)
         return first[:n], logprobs[:n]
 
-    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor):
-        """tokens [R, P + 1], lens [R], slots [R] (prefill_specs): prompt r is tokens[r, :lens[r]]. A
-        padding row sits at a position after its prompt, which no row of its own prompt attends to
-        (causal), and stores its KV where the first cycles write before they read (past the
-        request's blocks: the trash block). Every shape is static, so a prefill graph captures it.
-        Returns (first tokens [R] int64, their logprobs [R] fp32)."""
+    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
+                        *sampling: torch.Tensor):
+        """tokens [R, P + 1], lens [R], slots [R], table [R, max_blocks], sampling [R] each
+        (prefill_specs): prompt r is tokens[r, :lens[r]], its slot's block table and sampling
+        parameters are written first. A padding row sits at a position after its prompt, which no
+        row of its own prompt attends to (causal), and stores its KV where the first cycles write
+        before they read (past the request's blocks: the trash block). Every shape is static, so a
+        prefill graph captures it. Returns (first tokens [R] int64, their logprobs [R] fp32)."""
         s, dev = self.s, tokens.device
+        s.block_tables[slots] = table
+        for name, values in zip(self.SAMPLING, sampling, strict=True):
+            getattr(s, name)[slots] = values
+        temperature, seed, top_k, top_p, min_p = sampling
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
         hidden, aux = self.target.forward(tokens[:, :P].flatten(), torch.arange(P, device=dev).repeat(R),
                                           self._prompt_meta(slots, P), self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
-        out = rejection_sample(logits, self.no_drafts[:R], s.temperature[slots], s.seed[slots], lens,
-                               **s.filters(slots), **self.target.logits_shard)
+        filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if s.filtering else {}  # as s.filters(slots)
+        out = rejection_sample(logits, self.no_drafts[:R], temperature, seed, lens, **filters,
+                               **self.target.logits_shard)
         first = out.token_ids[:, 0]  # [R]
         s.num_tokens[slots] = lens + 1
         s.last_token[slots] = first

@@ -406,16 +406,7 @@ class Runtime:
         return (rows, length) if rows * length <= _PREFILL_GRAPH_TOKENS else None
 
     def _prefill_launch(self, reqs: list[_Request]):
-        s, dev = self.state, self.device
-        table = torch.full((len(reqs), self.max_blocks), TRASH_BLOCK, dtype=torch.int32)
-        for row, req in zip(table, reqs):
-            row[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64).to(dev)
-        s.block_tables[slots] = table.to(dev)
-        for buf, values in ((s.temperature, [r.params.temperature for r in reqs]), (s.seed, [r.seed for r in reqs]),
-                            (s.top_k, [r.params.top_k for r in reqs]), (s.top_p, [r.params.top_p for r in reqs]),
-                            (s.min_p, [r.params.min_p for r in reqs])):
-            buf[slots] = torch.tensor(values, dtype=buf.dtype).to(dev)
+        s = self.state
         # the prompt's token honours the requests' filters (the graphs of the set that runs them)
         filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
         try:
@@ -424,7 +415,10 @@ class Runtime:
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 graph = self._graphs().prefill(*shape)
             with self.cycle.hooks.phase(PREFILL, len(reqs)):
-                return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], shape, graph)
+                sampling = [(r.params.temperature, r.seed, r.params.top_k, r.params.top_p, r.params.min_p)
+                            for r in reqs]  # Cycle.SAMPLING's order
+                return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], [r.blocks for r in reqs],
+                                          sampling, shape, graph)
         finally:
             s.filtering = filtering
 

@@ -72,10 +72,15 @@ def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
     # the shape the runtime picks under graphs, but capped at 40 tokens here: not a power of two
     rt._prefill_shape = lambda n, longest: shapes.append((n + 3 if n < 5 else 8, 40)) or shapes[-1]
     s = rt.state
-    pinned = (s.num_tokens[s.scratch_slot].item(), s.last_token[s.scratch_slot].item())
+
+    def scratch():  # what cycles' padding rows read from the scratch slot
+        return [getattr(s, name)[s.scratch_slot].tolist() for name in
+                ("num_tokens", "last_token", "block_tables", "temperature", "seed", "top_k", "top_p", "min_p")]
+
+    pinned = scratch()
     padded = rt.generate(prompts, params)
     assert shapes == [(8, 40)]
-    assert (s.num_tokens[s.scratch_slot].item(), s.last_token[s.scratch_slot].item()) == pinned
+    assert scratch() == pinned
     _assert_same_decode(padded, exact, seed)
     # and one request alone, padded to 5 rows
     alone = rt.generate(prompts[:1], params[:1])[0]
