@@ -42,7 +42,7 @@ from graphrt.kv_cache import TRASH_BLOCK, KVPool
 from graphrt.models.layers import AttentionMetadata
 from graphrt.packed import packed
 from graphrt.profiling.nvtx_ranges import PhaseHooks
-from graphrt.profiling.phases import DRAFT_DECODE, DRAFT_EXTEND, TARGET_DECODE, TARGET_VERIFY
+from graphrt.profiling.phases import DRAFT_DECODE, DRAFT_EXTEND, PREFILL, TARGET_DECODE, TARGET_VERIFY
 
 
 class DecodeState:
@@ -338,14 +338,15 @@ class Cycle:
             row[: len(b)] = torch.tensor(b, dtype=torch.int32)
         for buf, values in zip(params, zip(*sampling)):
             buf[:n] = torch.tensor(values, dtype=buf.dtype)
-        if graph is not None:
-            graph.inputs.copy_(host)
-            graph.graph.replay()
-            first, logprobs = graph.outputs
-        else:
-            buf, views = packed(self.prefill_specs(rows, length), self.s.num_tokens.device)
-            buf.copy_(host)
-            first, logprobs = self.prefill_forward(*views)
+        with self.hooks.phase(PREFILL, n):  # (the phase's timer and NVTX range: from the copy on)
+            if graph is not None:
+                graph.inputs.copy_(host)
+                graph.graph.replay()
+                first, logprobs = graph.outputs
+            else:
+                buf, views = packed(self.prefill_specs(rows, length), self.s.num_tokens.device)
+                buf.copy_(host)
+                first, logprobs = self.prefill_forward(*views)
         return first[:n], logprobs[:n]
 
     def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,

@@ -26,7 +26,6 @@ from graphrt.kv_cache import TRASH_BLOCK, BlockAllocator, KVPool, blocks_for_bud
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
 from graphrt.params import Generation, SamplingParams, token_ids
-from graphrt.profiling.phases import PREFILL
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 # Padded prompt tokens a prefill forward takes at most: the requests admitted together share one
@@ -414,11 +413,10 @@ class Runtime:
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 graph = self._graphs().prefill(*shape)
-            with self.cycle.hooks.phase(PREFILL, len(reqs)):
-                sampling = [(r.params.temperature, r.seed, r.params.top_k, r.params.top_p, r.params.min_p)
-                            for r in reqs]  # Cycle.SAMPLING's order
-                return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], [r.blocks for r in reqs],
-                                          sampling, shape, graph)
+            sampling = [(r.params.temperature, r.seed, r.params.top_k, r.params.top_p, r.params.min_p)
+                        for r in reqs]  # Cycle.SAMPLING's order
+            return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], [r.blocks for r in reqs],
+                                      sampling, shape, graph)
         finally:
             s.filtering = filtering
 
