@@ -9,7 +9,7 @@ import sys
 
 from graphrt.arg_types import dtype_arg, int_list, positive_int, positive_int_list
 from graphrt.errors import GraphrtError
-from graphrt.named_models import NAMED_MODELS, model_path
+from graphrt.named_models import NAMED_MODELS, draft_path, model_path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
+    g.add_argument("--no-draft", action="store_true",
+                   help="decode without a draft (a --model's trained draft is otherwise the default)")
     _common(g)
 
     b = sub.add_parser("bench", help="decode throughput, acceptance and per-phase time (default: embedded model)")
@@ -111,11 +113,25 @@ def _target(path: str | None, model: str | None, what: str = "a checkpoint") -> 
     return str(model_path(model))
 
 
+def _draft(args) -> str | None:
+    """--draft, else the --model's trained draft unless --no-draft or another draft option says
+    otherwise (bench: --draft-layers, --draft-kind)."""
+    if args.draft is not None and args.no_draft:
+        raise GraphrtError("give --draft or --no-draft, not both")
+    if args.draft is not None or args.no_draft or args.model is None:
+        return args.draft
+    if getattr(args, "draft_layers", None) or getattr(args, "draft_kind", None):
+        return None
+    found = draft_path(args.model)
+    return str(found) if found is not None else None
+
+
 def cmd_generate(args) -> int:
     from graphrt import Runtime, SamplingParams
     from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer
 
     target = _target(args.checkpoint, args.model)
+    draft = _draft(args)
     if target is None:
         raise GraphrtError("name a checkpoint (a folder or .gguf file) or a model (--model smollm2)")
     if not os.path.exists(target):
@@ -129,7 +145,7 @@ def cmd_generate(args) -> int:
         raise GraphrtError("--chat applies the chat template to --prompt text, not to --prompt-ids")
     else:
         prompt = args.prompt_ids
-    rt = Runtime.from_pretrained(target, args.draft, num_draft_tokens=args.num_draft_tokens,
+    rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens,
                                  draft_quantization=args.draft_quantization,
                                  device=args.device, dtype=dtype_arg(args.dtype), max_batch_size=1,
                                  max_seq_len=len(prompt) + args.max_new_tokens + 1, tensor_parallel_size=args.tp)
@@ -154,7 +170,7 @@ def cmd_generate(args) -> int:
                           "acceptance_rate": gen.acceptance_rate}))
     else:
         print(" ".join(map(str, gen.token_ids)))
-    if args.draft and not args.json:
+    if draft and not args.json:
         print(f"[{gen.num_cycles} cycles, mean acceptance length {gen.mean_acceptance_length:.2f}, acceptance rate "
               f"{gen.acceptance_rate:.2f} ({gen.num_accepted_tokens}/{gen.num_draft_tokens} drafts accepted)]",
               file=sys.stderr)
@@ -173,6 +189,7 @@ def cmd_bench(args) -> int:
     from graphrt import bench
 
     args.target = _target(args.target, args.model, "--target")
+    args.draft = _draft(args)
     bench.main(args)
     return 0
 

