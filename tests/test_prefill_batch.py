@@ -87,6 +87,27 @@ def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
     assert shapes[-1] == (4, 40) and alone.token_ids == exact[0].token_ids
 
 
+def test_prefill_attention_is_bounded_by_the_padded_prompt(monkeypatch):
+    """A prefill's attention gets the padded prompt length as its static bound on seq_lens (what
+    sizes the split-KV grid, so a short prompt runs unsplit, no merge launch), decode phases the
+    block table's capacity."""
+    import graphrt.models.layers as layers
+
+    seen = []
+    real = layers.paged_attention
+    monkeypatch.setattr(layers, "paged_attention",
+                        lambda *a, **kw: seen.append((kw["query_len"], kw["max_seq_len"])) or real(*a, **kw))
+    target, dckpt, seed, prompts, params, kw = _case("eagle3", 3)
+    rt = Runtime(target, dckpt, **kw)
+    rt._prefill_shape = lambda n, longest: (4, 32)
+    rt.generate(prompts, params)
+    L = target.config.num_hidden_layers
+    assert seen[:L] == [(32, 32)] * L, seen[:L]  # the target over 32 padded positions
+    assert seen[L] == (32, 32)  # the EAGLE-3 head over (h_j, t_j+1): as many rows
+    cap = rt.cycle.max_seq_len
+    assert cap > 32 and {m for q, m in seen[L + 1:]} == {cap}  # the head's drafts and the cycles
+
+
 def test_prefill_graph_shapes():
     """The graph shape for n prompts of up to `longest` tokens: the batch bucket that holds n, the
     next power of two of at least 16 tokens within the block table, none past 4096 padded tokens."""
