@@ -311,11 +311,11 @@ class Cycle:
         on the scratch slot, whose block table (the trash block) and sampling (greedy, no filter)
         it writes back unchanged."""
         buf, views = packed(self.prefill_specs(rows, length), device)
-        _, lens, slots, table, *_, top_p, _ = views
+        _, lens, slots, table, *sampling = views
         lens.fill_(1)
         slots.fill_(self.s.scratch_slot)
         table.fill_(TRASH_BLOCK)
-        top_p.fill_(1.0)
+        dict(zip(self.SAMPLING, sampling, strict=True))["top_p"].fill_(1.0)  # the others' defaults are 0
         return buf, views
 
     def prefill(self, slots: list[int], prompts: list[list[int]], blocks: list[list[int]], sampling: list[tuple],
