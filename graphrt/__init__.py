@@ -11,8 +11,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on how the pack
         "checkout, or import graphrt from outside the checkout after `pip install .`."
     ) from exc
 
-from graphrt.params import Generation, SamplingParams  # noqa: E402
+from graphrt.params import Generation, RuntimeStats, SamplingParams  # noqa: E402
 from graphrt.runtime import Runtime  # noqa: E402
 
-__all__ = ["Runtime", "SamplingParams", "Generation"]
+__all__ = ["Runtime", "SamplingParams", "Generation", "RuntimeStats"]
 __version__ = "0.1.0"

@@ -116,3 +116,32 @@ class Generation:
         """Tokens emitted per cycle (accepted drafts + 1), the usual speculative-decoding figure."""
         decoded = len(self.token_ids) - 1  # the first token comes from prefill
         return decoded / self.num_cycles if self.num_cycles else 0.0
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """A snapshot of a Runtime (Runtime.stats()), from counts the host keeps: reading one never
+    waits for the GPU. Counts run from the Runtime's start."""
+
+    waiting: int  # requests queued for a slot and their KV blocks
+    running: int  # requests being decoded
+    free_slots: int
+    kv_blocks_free: int
+    kv_blocks_total: int  # blocks requests can hold (the trash block excluded)
+    cycles: int  # decode cycles launched (speculative cycles, or plain steps)
+    prefills: int  # prefill forwards (each admits one or more requests)
+    prompt_tokens: int  # prompt tokens prefilled
+    generated_tokens: int  # tokens given to requests, each request's first (from its prefill) included
+    draft_tokens: int  # drafts proposed to the target, in cycles whose tokens a request kept
+    accepted_tokens: int  # of those, the drafts the target accepted
+    host_seconds: float  # host time in step() outside waiting for the GPU
+
+    @property
+    def kv_usage(self) -> float:
+        """The fraction of KV blocks that requests hold."""
+        return 1.0 - self.kv_blocks_free / self.kv_blocks_total
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+

@@ -25,7 +25,7 @@ from graphrt.errors import CapacityError, OptionError, RequestError, UnknownRequ
 from graphrt.kv_cache import TRASH_BLOCK, BlockAllocator, KVPool, blocks_for_budget
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
-from graphrt.params import Generation, SamplingParams, token_ids
+from graphrt.params import Generation, RuntimeStats, SamplingParams, token_ids
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 # Padded prompt tokens a prefill forward takes at most: the requests admitted together share one
@@ -212,6 +212,7 @@ class Runtime:
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
+        self._counts = dict(prefills=0, prompt_tokens=0, generated_tokens=0, draft_tokens=0, accepted_tokens=0)
 
         self._free_slots = list(range(max_batch_size - 1, -1, -1))
         self._running: dict[int, _Request] = {}  # slot -> request
@@ -325,6 +326,13 @@ class Runtime:
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting)
 
+    def stats(self) -> RuntimeStats:
+        """Queue, slots, KV blocks and what has run so far (RuntimeStats), without a GPU sync: what
+        an engine exports as metrics between steps."""
+        return RuntimeStats(waiting=len(self._waiting), running=len(self._running), free_slots=len(self._free_slots),
+                            kv_blocks_free=self.allocator.num_free, kv_blocks_total=self.allocator.num_blocks - 1,
+                            cycles=self.num_cycles, host_seconds=self.host_seconds, **self._counts)
+
     def running_slots(self) -> list[int]:
         """The batch slots of the admitted, unfinished requests, ascending."""
         return sorted(self._running)
@@ -382,7 +390,7 @@ class Runtime:
     def _prefill(self, reqs: list[_Request]) -> None:
         try:
             first, logprob = self._prefill_launch(reqs)
-            firsts, logprobs = first.tolist(), logprob.tolist()  # prefill is eager: one sync is fine
+            firsts, logprobs = first.tolist(), logprob.tolist()  # the first tokens: a sync per admission
         except BaseException:
             # (out of memory, an interrupt): the requests wait again at the head of the queue, first
             # come first served, and their slots and blocks are free, so the runtime stays usable
@@ -390,6 +398,8 @@ class Runtime:
                 self._free(req)
             self._waiting.extendleft(reversed(reqs))
             raise
+        self._counts["prefills"] += 1
+        self._counts["prompt_tokens"] += sum(len(r.prompt) for r in reqs)
         for req, tok, lp in zip(reqs, firsts, logprobs):
             self._running[req.slot] = req
             self._emit(req, [tok], [lp])
@@ -426,6 +436,7 @@ class Runtime:
         for tok, lp in zip(tokens, logprobs):
             gen.token_ids.append(tok)
             gen.logprobs.append(lp)
+            self._counts["generated_tokens"] += 1
             if tok in req.stop_ids:
                 gen.finish_reason = "stop"
             elif _budget_left(req) <= 0:
@@ -590,6 +601,8 @@ class Runtime:
             if self.K:
                 req.gen.num_draft_tokens += self.K
                 req.gen.num_accepted_tokens += n - 1
+                self._counts["draft_tokens"] += self.K
+                self._counts["accepted_tokens"] += n - 1
             self._emit(req, emitted[i][:n], lps[i][:n])
         self.admit()
         self.host_seconds += time.perf_counter() - t0

@@ -238,3 +238,33 @@ def test_filters_run_only_in_cycles_that_need_them(target, draft):
     assert rt.pop_generation(b).token_ids == greedy
     assert rt.pop_generation(a).token_ids == alone
     assert seen[0] and not seen[-1], seen
+
+
+def test_stats_count_what_ran(target, draft):
+    """Runtime.stats(): the queue, slots and KV blocks as requests wait, run and finish, and counts
+    that equal the sums over the requests' generations."""
+    rt = Runtime(target, draft, num_draft_tokens=3, max_batch_size=2, max_seq_len=64)
+    V = target.config.vocab_size
+    prompts = _rand_prompts(3, V, seed=7)
+    params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in (5, 9, 4)]
+    st = rt.stats()
+    total = st.kv_blocks_total
+    assert (st.waiting, st.running, st.free_slots, st.kv_blocks_free, st.cycles, st.prefills) == (0, 0, 2, total, 0, 0)
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts, params)]
+    assert (rt.stats().waiting, rt.stats().running) == (3, 0)  # add_request only queues
+    rt.admit()
+    st = rt.stats()
+    assert (st.waiting, st.running, st.free_slots, st.prefills) == (1, 2, 0, 1)
+    assert st.prompt_tokens == len(prompts[0]) + len(prompts[1]) and st.generated_tokens == 2
+    assert 0 < st.kv_usage < 1 and st.kv_blocks_free < total
+    while rt.has_unfinished():
+        rt.step()
+    gens = [rt.pop_generation(r) for r in rids]
+    st = rt.stats()
+    assert (st.waiting, st.running, st.free_slots, st.kv_blocks_free, st.kv_usage) == (0, 0, 2, total, 0.0)
+    assert st.prefills == 2 and st.prompt_tokens == sum(map(len, prompts))
+    assert st.generated_tokens == sum(len(g.token_ids) for g in gens) == 5 + 9 + 4
+    assert st.draft_tokens == sum(g.num_draft_tokens for g in gens) > 0
+    assert st.accepted_tokens == sum(g.num_accepted_tokens for g in gens)
+    assert st.acceptance_rate == st.accepted_tokens / st.draft_tokens
+    assert st.cycles >= max(g.num_cycles for g in gens) and st.host_seconds > 0
