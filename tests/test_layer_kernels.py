@@ -266,7 +266,7 @@ def test_gpu_norms_and_activation_real_sizes(cuda, hidden, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (32, 8, 128)])
-@pytest.mark.parametrize("n", [1, 64])
+@pytest.mark.parametrize("n", [1, 64, 1000, 3001])  # past 256 and 2048 tokens: 4 and 8 tokens a program
 @pytest.mark.parametrize("norm", [False, True])
 def test_gpu_rotary_store_kv_real_sizes(cuda, hq, hkv, d, n, norm):
     seed = fresh_seed()
