@@ -117,13 +117,15 @@ class DecodeState:
 
 class Cycle:
     def __init__(self, *, target, draft, target_kv: KVPool, draft_kv: KVPool | None, state: DecodeState,
-                 num_draft_tokens: int):
+                 num_draft_tokens: int, prefix_caching: bool = False):
         self.target, self.draft = target, draft
         self.target_kv, self.draft_kv = target_kv, draft_kv
         self.s = state
         self.K = num_draft_tokens
         self.block_size = target_kv.block_size
         self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
+        # a prefill row may start past a cached prefix (graphrt/prefix_cache.py)
+        self.prefix_caching = prefix_caching
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=state.num_tokens.device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
@@ -153,15 +155,16 @@ class Cycle:
         return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
-    def _prompt_meta(self, slots, T: int) -> AttentionMetadata:
-        """The metadata of positions 0 .. T-1 of each slot's request (slots: [n]), once per prefill:
+    def _prompt_meta(self, slots, T: int, starts) -> AttentionMetadata:
+        """The metadata of positions starts .. starts + T - 1 of each slot's request (slots, starts:
+        [n]; starts: the prompt tokens already in cached KV blocks), once per prefill:
         the torch reference, as the Triton launch (T a constant of its kernel) would compile a
-        variant for every prompt length the eager forward meets. Every row's keys end at T, so T
-        bounds the attention's KV range: a short prompt runs unsplit, with no merge launch."""
-        start = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
-        meta = self._meta(cycle_inputs_reference(slots, start, self.s.block_tables, T=T, block_size=self.block_size,
+        variant for every prompt length the eager forward meets. Without prefix caching every row's
+        keys end at T, so T bounds the attention's KV range (a short prompt runs unsplit, with no
+        merge launch); with it a row's keys reach its start + T, up to the table's capacity."""
+        meta = self._meta(cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
-        return replace(meta, max_seq_len=T)
+        return meta if self.prefix_caching else replace(meta, max_seq_len=T)
 
     def _advance(self, slots, n, B):
         s = self.s
@@ -298,12 +301,13 @@ class Cycle:
 
     def prefill_specs(self, rows: int, length: int):
         """prefill_forward's inputs as one packed buffer: tokens [rows, length + 1] int64 (prompts
-        padded at their ends, a last column for the first token), lens [rows] int64, slots [rows]
-        int64, the slots' block tables [rows, max_blocks] int32, then their sampling parameters
-        (SAMPLING) [rows] each in its state buffer's dtype."""
+        padded at their ends, a last column for the first token), lens [rows] int64, starts [rows]
+        int64 (the tokens before each prompt's, in cached KV blocks), slots [rows] int64, the slots'
+        block tables [rows, max_blocks] int32, then their sampling parameters (SAMPLING) [rows] each
+        in its state buffer's dtype."""
         s = self.s
         return ([((rows, length + 1), torch.int64), ((rows,), torch.int64), ((rows,), torch.int64),
-                 ((rows, s.block_tables.shape[1]), torch.int32)]
+                 ((rows,), torch.int64), ((rows, s.block_tables.shape[1]), torch.int32)]
                 + [((rows,), getattr(s, name).dtype) for name in self.SAMPLING])
 
     def prefill_inputs(self, rows: int, length: int, device):
@@ -311,7 +315,7 @@ class Cycle:
         on the scratch slot, whose block table (the trash block) and sampling (greedy, no filter)
         it writes back unchanged."""
         buf, views = packed(self.prefill_specs(rows, length), device)
-        _, lens, slots, table, *sampling = views
+        _, lens, _, slots, table, *sampling = views
         lens.fill_(1)
         slots.fill_(self.s.scratch_slot)
         table.fill_(TRASH_BLOCK)
@@ -319,9 +323,10 @@ class Cycle:
         return buf, views
 
     def prefill(self, slots: list[int], prompts: list[list[int]], blocks: list[list[int]], sampling: list[tuple],
-                shape: tuple[int, int] | None = None, graph=None):
-        """slots: the n requests' slots; prompts: their n lists of token ids; blocks: their KV block
-        ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
+                shape: tuple[int, int] | None = None, graph=None, starts: list[int] | None = None):
+        """slots: the n requests' slots; prompts: their n lists of token ids (starts: each one's
+        first position, past the prompt tokens its cached KV blocks hold; default 0); blocks: their
+        KV block ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
         to the longest, or to shape = (rows, length), a prefill graph's (graph: that
         graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward): rows past n
         prefill a one-token prompt on the scratch slot. Everything goes to the device in one copy.
@@ -329,11 +334,13 @@ class Cycle:
         logprobs, [n] device tensors each."""
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
-        host, (tokens, lens, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
+        host, (tokens, lens, row_starts, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
         for row, p in zip(tokens, prompts):
             row[: len(p)] = torch.tensor(p, dtype=torch.int64)
         lens[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
         row_slots[:n] = torch.tensor(slots, dtype=torch.int64)
+        if starts is not None:
+            row_starts[:n] = torch.tensor(starts, dtype=torch.int64)
         for row, b in zip(table, blocks):
             row[: len(b)] = torch.tensor(b, dtype=torch.int32)
         for buf, values in zip(params, zip(*sampling)):
@@ -349,10 +356,11 @@ class Cycle:
                 first, logprobs = self.prefill_forward(*views)
         return first[:n], logprobs[:n]
 
-    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
-                        *sampling: torch.Tensor):
-        """tokens [R, P + 1], lens [R], slots [R], table [R, max_blocks], sampling [R] each
-        (prefill_specs): prompt r is tokens[r, :lens[r]], its slot's block table and sampling
+    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor,
+                        table: torch.Tensor, *sampling: torch.Tensor):
+        """tokens [R, P + 1], lens [R], starts [R], slots [R], table [R, max_blocks], sampling [R]
+        each (prefill_specs): prompt r is tokens[r, :lens[r]] at positions starts[r] on (the KV of
+        the positions before it already in its table's blocks), its slot's block table and sampling
         parameters are written first. A padding row sits at a position after its prompt, which no
         row of its own prompt attends to (causal), and stores its KV where the first cycles write
         before they read (past the request's blocks: the trash block). Every shape is static, so a
@@ -364,14 +372,15 @@ class Cycle:
         temperature, seed, top_k, top_p, min_p = sampling
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
-        hidden, aux = self.target.forward(tokens[:, :P].flatten(), torch.arange(P, device=dev).repeat(R),
-                                          self._prompt_meta(slots, P), self.target_kv)
+        positions = (starts[:, None] + torch.arange(P, device=dev)).flatten()
+        hidden, aux = self.target.forward(tokens[:, :P].flatten(), positions, self._prompt_meta(slots, P, starts),
+                                          self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
         filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if s.filtering else {}  # as s.filters(slots)
-        out = rejection_sample(logits, self.no_drafts[:R], temperature, seed, lens, **filters,
+        out = rejection_sample(logits, self.no_drafts[:R], temperature, seed, starts + lens, **filters,
                                **self.target.logits_shard)
         first = out.token_ids[:, 0]  # [R]
-        s.num_tokens[slots] = lens + 1
+        s.num_tokens[slots] = starts + lens + 1
         s.last_token[slots] = first
         if self.draft is not None:
             tokens[rows, lens] = first
@@ -380,8 +389,9 @@ class Cycle:
                 tokens, T, last = tokens[:, 1:], P, lens - 1
             else:  # rows t_0 .. t_P at positions 0 .. P
                 hidden_in, T, last = None, P + 1, lens
-            state = summed(self.draft.draft_forward(tokens.flatten(), torch.arange(T, device=dev).repeat(R),
-                                                    self._prompt_meta(slots, T), self.draft_kv, hidden_in))
+            positions = (starts[:, None] + torch.arange(T, device=dev)).flatten()
+            state = summed(self.draft.draft_forward(tokens.flatten(), positions, self._prompt_meta(slots, T, starts),
+                                                    self.draft_kv, hidden_in))
             state = state[rows * T + last]  # each request's row at its last real position
             if s.draft_state is not None:
                 s.draft_state[:R] = state  # batch rows 0 .. R-1: what draft_decode(R, slots) reads

@@ -130,7 +130,8 @@ class RuntimeStats:
     kv_blocks_total: int  # blocks requests can hold (the trash block excluded)
     cycles: int  # decode cycles launched (speculative cycles, or plain steps)
     prefills: int  # prefill forwards (each admits one or more requests)
-    prompt_tokens: int  # prompt tokens prefilled
+    prompt_tokens: int  # prompt tokens prefilled (computed)
+    cached_prompt_tokens: int  # prompt tokens whose KV came from cached blocks instead (prefix caching)
     generated_tokens: int  # tokens given to requests, each request's first (from its prefill) included
     draft_tokens: int  # drafts proposed to the target, in cycles whose tokens a request kept
     accepted_tokens: int  # of those, the drafts the target accepted

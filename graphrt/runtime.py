@@ -26,6 +26,7 @@ from graphrt.kv_cache import TRASH_BLOCK, BlockAllocator, KVPool, blocks_for_bud
 from graphrt.models import DRAFT_QUANTIZATIONS, build_draft, build_target, quantize_draft
 from graphrt.packed import packed
 from graphrt.params import Generation, RuntimeStats, SamplingParams, token_ids
+from graphrt.prefix_cache import PrefixCache
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 # Padded prompt tokens a prefill forward takes at most: the requests admitted together share one
@@ -50,6 +51,7 @@ class _Request:
     gen: Generation
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
+    cached: int = 0  # prompt tokens whose KV it found in cached blocks (prefix caching): not prefilled
     stop_ids: frozenset = frozenset()
     reported: int = 0  # how many of its tokens step() has returned
 
@@ -96,8 +98,11 @@ class Runtime:
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
-                 draft_quantization: str | None = None, tensor_parallel=None):
+                 draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = False):
         device = _device(device)
+        if not isinstance(prefix_caching, bool):
+            raise OptionError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+        self.prefix_caching = prefix_caching
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
         if use_cuda_graphs and device.type != "cuda":
@@ -174,6 +179,8 @@ class Runtime:
                                        token_budget=kv_budget_tokens, memory_fraction=kv_memory_fraction,
                                        device=device)
         self.allocator = BlockAllocator(num_blocks)
+        # who holds which block; with prefix_caching, also the whole prompt blocks kept for reuse
+        self.blocks = PrefixCache(self.allocator, block_size)
         pools = [KVPool.allocate(n, num_blocks, block_size, heads, dim, dtype, device) for n, heads, dim in kv_shapes]
         self.target_kv, self.draft_kv = pools[0], (pools[1] if self.draft is not None else None)
         target_hidden = draft_state = None
@@ -190,7 +197,7 @@ class Runtime:
         if simulate_acceptance_length is not None:
             self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
-                           state=self.state, num_draft_tokens=max(self.K, 1))
+                           state=self.state, num_draft_tokens=max(self.K, 1), prefix_caching=prefix_caching)
         # tensor parallelism's all-reduces: the group's backend (NCCL, gloo) until capture() sets up the
         # one-shot path
         self.all_reduce_path = None if self.tp is None else str(dist.get_backend(self.tp.group))
@@ -212,7 +219,8 @@ class Runtime:
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
-        self._counts = dict(prefills=0, prompt_tokens=0, generated_tokens=0, draft_tokens=0, accepted_tokens=0)
+        self._counts = dict(prefills=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0, draft_tokens=0,
+                            accepted_tokens=0)
 
         self._free_slots = list(range(max_batch_size - 1, -1, -1))
         self._running: dict[int, _Request] = {}  # slot -> request
@@ -330,7 +338,7 @@ class Runtime:
         """Queue, slots, KV blocks and what has run so far (RuntimeStats), without a GPU sync: what
         an engine exports as metrics between steps."""
         return RuntimeStats(waiting=len(self._waiting), running=len(self._running), free_slots=len(self._free_slots),
-                            kv_blocks_free=self.allocator.num_free, kv_blocks_total=self.allocator.num_blocks - 1,
+                            kv_blocks_free=self.blocks.num_free, kv_blocks_total=self.allocator.num_blocks - 1,
                             cycles=self.num_cycles, host_seconds=self.host_seconds, **self._counts)
 
     def running_slots(self) -> list[int]:
@@ -373,16 +381,19 @@ class Runtime:
         longest = 0
         while self._waiting and self._free_slots:
             req = self._waiting[0]
-            need = self._blocks_needed(len(req.prompt), req.params)
-            if need > self.allocator.num_free:
+            matched = self.blocks.match(req.prompt)
+            need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
+            if need > self.blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
-            longest = max(longest, len(req.prompt))
+            rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
+            longest = max(longest, rest)
             if batch and (len(batch) + 1) * longest > budget:
                 self._prefill(batch)
-                batch, longest = [], len(req.prompt)
+                batch, longest = [], rest
             self._waiting.popleft()
             req.slot = self._free_slots.pop()
-            req.blocks = self.allocator.allocate(need)
+            req.blocks = self.blocks.take(matched, need)
+            req.cached = len(matched) * self.block_size
             batch.append(req)
         if batch:
             self._prefill(batch)
@@ -399,7 +410,11 @@ class Runtime:
             self._waiting.extendleft(reversed(reqs))
             raise
         self._counts["prefills"] += 1
-        self._counts["prompt_tokens"] += sum(len(r.prompt) for r in reqs)
+        self._counts["prompt_tokens"] += sum(len(r.prompt) - r.cached for r in reqs)
+        self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
+        if self.prefix_caching:
+            for req in reqs:
+                self.blocks.remember(req.prompt, req.blocks)
         for req, tok, lp in zip(reqs, firsts, logprobs):
             self._running[req.slot] = req
             self._emit(req, [tok], [lp])
@@ -419,14 +434,14 @@ class Runtime:
         # the prompt's token honours the requests' filters (the graphs of the set that runs them)
         filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
         try:
-            shape = self._prefill_shape(len(reqs), max(len(r.prompt) for r in reqs))
+            shape = self._prefill_shape(len(reqs), max(len(r.prompt) - r.cached for r in reqs))
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 graph = self._graphs().prefill(*shape)
             sampling = [(r.params.temperature, r.seed, r.params.top_k, r.params.top_p, r.params.min_p)
                         for r in reqs]  # Cycle.SAMPLING's order
-            return self.cycle.prefill([r.slot for r in reqs], [r.prompt for r in reqs], [r.blocks for r in reqs],
-                                      sampling, shape, graph)
+            return self.cycle.prefill([r.slot for r in reqs], [r.prompt[r.cached:] for r in reqs],
+                                      [r.blocks for r in reqs], sampling, shape, graph, starts=[r.cached for r in reqs])
         finally:
             s.filtering = filtering
 
@@ -452,9 +467,9 @@ class Runtime:
     def _free(self, req: _Request) -> None:
         """Give the request's slot and KV blocks back."""
         self.state.block_tables[req.slot] = TRASH_BLOCK  # stray writes can't reach reused blocks
-        self.allocator.free(req.blocks)
+        self.blocks.release(req.blocks)
         self._free_slots.append(req.slot)
-        req.blocks, req.slot = [], -1
+        req.blocks, req.slot, req.cached = [], -1, 0
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     def capture(self, progress=None, inspect_kernels: bool = True, filters: bool | None = None,

@@ -44,7 +44,7 @@ def test_batched_prefill_decodes_as_one_at_a_time(draft):
     together = Runtime(target, dckpt, **kw)
     calls = []
     prefill = together.cycle.prefill
-    together.cycle.prefill = lambda slots, ps, *a: calls.append(len(ps)) or prefill(slots, ps, *a)
+    together.cycle.prefill = lambda slots, ps, *a, **k: calls.append(len(ps)) or prefill(slots, ps, *a, **k)
     batched = together.generate(prompts, params)
     assert calls == [6], f"prefill calls {calls}: the six requests were not prefilled together"
 
@@ -134,7 +134,7 @@ def test_prefill_token_budget_splits_the_forward(monkeypatch):
     rt = Runtime(target, None, max_batch_size=8, max_seq_len=64)
     sizes = []
     prefill = rt.cycle.prefill
-    rt.cycle.prefill = lambda slots, ps, *a: sizes.append([len(p) for p in ps]) or prefill(slots, ps, *a)
+    rt.cycle.prefill = lambda slots, ps, *a, **k: sizes.append([len(p) for p in ps]) or prefill(slots, ps, *a, **k)
     prompts = [[1] * 10, [2] * 12, [3] * 20, [4] * 5, [5] * 8]
     gens = rt.generate(prompts, SamplingParams(max_new_tokens=3))
     # padded to the longest, a forward holds at most 40 tokens: 2 x 12, then 2 x 20 (3 x 20 > 40)
@@ -153,8 +153,8 @@ def test_prefill_budget_is_max_seq_len_or_the_graph_tokens(monkeypatch):
         rt = Runtime(target, None, max_batch_size=8, max_seq_len=32)
         sizes = []
         prefill = rt.cycle.prefill
-        rt.cycle.prefill = lambda slots, ps, *a, sizes=sizes, prefill=prefill: sizes.append(len(ps)) or prefill(
-            slots, ps, *a)
+        rt.cycle.prefill = lambda slots, ps, *a, sizes=sizes, prefill=prefill, **k: sizes.append(len(ps)) or prefill(
+            slots, ps, *a, **k)
         rt.generate([[7] * 12] * 5, SamplingParams(max_new_tokens=2))
         assert sizes == want, graph_tokens
 
@@ -171,10 +171,10 @@ def test_a_failed_prefill_leaves_the_runtime_usable():
     prefill = rt.cycle.prefill
     fail = [True]
 
-    def flaky(slots, ps, *a):
+    def flaky(slots, ps, *a, **k):
         if fail.pop() if fail else False:
             raise torch.cuda.OutOfMemoryError("simulated")
-        return prefill(slots, ps, *a)
+        return prefill(slots, ps, *a, **k)
 
     rt.cycle.prefill = flaky
     with pytest.raises(torch.cuda.OutOfMemoryError):
@@ -192,7 +192,7 @@ def test_add_request_queues_and_admit_prefills_now():
     rt = Runtime(load(tiny_dir()), None, max_batch_size=2, max_seq_len=64)
     calls = []
     prefill = rt.cycle.prefill
-    rt.cycle.prefill = lambda slots, ps, *a: calls.append(len(ps)) or prefill(slots, ps, *a)
+    rt.cycle.prefill = lambda slots, ps, *a, **k: calls.append(len(ps)) or prefill(slots, ps, *a, **k)
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
     a, b, c = (rt.add_request(p, sp) for p in ([1, 2, 3], [4, 5], [6]))
     assert not rt.running_slots() and not calls and rt.get_generation(a).token_ids == []

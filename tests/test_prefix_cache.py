@@ -1,0 +1,114 @@
+"""Prefix caching (Runtime(prefix_caching=True)): requests whose prompts start alike read the KV
+blocks an earlier prefill wrote, and decode exactly as without the cache."""
+
+import pytest
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.kv_cache import BlockAllocator
+from graphrt.prefix_cache import PrefixCache
+from tests.helpers import draft_dir, load, tiny_dir
+from tests.seeds import fresh_seed
+
+
+def test_blocks_are_keyed_by_their_tokens_and_the_next_one():
+    cache = PrefixCache(BlockAllocator(9), block_size=4)  # 8 usable blocks
+    a = list(range(10))  # two whole blocks with a token after each: 0-3 (4 follows), 4-7 (8 follows)
+    blocks = cache.take([], 3)
+    cache.remember(a, blocks)
+    assert cache.match(a) == blocks[:2]
+    assert cache.match(a[:9]) == blocks[:2] and cache.match(a[:8]) == blocks[:1]  # a token must follow
+    assert cache.match(a[:4] + [99] + a[5:]) == [] and cache.match(a[:8] + [99, 5]) == blocks[:1]
+    cache.release(blocks)
+    assert cache.num_free == 8  # the cached blocks idle, still counted free
+    held = cache.take(cache.match(a), 6)  # both cached blocks held again, six from the free list
+    assert held[:2] == blocks[:2] and cache.num_free == 0
+    cache.release(held)
+    cache.take([], 7)  # needs one idle cached block: the one released first goes
+    assert cache.match(a) == [] or cache.match(a) == blocks[:1]
+    assert len(cache.match(a)) <= 1
+
+
+def test_idle_blocks_go_oldest_first_and_held_blocks_never():
+    cache = PrefixCache(BlockAllocator(5), block_size=2)  # 4 usable blocks
+    a, b = [1, 2, 3], [4, 5, 6]
+    ba = cache.take([], 1)
+    cache.remember(a, ba)
+    bb = cache.take([], 1)
+    cache.remember(b, bb)
+    cache.release(ba)  # a's block idles first
+    cache.release(bb)
+    held = cache.take(cache.match(b), 0)  # b's block held again
+    assert cache.num_free == 3 and cache.free_after_taking(cache.match(a)) == 2  # a held would leave 2
+    cache.take([], 3)  # two free blocks and one eviction: a's, the only idle one
+    assert cache.match(a) == [] and cache.match(b) == held
+
+
+def _case(draft):
+    target = load(tiny_dir())
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    V = target.config.vocab_size
+    system = torch.randint(0, V, (37,), generator=g).tolist()  # two whole 16-token blocks and 5 more
+    users = [torch.randint(0, V, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (4,), generator=g)]
+    other = (system[32] + 1) % V
+    # a token past the blocks; the system prompt alone; the blocks' tokens but another one after them
+    prompts = [system + u for u in users] + [system[:33], list(system), system[:32] + [other] + users[0]]
+    kinds = [dict(), dict(temperature=0.9), dict(temperature=0.7, top_k=5)]
+    params = [SamplingParams(max_new_tokens=9, seed=seed + i, ignore_eos=True, **kinds[i % 3])
+              for i in range(len(prompts))]
+    return target, load(draft_dir(draft)) if draft else None, seed, prompts, params
+
+
+def _run(rt, prompts, params):
+    """The first request alone, then the rest while it runs: they find its blocks."""
+    first = rt.add_request(prompts[0], params[0])
+    rt.step()
+    rids = [first] + [rt.add_request(p, sp) for p, sp in zip(prompts[1:], params[1:])]
+    while rt.has_unfinished():
+        rt.step()
+    return [rt.pop_generation(r) for r in rids]
+
+
+@pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
+def test_cached_prefixes_decode_as_without_the_cache(draft):
+    target, dckpt, seed, prompts, params = _case(draft)
+    kw = dict(max_batch_size=4, max_seq_len=80)
+    want = _run(Runtime(target, dckpt, **kw), prompts, params)
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    got = _run(rt, prompts, params)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+        assert (a.num_cycles, a.num_accepted_tokens) == (b.num_cycles, b.num_accepted_tokens)
+    st = rt.stats()
+    # every prompt after the first found the system prompt's two blocks (the 37-token one too: its
+    # last token stays out of the cache), but the last one only the first: an EAGLE head's KV row
+    # at position 31 pairs with token 32, which differs there
+    assert st.cached_prompt_tokens == 32 * (len(prompts) - 2) + 16, st
+    assert st.prompt_tokens == sum(map(len, prompts)) - st.cached_prompt_tokens
+    assert (st.running, st.kv_blocks_free) == (0, st.kv_blocks_total)  # nothing leaked, cached blocks idle
+
+
+def test_cached_prefixes_at_a_graph_shape_and_through_eviction():
+    """The padded prefill of a graph shape with cached prefixes, and a pool small enough that idle
+    cached blocks are taken back: the same tokens as without the cache, and no block leaked."""
+    target, dckpt, seed, prompts, params = _case("eagle3")
+    kw = dict(max_batch_size=2, max_seq_len=80, kv_budget_tokens=2 * 96)
+    want = _run(Runtime(target, dckpt, **kw), prompts, params)
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    rt._prefill_shape = lambda n, longest: (2, 16 if longest <= 16 else 48)
+    got = _run(rt, prompts, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want], f"seed {seed}"
+    others = [[(7 * i + j) % target.config.vocab_size for j in range(40)] for i in range(6)]
+    for p in others:  # fills the pool with other prompts' blocks: the system prompt's are evicted
+        rt.generate([p], SamplingParams(max_new_tokens=30, ignore_eos=True))
+    cached = rt.stats().cached_prompt_tokens
+    again = rt.generate([prompts[1]], params[1])[0]
+    assert again.token_ids == want[1].token_ids and rt.stats().cached_prompt_tokens == cached  # found nothing
+    assert rt.stats().kv_blocks_free == rt.stats().kv_blocks_total
+
+
+def test_prefix_caching_is_a_bool_option():
+    with pytest.raises(ValueError, match="prefix_caching"):
+        Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32, prefix_caching="yes")
