@@ -180,7 +180,7 @@ class Runtime:
                                        device=device)
         self.allocator = BlockAllocator(num_blocks)
         # who holds which block; with prefix_caching, also the whole prompt blocks kept for reuse
-        self.blocks = PrefixCache(self.allocator, block_size)
+        self.kv_blocks = PrefixCache(self.allocator, block_size)
         pools = [KVPool.allocate(n, num_blocks, block_size, heads, dim, dtype, device) for n, heads, dim in kv_shapes]
         self.target_kv, self.draft_kv = pools[0], (pools[1] if self.draft is not None else None)
         target_hidden = draft_state = None
@@ -338,7 +338,7 @@ class Runtime:
         """Queue, slots, KV blocks and what has run so far (RuntimeStats), without a GPU sync: what
         an engine exports as metrics between steps."""
         return RuntimeStats(waiting=len(self._waiting), running=len(self._running), free_slots=len(self._free_slots),
-                            kv_blocks_free=self.blocks.num_free, kv_blocks_total=self.allocator.num_blocks - 1,
+                            kv_blocks_free=self.kv_blocks.num_free, kv_blocks_total=self.allocator.num_blocks - 1,
                             cycles=self.num_cycles, host_seconds=self.host_seconds, **self._counts)
 
     def running_slots(self) -> list[int]:
@@ -381,9 +381,9 @@ class Runtime:
         longest = 0
         while self._waiting and self._free_slots:
             req = self._waiting[0]
-            matched = self.blocks.match(req.prompt)
+            matched = self.kv_blocks.match(req.prompt)
             need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
-            if need > self.blocks.free_after_taking(matched):
+            if need > self.kv_blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
             rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
             longest = max(longest, rest)
@@ -392,7 +392,7 @@ class Runtime:
                 batch, longest = [], rest
             self._waiting.popleft()
             req.slot = self._free_slots.pop()
-            req.blocks = self.blocks.take(matched, need)
+            req.blocks = self.kv_blocks.take(matched, need)
             req.cached = len(matched) * self.block_size
             batch.append(req)
         if batch:
@@ -414,7 +414,7 @@ class Runtime:
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
         if self.prefix_caching:
             for req in reqs:
-                self.blocks.remember(req.prompt, req.blocks)
+                self.kv_blocks.remember(req.prompt, req.blocks)
         for req, tok, lp in zip(reqs, firsts, logprobs):
             self._running[req.slot] = req
             self._emit(req, [tok], [lp])
@@ -467,7 +467,7 @@ class Runtime:
     def _free(self, req: _Request) -> None:
         """Give the request's slot and KV blocks back."""
         self.state.block_tables[req.slot] = TRASH_BLOCK  # stray writes can't reach reused blocks
-        self.blocks.release(req.blocks)
+        self.kv_blocks.release(req.blocks)
         self._free_slots.append(req.slot)
         req.blocks, req.slot, req.cached = [], -1, 0
 
