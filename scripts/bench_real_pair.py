@@ -56,7 +56,8 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, served=0, device=None) -> list[dict]:
+def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, served=0, device=None,
+                 prefix_caching=False) -> list[dict]:
     device = device or torch.device("cuda")
     tckpt = load_checkpoint(target, dtype=_dtype(device), device=device)
     dckpt = load_checkpoint(draft, dtype=_dtype(device), device=device)
@@ -70,8 +71,12 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
             if fp8:  # the same head read as FP8 (kernels/fp8_weight.py)
                 runs.append((f"graphrt EAGLE-3 FP8 K={K}", Runtime(tckpt, dckpt, num_draft_tokens=K,
                                                                    draft_quantization="fp8", **kw), 0.0))
+    serve = runs[:2 if served else 0]  # plain and the first K, greedy
+    if served and prefix_caching:  # the first K again, reading the prompts' shared blocks (the chat template's)
+        serve.append((f"graphrt EAGLE-3 K={Ks[0]} + prefix caching",
+                      Runtime(tckpt, dckpt, num_draft_tokens=Ks[0], prefix_caching=True, **kw), 0.0))
     if device.type == "cuda":  # every graph up front, prefill shapes too, as a server starts: no capture mid-run
-        for rt in {id(rt): rt for _, rt, _ in runs}.values():
+        for rt in {id(rt): rt for _, rt, _ in runs + serve}.values():
             rt.capture(inspect_kernels=False, prefill=True)
     rows = []
     for name, rt, temp in runs:
@@ -89,17 +94,19 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
             rows.append({"mode": f"{name}, prefill", "batch_size": b, **r})
             print(f"{name + ', prefill':<52} B={b:<3} {r['wall_ms']:8.2f} ms wall, {r['gpu_ms']:8.2f} ms GPU "
                   f"({r['prompt_tokens']:.0f} prompt tokens)", flush=True)
-    for name, rt, temp in runs[:2 if served else 0]:  # plain and the first K, greedy
+    for name, rt, temp in serve:
         for b in batch_sizes:  # at least 8 slots' worth of requests: B = 1 then covers many prompts, not one
+            cached = rt.stats().cached_prompt_tokens
             r = run_served(rt, b, prompts, num_requests=served * max(b, 8), max_new_tokens=max_new,
                            temperature=temp)
+            r["cached_prompt_tokens"] = rt.stats().cached_prompt_tokens - cached
             rows.append({"mode": f"{name}, served", "batch_size": b, "tokens_per_s": r["tokens_per_s"],
                          "tokens_per_s_wall": r["tokens_per_s_wall"], "requests": r["requests"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
                          "steady_mean_batch": r["steady"]["mean_batch"],
                          "steady_gpu_us_per_cycle": r["steady"]["gpu_us_per_cycle"],
                          **{k: r[k] for k in ("wall_s", "prefills", "prefill_gpu_s", "decode_gpu_s", "ttft_ms",
-                                              "tpot_ms_mean")}})
+                                              "tpot_ms_mean", "cached_prompt_tokens")}})
             print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -179,6 +186,9 @@ def main(argv=None) -> int:
     ap.add_argument("--served", type=int, default=4, metavar="N",
                     help="also N x max(B, 8) requests through B slots at each B, a new one joining as one "
                          "finishes (graphrt.bench.run_served), plain and the first K; 0: off")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="also serve the first K with Runtime(prefix_caching=True) (the prompts share the chat "
+                         "template's first tokens)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="cpu: a smoke run in fp32 (eager), for tests; its timings mean nothing")
     ap.add_argument("--json")
@@ -188,7 +198,7 @@ def main(argv=None) -> int:
     prompts = [encode(tok, p["text"], chat=True) for p in load_prompts(args.prompts)]
     bs = [int(b) for b in args.batch_sizes.split(",")]
     rows = graphrt_rows(target, args.draft, prompts, bs, args.max_new_tokens, [int(k) for k in args.ks.split(",")],
-                        args.fp8, args.served, torch.device(args.device))
+                        args.fp8, args.served, torch.device(args.device), args.prefix_caching)
     prefill = [r for r in rows if r["mode"].endswith(", prefill")]
     rows = [r for r in rows if not r["mode"].endswith(", prefill")]
     plain = {(r["batch_size"], r["mode"].endswith(", served")): r["tokens_per_s"]

@@ -355,7 +355,7 @@ def test_bench_real_pair_runs_on_the_cpu(tmp_path):
     out = tmp_path / "rp.json"
     mod = load_script("bench_real_pair")
     assert mod.main(["--device", "cpu", "--batch-sizes", "2", "--max-new-tokens", "3", "--ks", "3", "--no-hf",
-                     "--served", "1", "--json", str(out)]) == 0
+                     "--served", "1", "--prefix-caching", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     rows = got["rows"]
     assert {(r["mode"], r["batch_size"]) for r in got["prefill"]} == {("graphrt plain, prefill", 2),
@@ -364,7 +364,14 @@ def test_bench_real_pair_runs_on_the_cpu(tmp_path):
         assert r["requests"] == 2 and r["prompt_tokens"] > 2 and 0 < r["gpu_ms"] <= r["wall_ms"]
     modes = {(r["mode"], r["batch_size"]) for r in rows}
     assert modes == {(m, 2) for m in ("graphrt plain", "graphrt EAGLE-3 K=3", "graphrt EAGLE-3 K=3 T=0.7",
-                                      "graphrt plain, served", "graphrt EAGLE-3 K=3, served")}
+                                      "graphrt plain, served", "graphrt EAGLE-3 K=3, served",
+                                      "graphrt EAGLE-3 K=3 + prefix caching, served")}
+    # prefix caching: the chat template's first block read from the cache, the same decode
+    by_mode = {r["mode"]: r for r in rows}
+    cached, plain_spec = by_mode["graphrt EAGLE-3 K=3 + prefix caching, served"], by_mode["graphrt EAGLE-3 K=3, served"]
+    # (the first B requests are prefilled together, before any block is cached)
+    assert cached["cached_prompt_tokens"] >= 16 * (cached["requests"] - 2) and plain_spec["cached_prompt_tokens"] == 0
+    assert cached["mean_acceptance_length"] == plain_spec["mean_acceptance_length"]
     for r in rows:
         assert r["tokens_per_s"] > 0 and 1.0 <= r["mean_acceptance_length"] <= 4.0
         plain = next(p for p in rows if p["batch_size"] == r["batch_size"]
