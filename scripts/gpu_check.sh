@@ -89,7 +89,7 @@ for step in $steps; do
     specab)   ab_runs 1 --accept-len 3 --batch-sizes 1,4,8 --max-new-tokens 64 ;;
     # SmolLM2-135M with its trained EAGLE-3 head on held-out prompts, and transformers on the same GGUF
     # (`pip install 'graphrt[smollm2]'`, or SMOLLM2 pointing at the .gguf)
-    realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --json "$OUT/realpair.json" 2>&1 \
+    realpair) python3 scripts/bench_real_pair.py --target "${SMOLLM2:-smollm2}" --prefix-caching --json "$OUT/realpair.json" 2>&1 \
                 | log | tail -40 ;;
     # where a small prefill's GPU time goes (RESULTS.md, "Fewer prefill launches")
     prefill)  python3 scripts/prefill_profile.py --out "$OUT/prefill.json" 2>&1 | log | tail -60 ;;
