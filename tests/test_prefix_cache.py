@@ -112,3 +112,26 @@ def test_cached_prefixes_at_a_graph_shape_and_through_eviction():
 def test_prefix_caching_is_a_bool_option():
     with pytest.raises(ValueError, match="prefix_caching"):
         Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32, prefix_caching="yes")
+
+
+def test_aborting_a_request_that_shares_blocks():
+    """Aborting the request whose prefill wrote the shared blocks, and one that reads them, leaves
+    the others decoding as without the cache, and every block free at the end."""
+    target, dckpt, seed, prompts, params = _case("eagle3")
+    kw = dict(max_batch_size=4, max_seq_len=80)
+    want = _run(Runtime(target, dckpt, **kw), prompts[:4], params[:4])
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    first = rt.add_request(prompts[0], params[0])
+    rt.step()
+    rids = [first] + [rt.add_request(p, sp) for p, sp in zip(prompts[1:4], params[1:4])]
+    rt.step()
+    assert rt.stats().cached_prompt_tokens == 3 * 32
+    assert rt.abort(first) and rt.abort(rids[2])
+    while rt.has_unfinished():
+        rt.step()
+    for i in (1, 3):
+        assert rt.get_generation(rids[i]).token_ids == want[i].token_ids, f"seed {seed}"
+    st = rt.stats()
+    assert st.kv_blocks_free == st.kv_blocks_total
+    again = rt.generate([prompts[2]], params[2])[0]  # the blocks stayed cached after their holders went
+    assert again.token_ids == want[2].token_ids and rt.stats().cached_prompt_tokens == 4 * 32
