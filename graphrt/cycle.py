@@ -155,13 +155,15 @@ class Cycle:
         return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
-    def _prompt_meta(self, slots, T: int, starts) -> AttentionMetadata:
+    def _prompt_meta(self, slots, T: int, starts=None) -> AttentionMetadata:
         """The metadata of positions starts .. starts + T - 1 of each slot's request (slots, starts:
-        [n]; starts: the prompt tokens already in cached KV blocks), once per prefill:
+        [n]; starts: the prompt tokens already in cached KV blocks, default none), once per prefill:
         the torch reference, as the Triton launch (T a constant of its kernel) would compile a
         variant for every prompt length the eager forward meets. Without prefix caching every row's
         keys end at T, so T bounds the attention's KV range (a short prompt runs unsplit, with no
         merge launch); with it a row's keys reach its start + T, up to the table's capacity."""
+        if starts is None:
+            starts = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
         meta = self._meta(cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
         return meta if self.prefix_caching else replace(meta, max_seq_len=T)
