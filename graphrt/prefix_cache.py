@@ -35,10 +35,12 @@ class PrefixCache:
         return self.allocator.num_free + len(self._idle)
 
     def _keys(self, prompt: list[int]):
-        """The key of each whole block that a token follows, in order."""
-        bs, key = self.block_size, ()
+        """The key of each whole block that a token follows, in order: (the hash of the block
+        before's key, this block's tokens and the next one), so that a key costs its own tokens."""
+        bs, parent = self.block_size, 0
         for i in range((len(prompt) - 1) // bs):
-            key = (key, tuple(prompt[i * bs:(i + 1) * bs + 1]))
+            key = (parent, tuple(prompt[i * bs:(i + 1) * bs + 1]))
+            parent = hash(key)
             yield key
 
     def match(self, prompt: list[int]) -> list[int]:

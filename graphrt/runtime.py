@@ -381,7 +381,7 @@ class Runtime:
         longest = 0
         while self._waiting and self._free_slots:
             req = self._waiting[0]
-            matched = self.kv_blocks.match(req.prompt)
+            matched = self.kv_blocks.match(req.prompt) if self.prefix_caching else []
             need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
             if need > self.kv_blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
