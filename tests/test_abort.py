@@ -15,7 +15,9 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
     dckpt = load(draft_dir(draft)) if draft else None
     seed = fresh_seed()
     prompts = random_prompts(5, target.config.vocab_size, seed, hi=16)
-    sp = [SamplingParams(max_new_tokens=12, temperature=0.9 * (i % 2), seed=seed + i) for i in range(5)]
+    # no EOS and 20 tokens: request 1 is still running after three cycles (at most 1 + 3 x 4 tokens)
+    sp = [SamplingParams(max_new_tokens=20, temperature=0.9 * (i % 2), seed=seed + i, ignore_eos=True)
+          for i in range(5)]
     kw = dict(max_batch_size=3, max_seq_len=48)
     ref = Runtime(target, dckpt, **kw).generate([prompts[i] for i in (0, 2, 3, 4)], [sp[i] for i in (0, 2, 3, 4)])
 
