@@ -126,6 +126,7 @@ class Cycle:
         self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
         # a prefill row may start past a cached prefix (graphrt/prefix_cache.py)
         self.prefix_caching = prefix_caching
+        self.max_positions = target.rotary.cos.shape[0]  # positions the RoPE tables hold
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=state.num_tokens.device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
@@ -166,7 +167,19 @@ class Cycle:
             starts = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
         meta = self._meta(cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size,
                                                  by_slot=False))
-        return meta if self.prefix_caching else replace(meta, max_seq_len=T)
+        if not self.prefix_caching:
+            return replace(meta, max_seq_len=T)
+        # A row padded from past a cached prefix can run past the table, where the slot mapping's
+        # clamp would put it in the row's own last block: those positions store to the trash block.
+        pos = self._prompt_positions(starts, T, clamp=False)
+        trash = TRASH_BLOCK * self.block_size + pos % self.block_size
+        return replace(meta, slot_mapping=torch.where(pos < self.max_seq_len, meta.slot_mapping, trash))
+
+    def _prompt_positions(self, starts, T: int, clamp: bool = True):
+        """[n * T] positions starts .. starts + T - 1 of each row; clamp: within the RoPE tables
+        (only a padding row past a cached prefix gets that far, and its rows are never read)."""
+        pos = (starts[:, None] + torch.arange(T, device=starts.device)).flatten()
+        return pos.clamp(max=self.max_positions - 1) if clamp and self.prefix_caching else pos
 
     def _advance(self, slots, n, B):
         s = self.s
@@ -374,7 +387,7 @@ class Cycle:
         temperature, seed, top_k, top_p, min_p = sampling
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
-        positions = (starts[:, None] + torch.arange(P, device=dev)).flatten()
+        positions = self._prompt_positions(starts, P)
         hidden, aux = self.target.forward(tokens[:, :P].flatten(), positions, self._prompt_meta(slots, P, starts),
                                           self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
@@ -391,7 +404,7 @@ class Cycle:
                 tokens, T, last = tokens[:, 1:], P, lens - 1
             else:  # rows t_0 .. t_P at positions 0 .. P
                 hidden_in, T, last = None, P + 1, lens
-            positions = (starts[:, None] + torch.arange(T, device=dev)).flatten()
+            positions = self._prompt_positions(starts, T)
             state = summed(self.draft.draft_forward(tokens.flatten(), positions, self._prompt_meta(slots, T, starts),
                                                     self.draft_kv, hidden_in))
             state = state[rows * T + last]  # each request's row at its last real position

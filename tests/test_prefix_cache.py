@@ -135,3 +135,34 @@ def test_aborting_a_request_that_shares_blocks():
     assert st.kv_blocks_free == st.kv_blocks_total
     again = rt.generate([prompts[2]], params[2])[0]  # the blocks stayed cached after their holders went
     assert again.token_ids == want[2].token_ids and rt.stats().cached_prompt_tokens == 4 * 32
+
+
+@pytest.mark.parametrize("draft", [None])  # (a draft's cycle slack puts the table's last block past any prompt here)
+def test_padding_past_the_table_after_a_cached_prefix(draft):
+    """A row that starts past a cached prefix and is padded to another row's length (or a graph's)
+    runs past the block table: those positions must store nowhere the row reads (the trash block),
+    not into its own last block."""
+    target, dckpt, seed, _, _ = _case(draft)
+    g = torch.Generator().manual_seed(seed)
+    V = target.config.vocab_size
+    long = torch.randint(0, V, (58,), generator=g).tolist()
+    short = torch.randint(0, V, (30,), generator=g).tolist()
+    sp = SamplingParams(max_new_tokens=2, ignore_eos=True)
+    kw = dict(max_batch_size=2, max_seq_len=60, num_draft_tokens=1)  # the table: 4 blocks of 16
+
+    def run(rt):
+        assert rt.cycle.max_seq_len == 64  # the long prompt reaches into the table's last block
+        first = rt.generate([long], sp)[0]  # caches its first three blocks
+        # the long prompt again (48 tokens cached, 10 to prefill) beside a 30-token one: its row is
+        # padded to 32 positions from 48, past the table's 64, which a clamp would fold back onto
+        # its positions 48-63 in its own last block
+        rt._prefill_shape = lambda n, longest: (2, max(32, longest))
+        return [first] + rt.generate([long, short], [sp, sp])
+
+    want = run(Runtime(target, dckpt, **kw))
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    got = run(rt)
+    assert rt.stats().cached_prompt_tokens == 48
+    assert [g.token_ids for g in got] == [g.token_ids for g in want], f"seed {seed}"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
