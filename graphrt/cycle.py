@@ -126,7 +126,6 @@ class Cycle:
         self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
         # a prefill row may start past a cached prefix (graphrt/prefix_cache.py)
         self.prefix_caching = prefix_caching
-        self.max_positions = target.rotary.cos.shape[0]  # positions the RoPE tables hold
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=state.num_tokens.device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
@@ -156,30 +155,24 @@ class Cycle:
         return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
-    def _prompt_meta(self, slots, T: int, starts=None) -> AttentionMetadata:
-        """The metadata of positions starts .. starts + T - 1 of each slot's request (slots, starts:
-        [n]; starts: the prompt tokens already in cached KV blocks, default none), once per prefill:
-        the torch reference, as the Triton launch (T a constant of its kernel) would compile a
-        variant for every prompt length the eager forward meets. Without prefix caching every row's
-        keys end at T, so T bounds the attention's KV range (a short prompt runs unsplit, with no
-        merge launch); with it a row's keys reach its start + T, up to the table's capacity."""
+    def _prompt_inputs(self, slots, T: int, starts=None) -> tuple[torch.Tensor, AttentionMetadata]:
+        """(positions [n * T], attention metadata) of positions starts .. starts + T - 1 of each
+        slot's request (slots, starts: [n]; starts: the prompt tokens already in cached KV blocks,
+        default none), once per prefill: the torch reference, as the Triton launch (T a constant of
+        its kernel) would compile a variant for every prompt length the eager forward meets. Without
+        prefix caching every row's keys end at T, so T bounds the attention's KV range (a short
+        prompt runs unsplit, with no merge launch); with it a row's keys reach its start + T, up to
+        the table's capacity."""
         if starts is None:
             starts = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
-        meta = self._meta(cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size,
-                                                 by_slot=False))
+        x = cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size, by_slot=False)
+        meta = self._meta(x)
+        positions = x.positions.flatten()
         if not self.prefix_caching:
-            return replace(meta, max_seq_len=T)
+            return positions, replace(meta, max_seq_len=T)
         # A row padded from past a cached prefix can run past the table, where the slot mapping's
-        # clamp would put it in the row's own last block: those positions store to the trash block.
-        pos = self._prompt_positions(starts, T, clamp=False)
-        trash = TRASH_BLOCK * self.block_size + pos % self.block_size
-        return replace(meta, slot_mapping=torch.where(pos < self.max_seq_len, meta.slot_mapping, trash))
-
-    def _prompt_positions(self, starts, T: int, clamp: bool = True):
-        """[n * T] positions starts .. starts + T - 1 of each row; clamp: within the RoPE tables
-        (only a padding row past a cached prefix gets that far, and its rows are never read)."""
-        pos = (starts[:, None] + torch.arange(T, device=starts.device)).flatten()
-        return pos.clamp(max=self.max_positions - 1) if clamp and self.prefix_caching else pos
+        # clamp to the last column would store onto the row's own positions: those store nowhere.
+        return positions, replace(meta, slot_mapping=torch.where(positions < self.max_seq_len, meta.slot_mapping, -1))
 
     def _advance(self, slots, n, B):
         s = self.s
@@ -337,11 +330,11 @@ class Cycle:
         dict(zip(self.SAMPLING, sampling, strict=True))["top_p"].fill_(1.0)  # the others' defaults are 0
         return buf, views
 
-    def prefill(self, slots: list[int], prompts: list[list[int]], blocks: list[list[int]], sampling: list[tuple],
-                shape: tuple[int, int] | None = None, graph=None, starts: list[int] | None = None):
-        """slots: the n requests' slots; prompts: their n lists of token ids (starts: each one's
-        first position, past the prompt tokens its cached KV blocks hold; default 0); blocks: their
-        KV block ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
+    def prefill(self, slots: list[int], prompts: list[list[int]], starts: list[int], blocks: list[list[int]],
+                sampling: list[tuple], shape: tuple[int, int] | None = None, graph=None):
+        """slots: the n requests' slots; prompts: their n lists of token ids; starts: each one's
+        first position (past the prompt tokens its cached KV blocks hold); blocks: their KV block
+        ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
         to the longest, or to shape = (rows, length), a prefill graph's (graph: that
         graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward): rows past n
         prefill a one-token prompt on the scratch slot. Everything goes to the device in one copy.
@@ -354,8 +347,7 @@ class Cycle:
             row[: len(p)] = torch.tensor(p, dtype=torch.int64)
         lens[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
         row_slots[:n] = torch.tensor(slots, dtype=torch.int64)
-        if starts is not None:
-            row_starts[:n] = torch.tensor(starts, dtype=torch.int64)
+        row_starts[:n] = torch.tensor(starts, dtype=torch.int64)
         for row, b in zip(table, blocks):
             row[: len(b)] = torch.tensor(b, dtype=torch.int32)
         for buf, values in zip(params, zip(*sampling)):
@@ -387,8 +379,7 @@ class Cycle:
         temperature, seed, top_k, top_p, min_p = sampling
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
-        positions = self._prompt_positions(starts, P)
-        hidden, aux = self.target.forward(tokens[:, :P].flatten(), positions, self._prompt_meta(slots, P, starts),
+        hidden, aux = self.target.forward(tokens[:, :P].flatten(), *self._prompt_inputs(slots, P, starts),
                                           self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
         filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if s.filtering else {}  # as s.filters(slots)
@@ -404,8 +395,7 @@ class Cycle:
                 tokens, T, last = tokens[:, 1:], P, lens - 1
             else:  # rows t_0 .. t_P at positions 0 .. P
                 hidden_in, T, last = None, P + 1, lens
-            positions = self._prompt_positions(starts, T)
-            state = summed(self.draft.draft_forward(tokens.flatten(), positions, self._prompt_meta(slots, T, starts),
+            state = summed(self.draft.draft_forward(tokens.flatten(), *self._prompt_inputs(slots, T, starts),
                                                     self.draft_kv, hidden_in))
             state = state[rows * T + last]  # each request's row at its last real position
             if s.draft_state is not None:

@@ -438,10 +438,10 @@ class Runtime:
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 graph = self._graphs().prefill(*shape)
-            sampling = [(r.params.temperature, r.seed, r.params.top_k, r.params.top_p, r.params.min_p)
-                        for r in reqs]  # Cycle.SAMPLING's order
+            sampling = [tuple(r.seed if name == "seed" else getattr(r.params, name) for name in Cycle.SAMPLING)
+                        for r in reqs]
             return self.cycle.prefill([r.slot for r in reqs], [r.prompt[r.cached:] for r in reqs],
-                                      [r.blocks for r in reqs], sampling, shape, graph, starts=[r.cached for r in reqs])
+                                      [r.cached for r in reqs], [r.blocks for r in reqs], sampling, shape, graph)
         finally:
             s.filtering = filtering
 

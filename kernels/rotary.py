@@ -34,8 +34,11 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def apply_rotary_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """x: [N, heads, head_dim]; positions: [N] int64; cos, sin: [max_positions, head_dim] fp32."""
-    return rotate_reference(x, cos[positions][:, None, :], sin[positions][:, None, :])
+    """x: [N, heads, head_dim]; positions: [N] int64; cos, sin: [max_positions, head_dim] fp32. Rows
+    as table_row picks them: a negative position from the end, any position kept inside the table."""
+    n = cos.shape[0]
+    rows = torch.where(positions < 0, positions + n, positions).clamp(0, n - 1)
+    return rotate_reference(x, cos[rows][:, None, :], sin[rows][:, None, :])
 
 
 def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

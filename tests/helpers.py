@@ -98,8 +98,7 @@ def prompt_forward(rt, prompt):
     rid = rt.add_request(prompt, graphrt.SamplingParams(max_new_tokens=4))
     rt.admit()  # its prefill, without a cycle after it
     slot = rt.running_slots()[0]
-    meta = rt.cycle._prompt_meta(torch.tensor([slot], device=rt.device), len(prompt))
-    positions = torch.arange(len(prompt), device=rt.device)
+    positions, meta = rt.cycle._prompt_inputs(torch.tensor([slot], device=rt.device), len(prompt))
     hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions, meta, rt.target_kv)
     logits = rt.target.logits(hidden)
     while not rt.finished(rid):
