@@ -75,11 +75,20 @@ class PrefixCache:
         return matched + new
 
     def remember(self, prompt: list[int], blocks: list[int]) -> None:
-        """After a prefill wrote prompt's KV into blocks: key its whole blocks (the first block for
-        a key stays the one found)."""
+        """Key prompt's whole blocks (the first block for a key stays the one found) once the
+        prefill that writes prompt's KV into blocks is on the stream: whatever reads them later,
+        a request prefilled in the same forward included, runs after it. If that prefill fails,
+        forget the blocks."""
         for key, b in zip(self._keys(prompt), blocks):
             if key not in self._block_of and b not in self._key_of:
                 self._block_of[key], self._key_of[b] = b, key
+
+    def forget(self, blocks: list[int]) -> None:
+        """Unkey blocks whose KV was never written (their prefill failed)."""
+        for b in blocks:
+            key = self._key_of.pop(b, None)
+            if key is not None:
+                del self._block_of[key]
 
     def release(self, blocks: list[int]) -> None:
         """A request gives its blocks back: cached ones idle once no request holds them, the rest

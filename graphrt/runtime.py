@@ -394,6 +394,8 @@ class Runtime:
             req.slot = self._free_slots.pop()
             req.blocks = self.kv_blocks.take(matched, need)
             req.cached = len(matched) * self.block_size
+            if self.prefix_caching:  # the next requests of this batch find these blocks too
+                self.kv_blocks.remember(req.prompt, req.blocks)
             batch.append(req)
         if batch:
             self._prefill(batch)
@@ -404,7 +406,10 @@ class Runtime:
             firsts, logprobs = first.tolist(), logprob.tolist()  # the first tokens: a sync per admission
         except BaseException:
             # (out of memory, an interrupt): the requests wait again at the head of the queue, first
-            # come first served, and their slots and blocks are free, so the runtime stays usable
+            # come first served, and their slots and blocks are free, so the runtime stays usable.
+            # The blocks past each one's cached prefix were new to it: unkeyed, as their KV is unwritten
+            if self.prefix_caching:
+                self.kv_blocks.forget([b for r in reqs for b in r.blocks[r.cached // self.block_size:]])
             for req in reqs:
                 self._free(req)
             self._waiting.extendleft(reversed(reqs))
@@ -412,9 +417,6 @@ class Runtime:
         self._counts["prefills"] += 1
         self._counts["prompt_tokens"] += sum(len(r.prompt) - r.cached for r in reqs)
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
-        if self.prefix_caching:
-            for req in reqs:
-                self.kv_blocks.remember(req.prompt, req.blocks)
         for req, tok, lp in zip(reqs, firsts, logprobs):
             self._running[req.slot] = req
             self._emit(req, [tok], [lp])

@@ -148,3 +148,25 @@ def test_capture_with_prefill_captures_every_prefill_shape_up_front():
     eager = Runtime(target, draft, use_cuda_graphs=False, **kw)
     want = eager.generate(prompts, params) + eager.generate(prompts[1:2], params[1:2])
     assert [x.token_ids for x in got] == [x.token_ids for x in want]
+
+
+@pytest.mark.parametrize("kind", [None, "eagle3"])
+def test_prefix_caching_under_graphs_decodes_as_without_it(kind):
+    """Prefix caching with the Triton kernels and prefill graphs: requests sharing a system prompt,
+    prefilled together (reading a block another row of the same forward writes) and then again
+    (reading the cached blocks), decode as the eager runtime without the cache."""
+    target = _load(tiny_dir())
+    draft = _load(draft_dir(kind)) if kind else None
+    g = torch.Generator().manual_seed(19)
+    system = torch.randint(0, 512, (37,), generator=g).tolist()
+    prompts = [system + torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (1, 6, 11, 3)]
+    params = [SamplingParams(max_new_tokens=10, temperature=0.8 * (i % 2), seed=i, ignore_eos=True)
+              for i in range(4)]
+    kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
+    want = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
+    rt = Runtime(target, draft, prefix_caching=True, **kw)
+    got = rt.generate(prompts, params) + rt.generate(prompts, params)
+    assert rt.stats().cached_prompt_tokens == 3 * 32 + 4 * 32
+    for a, b in zip(got, want + want):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)

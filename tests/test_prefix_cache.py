@@ -166,3 +166,55 @@ def test_padding_past_the_table_after_a_cached_prefix(draft):
     assert [g.token_ids for g in got] == [g.token_ids for g in want], f"seed {seed}"
     for a, b in zip(got, want):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def _together(rt, prompts, params):
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while rt.has_unfinished():
+        rt.step()
+    return [rt.pop_generation(r) for r in rids]
+
+
+@pytest.mark.parametrize("draft", [None, "eagle3"])
+def test_requests_prefilled_together_share_blocks(draft):
+    """Requests admitted in one prefill read the blocks an earlier row of that same forward writes
+    (each layer stores every row's KV before any row attends): the same output as without the
+    cache, and the shared prefix computed once."""
+    target, dckpt, seed, prompts, params = _case(draft)
+    kw = dict(max_batch_size=4, max_seq_len=80)
+    want = _together(Runtime(target, dckpt, **kw), prompts[:4], params[:4])
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    got = _together(rt, prompts[:4], params[:4])
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+    st = rt.stats()
+    assert st.prefills == 1 and st.cached_prompt_tokens == 3 * 32, st
+    assert st.kv_blocks_free == st.kv_blocks_total
+
+
+def test_a_failed_prefill_forgets_the_blocks_it_keyed():
+    """A prefill that fails (here before its launch) leaves no key to blocks whose KV it never
+    wrote: the requests wait again, every block is free, and the retry prefills them in full."""
+    target, dckpt, seed, prompts, params = _case(None)
+    kw = dict(max_batch_size=4, max_seq_len=80)
+    want = _together(Runtime(target, dckpt, **kw), prompts[:3], params[:3])
+    rt = Runtime(target, dckpt, prefix_caching=True, **kw)
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts[:3], params[:3])]
+    launch = rt._prefill_launch
+
+    def fail(reqs):
+        assert [r.cached for r in reqs] == [0, 32, 32]  # the batch had found the first one's blocks
+        raise RuntimeError("injected")
+
+    rt._prefill_launch = fail
+    with pytest.raises(RuntimeError, match="injected"):
+        rt.step()
+    st = rt.stats()
+    assert (st.waiting, st.running, st.kv_blocks_free) == (3, 0, st.kv_blocks_total)
+    assert rt.kv_blocks.match(prompts[0]) == []
+    rt._prefill_launch = launch
+    while rt.has_unfinished():
+        rt.step()
+    assert [rt.pop_generation(r).token_ids for r in rids] == [w.token_ids for w in want], f"seed {seed}"
+    assert rt.stats().cached_prompt_tokens == 2 * 32
