@@ -343,15 +343,16 @@ class Cycle:
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
         host, (tokens, lens, row_starts, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
-        for row, p in zip(tokens, prompts):
-            row[: len(p)] = torch.tensor(p, dtype=torch.int64)
-        lens[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
-        row_slots[:n] = torch.tensor(slots, dtype=torch.int64)
-        row_starts[:n] = torch.tensor(starts, dtype=torch.int64)
-        for row, b in zip(table, blocks):
-            row[: len(b)] = torch.tensor(b, dtype=torch.int32)
+        # through numpy views of the host buffer: a tensor per row cost ~30 us a request on the host
+        tokens_np, table_np = tokens.numpy(), table.numpy()
+        for i, (p, b) in enumerate(zip(prompts, blocks, strict=True)):
+            tokens_np[i, : len(p)] = p
+            table_np[i, : len(b)] = b
+        lens.numpy()[:n] = [len(p) for p in prompts]
+        row_slots.numpy()[:n] = slots
+        row_starts.numpy()[:n] = starts
         for buf, values in zip(params, zip(*sampling)):
-            buf[:n] = torch.tensor(values, dtype=buf.dtype)
+            buf.numpy()[:n] = values
         with self.hooks.phase(PREFILL, n):  # (the phase's timer and NVTX range: from the copy on)
             if graph is not None:
                 graph.inputs.copy_(host)
