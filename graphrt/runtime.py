@@ -374,7 +374,8 @@ class Runtime:
     def admit(self) -> None:
         """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
         first served, in one forward (padded to the longest prompt; for the tokens a forward takes at
-        most, see _PREFILL_TOKENS). step() does it first; an engine calls it to have their first
+        most, see _PREFILL_TOKENS; under graphs, a prefill that a graph's shape holds only grows while
+        one still does). step() does it first; an engine calls it to have their first
         tokens, and pay the prefill, before the next cycle."""
         budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
         batch: list[_Request] = []
@@ -386,10 +387,15 @@ class Runtime:
             if need > self.kv_blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
             rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
-            longest = max(longest, rest)
-            if batch and (len(batch) + 1) * longest > budget:
+            grown = max(longest, rest)
+            # A batch whose padded shape has a prefill graph does not grow past every graph: the
+            # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
+            if batch and ((len(batch) + 1) * grown > budget
+                          or self._prefill_shape(len(batch) + 1, grown) is None
+                          and self._prefill_shape(len(batch), longest) is not None):
                 self._prefill(batch)
-                batch, longest = [], rest
+                batch, grown = [], rest
+            longest = grown
             self._waiting.popleft()
             req.slot = self._free_slots.pop()
             req.blocks = self.kv_blocks.take(matched, need)

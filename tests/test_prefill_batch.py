@@ -68,9 +68,11 @@ def test_prefill_padded_to_a_graph_shape_decodes_as_unpadded(draft):
     exact = Runtime(target, dckpt, **kw).generate(prompts, params)
 
     rt = Runtime(target, dckpt, **kw)
-    shapes = []
+    shapes = []  # the shape each prefill ran at
     # the shape the runtime picks under graphs, but capped at 40 tokens here: not a power of two
-    rt._prefill_shape = lambda n, longest: shapes.append((n + 3 if n < 5 else 8, 40)) or shapes[-1]
+    rt._prefill_shape = lambda n, longest: (n + 3 if n < 5 else 8, 40)
+    prefill = rt.cycle.prefill
+    rt.cycle.prefill = lambda *a: shapes.append(a[5]) or prefill(*a)
     s = rt.state
 
     def scratch():  # what cycles' padding rows read from the scratch slot
@@ -140,6 +142,30 @@ def test_prefill_token_budget_splits_the_forward(monkeypatch):
     # padded to the longest, a forward holds at most 40 tokens: 2 x 12, then 2 x 20 (3 x 20 > 40)
     assert sizes == [[10, 12], [20, 5], [8]]
     assert all(len(g.token_ids) == 3 for g in gens)
+
+
+def test_a_prefill_that_a_graph_holds_does_not_grow_past_it():
+    """Under graphs, a batch whose padded shape has a graph stops taking requests where the next one
+    would pad it past every graph (an eager forward): it prefills, and the request starts the next
+    batch. Each request decodes as with the exact shapes."""
+    target, dckpt, seed, _, params, kw = _case(None, 5)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, target.config.vocab_size, (n,), generator=g).tolist() for n in (10, 12, 14, 30, 5)]
+    exact = Runtime(target, dckpt, **kw).generate(prompts, params)
+    rt = Runtime(target, dckpt, **kw)
+
+    def shape(n, longest):  # graphs of up to 64 padded tokens
+        length = max(16, 1 << (longest - 1).bit_length())
+        return (n, length) if n * length <= 64 else None
+
+    rt._prefill_shape = shape
+    ran = []
+    prefill = rt.cycle.prefill
+    rt.cycle.prefill = lambda *a: ran.append(([len(p) for p in a[1]], a[5])) or prefill(*a)
+    got = rt.generate(prompts, params)
+    # 3 x 16 padded tokens, then 4 x 32 would pass 64: the 30-token prompt starts the next batch
+    assert ran == [([10, 12, 14], (3, 16)), ([30, 5], (2, 32))], ran
+    _assert_same_decode(got, exact, seed)
 
 
 def test_prefill_budget_is_max_seq_len_or_the_graph_tokens(monkeypatch):
