@@ -217,6 +217,9 @@ class Runtime:
         self._next_buffer = 0
         self._inflight = None
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
+        # prefills launched whose first tokens the host has not read: (requests, first tokens, their
+        # logprobs, the event after their copy to the host or None)
+        self._admitted: list[tuple[list[_Request], torch.Tensor, torch.Tensor, torch.cuda.Event | None]] = []
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
         self._counts = dict(prefills=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0, draft_tokens=0,
@@ -377,6 +380,11 @@ class Runtime:
         most, see _PREFILL_TOKENS; under graphs, a prefill that a graph's shape holds only grows while
         one still does). step() does it first; an engine calls it to have their first
         tokens, and pay the prefill, before the next cycle."""
+        self._admit()
+        self._first_tokens()
+
+    def _admit(self) -> None:
+        """admit() up to the prefills' launches; _first_tokens reads what they drew."""
         budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
         batch: list[_Request] = []
         longest = 0
@@ -409,7 +417,13 @@ class Runtime:
     def _prefill(self, reqs: list[_Request]) -> None:
         try:
             first, logprob = self._prefill_launch(reqs)
-            firsts, logprobs = first.tolist(), logprob.tolist()  # the first tokens: a sync per admission
+            done = None
+            if self.overlap:  # into host memory in stream order: a later prefill reuses its graph's outputs
+                first, logprob = (torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=True)
+                                  for t in (first, logprob))
+                if first.is_pinned():
+                    done = torch.cuda.Event()
+                    done.record()
         except BaseException:
             # (out of memory, an interrupt): the requests wait again at the head of the queue, first
             # come first served, and their slots and blocks are free, so the runtime stays usable.
@@ -423,9 +437,27 @@ class Runtime:
         self._counts["prefills"] += 1
         self._counts["prompt_tokens"] += sum(len(r.prompt) - r.cached for r in reqs)
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
-        for req, tok, lp in zip(reqs, firsts, logprobs):
+        for req in reqs:
             self._running[req.slot] = req
-            self._emit(req, [tok], [lp])
+        self._admitted.append((reqs, first, logprob, done))
+        if not self.overlap:
+            self._first_tokens()
+
+    def _first_tokens(self) -> None:
+        """Emit the first tokens of the prefills launched since the last call (a request aborted
+        since gets none), once the last of them has run. step() calls it once the next cycle is
+        launched, so that the GPU does not wait for the host between a prefill and the cycle after."""
+        if not self._admitted:
+            return
+        if self._admitted[-1][3] is not None:
+            self._admitted[-1][3].synchronize()
+        t0 = time.perf_counter()
+        admitted, self._admitted = self._admitted, []
+        for reqs, first, logprob, _ in admitted:
+            for req, tok, lp in zip(reqs, first.tolist(), logprob.tolist()):
+                if req.gen.finish_reason is None:
+                    self._emit(req, [tok], [lp])
+        self.host_seconds += time.perf_counter() - t0
 
     def _prefill_shape(self, n: int, longest: int) -> tuple[int, int] | None:
         """The padded shape (rows, length) of the prefill graph for n prompts of up to `longest`
@@ -550,7 +582,9 @@ class Runtime:
         """One decode cycle over every running request. Returns {request id: tokens} with every
         token each request gained since step() last returned it, in order and once: the cycle's
         tokens and the first token of every request prefilled since (by admit(), or by this call,
-        which first admits what waits and fits).
+        which first admits what waits and fits; a request admitted into a slot this call frees is
+        prefilled at once, and on CUDA its first token comes with the next call, read once the cycle
+        after its prefill is launched).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
@@ -559,7 +593,7 @@ class Runtime:
         token budget), cycle n+1 is not launched at all.
         """
         t0 = time.perf_counter()
-        self.admit()
+        self._admit()
         if self._inflight is None:
             if not self._running:
                 return self._report()
@@ -571,6 +605,7 @@ class Runtime:
         ends_all = all(r.rid in in_done and _budget_left(r) <= 1 for r in self._running.values())
         self._inflight = self._launch() if self.overlap and self._running and not ends_all else None
         self.host_seconds += time.perf_counter() - t0
+        self._first_tokens()
         self._collect(done)
         return self._report()
 
@@ -627,7 +662,7 @@ class Runtime:
                 self._counts["draft_tokens"] += self.K
                 self._counts["accepted_tokens"] += n - 1
             self._emit(req, emitted[i][:n], lps[i][:n])
-        self.admit()
+        self._admit()  # into the slots just freed; under overlap their first tokens come with the next step
         self.host_seconds += time.perf_counter() - t0
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:

@@ -63,3 +63,38 @@ def test_inputs_are_copied_only_when_the_batch_changes(target, draft):
     alone = Runtime(target, draft, max_batch_size=4, max_seq_len=64).generate(
         [[9, 8, 7, 6]], SamplingParams(max_new_tokens=5, ignore_eos=True))[0]
     assert rt.get_generation(b).token_ids == alone.token_ids
+
+
+def test_a_prefill_between_cycles_is_read_after_the_next_launch(target, draft):
+    """Pipelined (as on CUDA), a request admitted into a slot a cycle's results just freed is
+    prefilled at once, but its first token is read only once the next step has launched the cycle
+    after it: that step returns it, before any token of that cycle. A request that ends on its first
+    token, and one aborted before its first token was read, leave nothing running; every request
+    decodes as without the pipeline."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (4, 6, 3, 5, 7)]
+    budgets = (3, 9, 1, 6, 8)
+    params = [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in budgets]
+    want = Runtime(target, draft, max_batch_size=2, max_seq_len=64).generate(prompts, params)
+    rt = Runtime(target, draft, max_batch_size=2, max_seq_len=64)
+    rt.overlap = True
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts, params)]
+    seen = {r: [] for r in rids}
+    deferred = set()
+    aborted = None
+    while rt.has_unfinished():
+        pending = {req.rid for reqs, *_ in rt._admitted for req in reqs}
+        if aborted is None and rids[4] in pending:
+            aborted = rids[4]
+            assert rt.abort(aborted) and rt.get_generation(aborted).token_ids == []
+        for rid in pending:
+            assert rt.get_generation(rid).token_ids == []  # admitted, its first token not read yet
+        deferred |= pending
+        for rid, toks in rt.step().items():
+            seen[rid] += toks
+    assert deferred >= set(rids[2:]), deferred  # every request that waited for a slot
+    assert aborted == rids[4] and rt.get_generation(aborted).finish_reason == "abort" and seen[aborted] == []
+    for rid, w in zip(rids[:4], want):
+        assert seen[rid] == rt.get_generation(rid).token_ids == w.token_ids, rid
+    st = rt.stats()
+    assert (st.running, st.kv_blocks_free) == (0, st.kv_blocks_total)
