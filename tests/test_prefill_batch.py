@@ -129,9 +129,9 @@ def test_prefill_graph_shapes():
 
 
 def test_prefill_token_budget_splits_the_forward(monkeypatch):
-    import graphrt.runtime as runtime
+    import graphrt.admission as admission
 
-    monkeypatch.setattr(runtime, "_PREFILL_TOKENS", 40)
+    monkeypatch.setattr(admission, "_PREFILL_TOKENS", 40)
     target = load(tiny_dir())
     rt = Runtime(target, None, max_batch_size=8, max_seq_len=64)
     sizes = []
@@ -171,11 +171,11 @@ def test_a_prefill_that_a_graph_holds_does_not_grow_past_it():
 def test_prefill_budget_is_max_seq_len_or_the_graph_tokens(monkeypatch):
     """A forward holds at most max(max_seq_len, _PREFILL_GRAPH_TOKENS) padded tokens: one full-length
     prompt's activations, or a prefill graph's largest shape's."""
-    import graphrt.runtime as runtime
+    import graphrt.admission as admission
 
     target = load(tiny_dir())
     for graph_tokens, want in ((4096, [5]), (24, [2, 2, 1])):  # 5 x 12 = 60 tokens; then max_seq_len 32 binds
-        monkeypatch.setattr(runtime, "_PREFILL_GRAPH_TOKENS", graph_tokens)
+        monkeypatch.setattr(admission, "_PREFILL_GRAPH_TOKENS", graph_tokens)
         rt = Runtime(target, None, max_batch_size=8, max_seq_len=32)
         sizes = []
         prefill = rt.cycle.prefill

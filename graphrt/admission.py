@@ -1,0 +1,154 @@
+"""Admission: which waiting requests a prefill forward takes, its launch, and the reading of the
+first tokens it draws. graphrt.Runtime's, as a mixin: these methods work on the runtime's queue,
+slots, KV blocks (with prefix caching, the cached ones) and cycle, which graphrt/runtime.py sets up.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from graphrt.cycle import Cycle
+
+if TYPE_CHECKING:
+    from graphrt.runtime import _Request
+
+# Padded prompt tokens a prefill forward takes at most: the requests admitted together share one
+# forward (its launches, or its graph's replay, paid once) while padding them to the longest stays
+# within max_seq_len or _PREFILL_GRAPH_TOKENS, whichever is more (one prompt may take max_seq_len
+# anyway), and within _PREFILL_TOKENS.
+_PREFILL_TOKENS = 8192
+# Under CUDA graphs a prefill of up to this many padded tokens replays a graph captured for its
+# shape: rows a batch bucket, the prompts padded to a power of two of at least 16 tokens. The eager
+# forward's launches cost the host more than the forward's GPU time at these sizes (25-40 ms on a
+# 30-layer model against about 1 ms replayed: RESULTS.md). Larger prefills run eagerly: their GPU
+# time outweighs the launches, and their graphs would keep that much more activation memory.
+_PREFILL_GRAPH_TOKENS = 4096
+
+
+class Admission:
+    """The prefill side of graphrt.Runtime (its base class)."""
+
+    def admit(self) -> None:
+        """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
+        first served, in one forward (padded to the longest prompt; for the tokens a forward takes at
+        most, see _PREFILL_TOKENS; under graphs, a prefill that a graph's shape holds only grows while
+        one still does). step() does it first; an engine calls it to have their first
+        tokens, and pay the prefill, before the next cycle."""
+        self._admit()
+        self._first_tokens()
+
+    def _admit(self) -> None:
+        """admit() up to the prefills' launches; _first_tokens reads what they drew."""
+        budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
+        batch: list[_Request] = []
+        longest = 0
+        while self._waiting and self._free_slots:
+            req = self._waiting[0]
+            matched = self.kv_blocks.match(req.prompt) if self.prefix_caching else []
+            need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
+            if need > self.kv_blocks.free_after_taking(matched):
+                break  # wait for running requests to free blocks (first come, first served)
+            rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
+            grown = max(longest, rest)
+            # A batch whose padded shape has a prefill graph does not grow past every graph: the
+            # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
+            if batch and ((len(batch) + 1) * grown > budget
+                          or self._prefill_shape(len(batch) + 1, grown) is None
+                          and self._prefill_shape(len(batch), longest) is not None):
+                self._prefill(batch)
+                batch, grown = [], rest
+            longest = grown
+            self._waiting.popleft()
+            req.slot = self._free_slots.pop()
+            req.blocks = self.kv_blocks.take(matched, need)
+            req.cached = len(matched) * self.block_size
+            if self.prefix_caching:  # the next requests of this batch find these blocks too
+                self.kv_blocks.remember(req.prompt, req.blocks)
+            batch.append(req)
+        if batch:
+            self._prefill(batch)
+
+    def _blocks_needed(self, prompt_len, params) -> int:
+        return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        try:
+            first, logprob = self._prefill_launch(reqs)
+            done = None
+            if self.overlap:  # into host memory in stream order: a later prefill reuses its graph's outputs
+                first, logprob = (torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=True)
+                                  for t in (first, logprob))
+                if first.is_pinned():
+                    done = torch.cuda.Event()
+                    done.record()
+        except BaseException:
+            # (out of memory, an interrupt): the requests wait again at the head of the queue, first
+            # come first served, and their slots and blocks are free, so the runtime stays usable.
+            # The blocks past each one's cached prefix were new to it: unkeyed, as their KV is unwritten
+            if self.prefix_caching:
+                self.kv_blocks.forget([b for r in reqs for b in r.blocks[r.cached // self.block_size:]])
+            for req in reqs:
+                self._free(req)
+            self._waiting.extendleft(reversed(reqs))
+            raise
+        self._counts["prefills"] += 1
+        self._counts["prompt_tokens"] += sum(len(r.prompt) - r.cached for r in reqs)
+        self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
+        for req in reqs:
+            self._running[req.slot] = req
+        self._admitted.append((reqs, first, logprob, done))
+        if not self.overlap:
+            self._first_tokens()
+
+    def _prefill_launch(self, reqs: list[_Request]):
+        s = self.state
+        # the prompt's token honours the requests' filters (the graphs of the set that runs them)
+        filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
+        try:
+            shape = self._prefill_shape(len(reqs), max(len(r.prompt) - r.cached for r in reqs))
+            graph = None
+            if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
+                graph = self._graphs().prefill(*shape)
+            sampling = [tuple(r.seed if name == "seed" else getattr(r.params, name) for name in Cycle.SAMPLING)
+                        for r in reqs]
+            return self.cycle.prefill([r.slot for r in reqs], [r.prompt[r.cached:] for r in reqs],
+                                      [r.cached for r in reqs], [r.blocks for r in reqs], sampling, shape, graph)
+        finally:
+            s.filtering = filtering
+
+    def _prefill_shape(self, n: int, longest: int) -> tuple[int, int] | None:
+        """The padded shape (rows, length) of the prefill graph for n prompts of up to `longest`
+        tokens; None: this prefill runs eagerly."""
+        if not self.use_cuda_graphs or self.tp is not None:
+            return None
+        rows = next(b for b in self.buckets if b >= n)
+        # a padding row's position must stay inside the block table (the draft's last one is `length`)
+        length = min(max(16, 1 << (longest - 1).bit_length()), self.cycle.max_seq_len - 1)
+        return (rows, length) if rows * length <= _PREFILL_GRAPH_TOKENS else None
+
+    def prefill_shapes(self) -> list[tuple[int, int]]:
+        """Every (rows, padded length) a prefill graph of this runtime can have, largest first; none
+        without CUDA graphs or under tensor parallelism (prefill is eager there)."""
+        cap = self.cycle.max_seq_len - 1
+        lengths = {min(cap, 1 << i) for i in range(4, max(cap - 1, 1).bit_length() + 1)}
+        shapes = {self._prefill_shape(rows, length) for rows in self.buckets for length in lengths}
+        return sorted((x for x in shapes if x is not None), key=lambda x: (-x[0] * x[1], -x[0]))
+
+    def _first_tokens(self) -> None:
+        """Emit the first tokens of the prefills launched since the last call (a request aborted
+        since gets none), once the last of them has run. step() calls it once the next cycle is
+        launched, so that the GPU does not wait for the host between a prefill and the cycle after."""
+        if not self._admitted:
+            return
+        if self._admitted[-1][3] is not None:
+            self._admitted[-1][3].synchronize()
+        t0 = time.perf_counter()
+        admitted, self._admitted = self._admitted, []
+        for reqs, first, logprob, _ in admitted:
+            for req, tok, lp in zip(reqs, first.tolist(), logprob.tolist()):
+                if req.gen.finish_reason is None:
+                    self._emit(req, [tok], [lp])
+        self.host_seconds += time.perf_counter() - t0
