@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -93,6 +93,8 @@ for step in $steps; do
                 | log | tail -40 ;;
     # where a small prefill's GPU time goes (RESULTS.md, "Fewer prefill launches")
     prefill)  python3 scripts/prefill_profile.py --out "$OUT/prefill.json" 2>&1 | log | tail -60 ;;
+    # admission's host wall clock: packing, graph-sized batches, shared prefixes; served runs (RESULTS.md)
+    admission) python3 scripts/admission_bench.py --out "$OUT/admission.json" --served 2>&1 | log | tail -20 ;;
     # capture cold (an empty Triton cache) then warm (the same cache)
     capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \
                 --json "$OUT/capture_$w.json" 2>&1 | grep -v '^capture' | sed "s/^/$w: /" | log | tail -35; done ;;

@@ -1,0 +1,96 @@
+"""What admitting requests costs the host's wall clock, on CUDA: RESULTS.md's admission tables.
+
+    python scripts/admission_bench.py --out F [--preset smollm2-135m-shape] [--served]
+
+A plain runtime (and one with prefix caching) on random weights at the preset's shape, every prefill
+graph captured up front as a server does. Each case admits its prompts at once, reads their first
+tokens (Runtime.admit) and drops them: the median wall clock of 7 admissions after 2 warm-ups. The
+cases: 1, 8 and 64 prompts of 41 tokens; 64 prompts of 20-100 tokens (the same set each time, then
+new lengths each time); with prefix caching, 64 prompts that share a 64-token system prompt, new at
+each admission (so only the requests of the same forward can share it). --served adds
+graphrt.bench.run_served at B = 1, 8 and 64 (4 x max(B, 8) requests of 25-60 tokens, 64 new tokens).
+For an A/B, run it in each checkout, alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.bench import run_served
+from graphrt.presets import ensure_preset
+
+
+def prompt(n: int, r: random.Random) -> list[int]:
+    return [100 + r.randrange(4000) for _ in range(n)]
+
+
+def admit_ms(rt: Runtime, prompts: list[list[int]]) -> float:
+    rids = [rt.add_request(p, SamplingParams(max_new_tokens=2)) for p in prompts]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    rt.admit()
+    torch.cuda.synchronize()
+    t = time.perf_counter() - t
+    for r in rids:
+        rt.abort(r)
+        rt.pop_generation(r)
+    return 1e3 * t
+
+
+def cases(prefix_caching: bool):
+    r = random.Random(11)
+    if prefix_caching:
+        return {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
+                lambda i: (lambda system: [system + prompt(r.randrange(8, 31), r) for _ in range(64)])(
+                    prompt(64, random.Random(5000 + i)))}
+    fixed = [prompt(41, r) for _ in range(64)]
+    mixed = [prompt(r.randrange(20, 101), r) for _ in range(64)]
+    return {"1 prompt of 41 tokens": lambda i: fixed[:1], "8 prompts of 41 tokens": lambda i: fixed[:8],
+            "64 prompts of 41 tokens": lambda i: fixed, "64 prompts of 20-100 tokens": lambda i: mixed,
+            "64 prompts of 20-100 tokens, new lengths each time":
+                lambda i: [prompt(random.Random(1000 + i).randrange(20, 101), r) for _ in range(64)]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON output path")
+    ap.add_argument("--preset", default="smollm2-135m-shape")
+    ap.add_argument("--served", action="store_true", help="also the served runs at B = 1, 8, 64")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("admission_bench needs CUDA")
+    target = str(ensure_preset(args.preset, torch.bfloat16))
+    report = {}
+    for pc in (False, True):
+        rt = Runtime.from_pretrained(target, None, max_batch_size=64, max_seq_len=512, prefix_caching=pc)
+        rt.capture(prefill=True)
+        for name, make in cases(pc).items():
+            walls = [admit_ms(rt, make(i)) for i in range(9)]
+            report[name] = statistics.median(walls[2:])
+            print(f"{name}: {report[name]:.2f} ms (median of 7)", flush=True)
+        if args.served and not pc:
+            r = random.Random(3)
+            prompts = [prompt(r.randrange(25, 60), r) for _ in range(64)]
+            for B in (1, 8, 64):
+                for _ in range(2):  # the first run warms up
+                    res = run_served(rt, B, prompts, num_requests=4 * max(B, 8), max_new_tokens=64)
+                report[f"served B={B}"] = {k: res[k] for k in ("tokens_per_s", "tokens_per_s_wall", "wall_s",
+                                                               "prefills", "ttft_ms")}
+                print(f"served B={B}: wall {res['tokens_per_s_wall']:.0f} tok/s, decode {res['tokens_per_s']:.0f} "
+                      f"tok/s, time to first token p50 {res['ttft_ms']['p50']:.2f} ms", flush=True)
+        del rt
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
