@@ -17,6 +17,9 @@ from graphrt.parallel.launch import run_ranks
 from tests.helpers import draft_dir, prompt_forward, tiny_dir
 
 PROMPTS = [[1, 5, 9, 33, 7], [4, 4, 8, 100, 250, 17, 3]]
+# two prompts sharing two whole 16-token KV blocks, for prefix caching
+_SYSTEM = [(17 * i + 5) % 500 for i in range(33)]
+SHARED = [_SYSTEM + [3, 1, 4], _SYSTEM + [2, 7, 1, 8, 2]]
 DRAFTS = {"lm": "self", "eagle": "eagle-self", "eagle3": "eagle3", "eagle3-fp8": "eagle3"}  # -> draft_dir kind
 # kinds run with Runtime options of their own: the EAGLE-3 head read as FP8, split over the ranks.
 # Each rank scales its slice's rows, so a row-parallel slice's FP8 values differ from one process's
@@ -58,6 +61,12 @@ def _worker(out_dir, world, target, drafts, kw):
     params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, top_k=1, ignore_eos=True),
               SamplingParams(max_new_tokens=12, temperature=0.9, seed=5, top_k=4, top_p=0.8, ignore_eos=True)]
     res["filtered"] = [g.token_ids for g in rt.generate([PROMPTS[0], PROMPTS[1]], params)]
+    # prefix caching: every rank keys and shares the same blocks (each runs the same scheduler), the
+    # second prompt reading the first's in the same prefill, then both reading them again
+    pc = Runtime.from_pretrained(target, drafts.get("eagle3"), tensor_parallel_size=world, prefix_caching=True,
+                                 **{**_RT, **kw})
+    gens = pc.generate(SHARED, _GREEDY) + pc.generate(SHARED, _GREEDY)
+    res["prefix"] = ([g.token_ids for g in gens], pc.stats().cached_prompt_tokens)
     torch.save(res, f"{out_dir}/rank{rt.tp.rank}.pt")
     return 0
 
@@ -78,6 +87,7 @@ def _check_ranks(ranks, single, kinds):
         for kind in ["plain", *kinds]:
             assert res[kind][1] == ranks[0][kind][1], kind
         assert res["filtered"][0] == single["plain"][0][0] and res["filtered"] == ranks[0]["filtered"]
+        assert res["prefix"] == (single["shared"] * 2, 32 + 2 * 32)
         # the self-drafts agree with the target, so the accepted-token path ran under TP too
         assert all(res[k][2] > 0 for k in ("lm", "eagle") if k in kinds)
         # the EAGLE-3 head is split over the ranks (the others are replicated), and proposes the
@@ -91,7 +101,8 @@ def _check_ranks(ranks, single, kinds):
 def _single(kinds=tuple(DRAFTS), **kw):
     target = tiny_dir()
     rt = Runtime.from_pretrained(target, None, **{**_RT, **kw})
-    res = {"forward": [t.cpu() for t in prompt_forward(rt, PROMPTS[1])]}
+    res = {"forward": [t.cpu() for t in prompt_forward(rt, PROMPTS[1])],
+           "shared": [g.token_ids for g in rt.generate(SHARED, _GREEDY)]}
     for kind, path in {"plain": None, **{k: draft_dir(DRAFTS[k]) for k in kinds}}.items():
         res[kind] = _run(target, path, None, **kw, **_KIND_KW.get(kind, {}))
     return res
