@@ -4,8 +4,8 @@
 
 A plain runtime (and one with prefix caching) on random weights at the preset's shape, every prefill
 graph captured up front as a server does. Each case admits its prompts at once, reads their first
-tokens (Runtime.admit) and drops them: the median wall clock of 7 admissions after 2 warm-ups. The
-cases: 1, 8 and 64 prompts of 41 tokens; 64 prompts of 20-100 tokens (the same set each time, then
+tokens (Runtime.admit) and drops them: graphrt.bench.run_prefill's mean wall clock of 5 admissions
+after a warm-up. The cases: 1, 8 and 64 prompts of 41 tokens; 64 prompts of 20-100 tokens (the same set each time, then
 new lengths each time); with prefix caching, 64 prompts that share a 64-token system prompt, new at
 each admission (so only the requests of the same forward can share it). --served adds
 graphrt.bench.run_served at B = 1, 8 and 64 (4 x max(B, 8) requests of 25-60 tokens, 64 new tokens).
@@ -17,45 +17,34 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import time
+from pathlib import Path
 
 import torch
 
-from graphrt import Runtime, SamplingParams
-from graphrt.bench import run_served
+from graphrt import Runtime
+from graphrt.bench import run_prefill, run_served
 from graphrt.presets import ensure_preset
+
+ADMISSIONS = 6  # run_prefill's warm-up and its 5 timed admissions, each taking the next n prompts
 
 
 def prompt(n: int, r: random.Random) -> list[int]:
     return [100 + r.randrange(4000) for _ in range(n)]
 
 
-def admit_ms(rt: Runtime, prompts: list[list[int]]) -> float:
-    rids = [rt.add_request(p, SamplingParams(max_new_tokens=2)) for p in prompts]
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    rt.admit()
-    torch.cuda.synchronize()
-    t = time.perf_counter() - t
-    for r in rids:
-        rt.abort(r)
-        rt.pop_generation(r)
-    return 1e3 * t
-
-
-def cases(prefix_caching: bool):
+def cases(prefix_caching: bool) -> dict[str, tuple[int, list[list[int]]]]:
+    """name -> (prompts an admission takes, the prompts the admissions take in turn)."""
     r = random.Random(11)
-    if prefix_caching:
+    if prefix_caching:  # a new system prompt each admission
         return {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
-                lambda i: (lambda system: [system + prompt(r.randrange(8, 31), r) for _ in range(64)])(
-                    prompt(64, random.Random(5000 + i)))}
+                (64, [p for _ in range(ADMISSIONS) for system in [prompt(64, r)]
+                      for p in [system + prompt(r.randrange(8, 31), r) for _ in range(64)]])}
     fixed = [prompt(41, r) for _ in range(64)]
-    mixed = [prompt(r.randrange(20, 101), r) for _ in range(64)]
-    return {"1 prompt of 41 tokens": lambda i: fixed[:1], "8 prompts of 41 tokens": lambda i: fixed[:8],
-            "64 prompts of 41 tokens": lambda i: fixed, "64 prompts of 20-100 tokens": lambda i: mixed,
+    return {"1 prompt of 41 tokens": (1, fixed[:1]), "8 prompts of 41 tokens": (8, fixed[:8]),
+            "64 prompts of 41 tokens": (64, fixed),
+            "64 prompts of 20-100 tokens": (64, [prompt(r.randrange(20, 101), r) for _ in range(64)]),
             "64 prompts of 20-100 tokens, new lengths each time":
-                lambda i: [prompt(random.Random(1000 + i).randrange(20, 101), r) for _ in range(64)]}
+                (64, [prompt(r.randrange(20, 101), r) for _ in range(64 * ADMISSIONS)])}
 
 
 def main() -> int:
@@ -71,10 +60,9 @@ def main() -> int:
     for pc in (False, True):
         rt = Runtime.from_pretrained(target, None, max_batch_size=64, max_seq_len=512, prefix_caching=pc)
         rt.capture(prefill=True)
-        for name, make in cases(pc).items():
-            walls = [admit_ms(rt, make(i)) for i in range(9)]
-            report[name] = statistics.median(walls[2:])
-            print(f"{name}: {report[name]:.2f} ms (median of 7)", flush=True)
+        for name, (n, prompts) in cases(pc).items():
+            report[name] = run_prefill(rt, prompts, n)
+            print(f"{name}: {report[name]['wall_ms']:.2f} ms wall, {report[name]['gpu_ms']:.2f} ms GPU", flush=True)
         if args.served and not pc:
             r = random.Random(3)
             prompts = [prompt(r.randrange(25, 60), r) for _ in range(64)]
@@ -86,9 +74,7 @@ def main() -> int:
                 print(f"served B={B}: wall {res['tokens_per_s_wall']:.0f} tok/s, decode {res['tokens_per_s']:.0f} "
                       f"tok/s, time to first token p50 {res['ttft_ms']['p50']:.2f} ms", flush=True)
         del rt
-        torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
 
