@@ -175,7 +175,7 @@ def _together(rt, prompts, params):
     return [rt.pop_generation(r) for r in rids]
 
 
-@pytest.mark.parametrize("draft", [None, "eagle3"])
+@pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
 def test_requests_prefilled_together_share_blocks(draft):
     """Requests admitted in one prefill read the blocks an earlier row of that same forward writes
     (each layer stores every row's KV before any row attends): the same output as without the
