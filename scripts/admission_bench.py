@@ -6,8 +6,8 @@ A plain runtime (and one with prefix caching) on random weights at the preset's 
 graph captured up front as a server does. Each case admits its prompts at once, reads their first
 tokens (Runtime.admit) and drops them: graphrt.bench.run_prefill's mean wall clock of 5 admissions
 after a warm-up. The cases: 1, 8 and 64 prompts of 41 tokens; 64 prompts of 20-100 tokens (the same set each time, then
-new lengths each time); with prefix caching, 64 prompts that share a 64-token system prompt, new at
-each admission (so only the requests of the same forward can share it). --served adds
+new lengths each time); 64 prompts that share a 64-token system prompt, new at each admission, with
+and without prefix caching (with it, only the requests of the same forward can share the prompt). --served adds
 graphrt.bench.run_served at B = 1, 8 and 64 (4 x max(B, 8) requests of 25-60 tokens, 64 new tokens).
 For an A/B, run it in each checkout, alternating.
 """
@@ -35,12 +35,14 @@ def prompt(n: int, r: random.Random) -> list[int]:
 def cases(prefix_caching: bool) -> dict[str, tuple[int, list[list[int]]]]:
     """name -> (prompts an admission takes, the prompts the admissions take in turn)."""
     r = random.Random(11)
-    if prefix_caching:  # a new system prompt each admission
-        return {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
-                (64, [p for _ in range(ADMISSIONS) for system in [prompt(64, r)]
-                      for p in [system + prompt(r.randrange(8, 31), r) for _ in range(64)]])}
+    # a new system prompt each admission; run with and without prefix caching
+    shared = {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
+              (64, [p for _ in range(ADMISSIONS) for system in [prompt(64, r)]
+                    for p in [system + prompt(r.randrange(8, 31), r) for _ in range(64)]])}
+    if prefix_caching:
+        return {f"{name}, prefix caching": case for name, case in shared.items()}
     fixed = [prompt(41, r) for _ in range(64)]
-    return {"1 prompt of 41 tokens": (1, fixed[:1]), "8 prompts of 41 tokens": (8, fixed[:8]),
+    return {**shared, "1 prompt of 41 tokens": (1, fixed[:1]), "8 prompts of 41 tokens": (8, fixed[:8]),
             "64 prompts of 41 tokens": (64, fixed),
             "64 prompts of 20-100 tokens": (64, [prompt(r.randrange(20, 101), r) for _ in range(64)]),
             "64 prompts of 20-100 tokens, new lengths each time":
