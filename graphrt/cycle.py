@@ -105,11 +105,14 @@ class DecodeState:
         return [((max_batch_size, W), torch.int64), ((max_batch_size,), torch.int32),
                 ((max_batch_size, W), torch.float32)]
 
-    def filters(self, slots) -> dict:
-        """rejection_sample's filter arguments for these slots, or none while no request filters."""
+    def filters(self, slots=None, values: dict | None = None) -> dict:
+        """rejection_sample's filter arguments for these slots, or none while no request filters.
+        values: the rows' top_k, top_p and min_p tensors by name, where the caller has them already
+        (a prefill's inputs), instead of gathering the slots' buffers."""
         if not self.filtering:
             return {}
-        return dict(top_k=self.top_k[slots], top_p=self.top_p[slots], min_p=self.min_p[slots])
+        names = ("top_k", "top_p", "min_p")
+        return {n: values[n] for n in names} if values is not None else {n: getattr(self, n)[slots] for n in names}
 
     def reset_scratch(self):
         pin_scratch(self.num_tokens, self.last_token, self.scratch_slot)
@@ -375,17 +378,16 @@ class Cycle:
         prefill graph captures it. Returns (first tokens [R] int64, their logprobs [R] fp32)."""
         s, dev = self.s, tokens.device
         s.block_tables[slots] = table
-        for name, values in zip(self.SAMPLING, sampling, strict=True):
+        params = dict(zip(self.SAMPLING, sampling, strict=True))
+        for name, values in params.items():
             getattr(s, name)[slots] = values
-        temperature, seed, top_k, top_p, min_p = sampling
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
         hidden, aux = self.target.forward(tokens[:, :P].flatten(), *self._prompt_inputs(slots, P, starts),
                                           self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
-        filters = dict(top_k=top_k, top_p=top_p, min_p=min_p) if s.filtering else {}  # as s.filters(slots)
-        out = rejection_sample(logits, self.no_drafts[:R], temperature, seed, starts + lens, **filters,
-                               **self.target.logits_shard)
+        out = rejection_sample(logits, self.no_drafts[:R], params["temperature"], params["seed"], starts + lens,
+                               **s.filters(values=params), **self.target.logits_shard)
         first = out.token_ids[:, 0]  # [R]
         s.num_tokens[slots] = starts + lens + 1
         s.last_token[slots] = first
