@@ -36,10 +36,12 @@ class CapturedGraph:
 class PrefillGraph:
     """The prefill forward (graphrt.cycle.Cycle.prefill_forward) at one padded shape: the host
     writes `inputs` (Cycle.prefill_specs, one packed buffer), replays, and reads `outputs` (first
-    tokens [rows], logprobs [rows])."""
+    tokens [rows], logprobs [rows]). cached: its rows may start past a cached prefix (prefix
+    caching), so their attention reaches past `length`, up to the table's capacity."""
 
     rows: int
     length: int
+    cached: bool
     graph: torch.cuda.CUDAGraph
     inputs: torch.Tensor
     outputs: tuple[torch.Tensor, torch.Tensor]
@@ -63,7 +65,7 @@ class CycleGraphs:
         self.graphs: dict[tuple[str, int], CapturedGraph] = {}
         self.pool = pool
         self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
-        self.prefills: dict[tuple[int, int], PrefillGraph] = {}
+        self.prefills: dict[tuple[int, int, bool], PrefillGraph] = {}  # by (rows, length, cached)
 
     def capture(self, progress=None, inspect_kernels: bool = True,
                 precompile_kernels: bool = True) -> list[CapturedGraph]:
@@ -148,30 +150,30 @@ class CycleGraphs:
         rec = self.graphs.get((phase, batch_size))
         return rec.graph if rec is not None else None
 
-    def prefill(self, rows: int, length: int) -> PrefillGraph:
+    def prefill(self, rows: int, length: int, cached: bool = False) -> PrefillGraph:
         """The prefill graph of this shape, captured now if it was not (capture_prefills)."""
-        rec = self.prefills.get((rows, length))
-        return rec if rec is not None else self.capture_prefills([(rows, length)])[0]
+        rec = self.prefills.get((rows, length, cached))
+        return rec if rec is not None else self.capture_prefills([(rows, length, cached)])[0]
 
     def capture_prefills(self, shapes) -> list[PrefillGraph]:
-        """Capture the prefill graph of each (rows, length) in shapes, each after a warm-up run that
-        compiles its kernels (about 0.1 s a shape on a 30-layer model). Both run on the scratch slot
-        only, after every launched cycle has finished, since cycles read that slot."""
+        """Capture the prefill graph of each (rows, length, cached) in shapes, each after a warm-up
+        run that compiles its kernels (about 0.1 s a shape on a 30-layer model). Both run on the
+        scratch slot only, after every launched cycle has finished, since cycles read that slot."""
         c, s = self.cycle, self.cycle.s
         torch.cuda.synchronize()
         with self._capturing() as stream:
-            for rows, length in shapes:
-                if (rows, length) in self.prefills:
+            for rows, length, cached in shapes:
+                if (rows, length, cached) in self.prefills:
                     continue
                 t0 = time.perf_counter()
                 inputs, views = c.prefill_inputs(rows, length, s.num_tokens.device)  # padding rows only
                 with torch.cuda.stream(stream):  # compile and allocate outside the capture
-                    c.prefill_forward(*views)
+                    c.prefill_forward(*views, cached=cached)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    outputs = c.prefill_forward(*views)
+                    outputs = c.prefill_forward(*views, cached=cached)
                 torch.cuda.synchronize()
-                self.prefills[(rows, length)] = PrefillGraph(rows, length, graph, inputs, outputs,
-                                                             time.perf_counter() - t0)
+                self.prefills[(rows, length, cached)] = PrefillGraph(rows, length, cached, graph, inputs, outputs,
+                                                                     time.perf_counter() - t0)
         return [self.prefills[shape] for shape in shapes]

@@ -111,7 +111,8 @@ class Admission:
             shape = self._prefill_shape(len(reqs), max(len(r.prompt) - r.cached for r in reqs))
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
-                graph = self._graphs().prefill(*shape)
+                # a prefill past cached blocks has keys past its padded length: a graph of its own
+                graph = self._graphs().prefill(*shape, cached=any(r.cached for r in reqs))
             sampling = [tuple(r.seed if name == "seed" else getattr(r.params, name) for name in Cycle.SAMPLING)
                         for r in reqs]
             return self.cycle.prefill([r.slot for r in reqs], [r.prompt[r.cached:] for r in reqs],

@@ -120,15 +120,13 @@ class DecodeState:
 
 class Cycle:
     def __init__(self, *, target, draft, target_kv: KVPool, draft_kv: KVPool | None, state: DecodeState,
-                 num_draft_tokens: int, prefix_caching: bool = False):
+                 num_draft_tokens: int):
         self.target, self.draft = target, draft
         self.target_kv, self.draft_kv = target_kv, draft_kv
         self.s = state
         self.K = num_draft_tokens
         self.block_size = target_kv.block_size
         self.max_seq_len = state.block_tables.shape[1] * self.block_size  # what a block table can address
-        # a prefill row may start past a cached prefix (graphrt/prefix_cache.py)
-        self.prefix_caching = prefix_caching
         self.no_drafts = torch.zeros(state.batch_slots.shape[0], 0, dtype=torch.int64, device=state.num_tokens.device)
         self.offset = draft.position_offset if draft is not None else 0
         # NVTX range (+ PhaseTimer, + torch profiler range when one runs) around every phase launch
@@ -158,20 +156,18 @@ class Cycle:
         return AttentionMetadata(block_tables=inputs.block_tables, seq_lens=seq_lens, slot_mapping=slot_mapping,
                                  query_len=query_len, max_seq_len=self.max_seq_len)
 
-    def _prompt_inputs(self, slots, T: int, starts=None) -> tuple[torch.Tensor, AttentionMetadata]:
+    def _prompt_inputs(self, slots, T: int, starts, cached: bool) -> tuple[torch.Tensor, AttentionMetadata]:
         """(positions [n * T], attention metadata) of positions starts .. starts + T - 1 of each
-        slot's request (slots, starts: [n]; starts: the prompt tokens already in cached KV blocks,
-        default none), once per prefill: the torch reference, as the Triton launch (T a constant of
-        its kernel) would compile a variant for every prompt length the eager forward meets. Without
-        prefix caching every row's keys end at T, so T bounds the attention's KV range (a short
-        prompt runs unsplit, with no merge launch); with it a row's keys reach its start + T, up to
-        the table's capacity."""
-        if starts is None:
-            starts = torch.zeros(slots.shape[0], dtype=torch.int64, device=slots.device)
+        slot's request (slots, starts: [n]; starts: the prompt tokens already in cached KV blocks),
+        once per prefill: the torch reference, as the Triton launch (T a constant of its kernel) would
+        compile a variant for every prompt length the eager forward meets. cached: some row starts
+        past 0 (prefix caching). Without one every row's keys end at T, so T bounds the attention's
+        KV range (a short prompt runs unsplit, with no merge launch); with one a row's keys reach its
+        start + T, up to the table's capacity."""
         x = cycle_inputs_reference(slots, starts, self.s.block_tables, T=T, block_size=self.block_size, by_slot=False)
         meta = self._meta(x)
         positions = x.positions.flatten()
-        if not self.prefix_caching:
+        if not cached:
             return positions, replace(meta, max_seq_len=T)
         # A row padded from past a cached prefix can run past the table, where the slot mapping's
         # clamp to the last column would store onto the row's own positions: those store nowhere.
@@ -339,12 +335,15 @@ class Cycle:
         first position (past the prompt tokens its cached KV blocks hold); blocks: their KV block
         ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
         to the longest, or to shape = (rows, length), a prefill graph's (graph: that
-        graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward): rows past n
-        prefill a one-token prompt on the scratch slot. Everything goes to the device in one copy.
-        Leaves each slot in the cycle-start state and returns the first generated tokens and their
-        logprobs, [n] device tensors each."""
+        graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward; captured with
+        `cached` set where some start is past 0): rows past n prefill a one-token prompt on the
+        scratch slot. Everything goes to the device in one copy. Leaves each slot in the cycle-start
+        state and returns the first generated tokens and their logprobs, [n] device tensors each."""
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
+        cached = any(starts)
+        if graph is not None and graph.cached != cached:  # its attention would miss or overreach keys
+            raise ValueError(f"a prefill graph captured with cached={graph.cached} for starts {starts}")
         host, (tokens, lens, row_starts, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
         # through numpy views of the host buffer: a tensor per row cost ~30 us a request on the host
         tokens_np, table_np = tokens.numpy(), table.numpy()
@@ -364,18 +363,19 @@ class Cycle:
             else:
                 buf, views = packed(self.prefill_specs(rows, length), self.s.num_tokens.device)
                 buf.copy_(host)
-                first, logprobs = self.prefill_forward(*views)
+                first, logprobs = self.prefill_forward(*views, cached=cached)
         return first[:n], logprobs[:n]
 
     def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor,
-                        table: torch.Tensor, *sampling: torch.Tensor):
+                        table: torch.Tensor, *sampling: torch.Tensor, cached: bool = False):
         """tokens [R, P + 1], lens [R], starts [R], slots [R], table [R, max_blocks], sampling [R]
         each (prefill_specs): prompt r is tokens[r, :lens[r]] at positions starts[r] on (the KV of
         the positions before it already in its table's blocks), its slot's block table and sampling
-        parameters are written first. A padding row sits at a position after its prompt, which no
-        row of its own prompt attends to (causal), and stores its KV where the first cycles write
-        before they read (past the request's blocks: the trash block). Every shape is static, so a
-        prefill graph captures it. Returns (first tokens [R] int64, their logprobs [R] fp32)."""
+        parameters are written first. cached: some start may be past 0 (without it each must be 0,
+        and the attention reads keys up to P only). A padding row sits at a position after its
+        prompt, which no row of its own prompt attends to (causal), and stores its KV where the
+        first cycles write before they read (past the request's blocks: the trash block). Every
+        shape is static, so a prefill graph captures it. Returns (first tokens [R] int64, their logprobs [R] fp32)."""
         s, dev = self.s, tokens.device
         s.block_tables[slots] = table
         params = dict(zip(self.SAMPLING, sampling, strict=True))
@@ -383,7 +383,7 @@ class Cycle:
             getattr(s, name)[slots] = values
         R, P = tokens.shape[0], tokens.shape[1] - 1
         rows = torch.arange(R, device=dev)
-        hidden, aux = self.target.forward(tokens[:, :P].flatten(), *self._prompt_inputs(slots, P, starts),
+        hidden, aux = self.target.forward(tokens[:, :P].flatten(), *self._prompt_inputs(slots, P, starts, cached),
                                           self.target_kv)
         logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
         out = rejection_sample(logits, self.no_drafts[:R], params["temperature"], params["seed"], starts + lens,
@@ -398,7 +398,7 @@ class Cycle:
                 tokens, T, last = tokens[:, 1:], P, lens - 1
             else:  # rows t_0 .. t_P at positions 0 .. P
                 hidden_in, T, last = None, P + 1, lens
-            state = summed(self.draft.draft_forward(tokens.flatten(), *self._prompt_inputs(slots, T, starts),
+            state = summed(self.draft.draft_forward(tokens.flatten(), *self._prompt_inputs(slots, T, starts, cached),
                                                     self.draft_kv, hidden_in))
             state = state[rows * T + last]  # each request's row at its last real position
             if s.draft_state is not None:

@@ -188,7 +188,7 @@ class Runtime(Admission):
         if simulate_acceptance_length is not None:
             self.set_simulated_acceptance(simulate_acceptance_length)
         self.cycle = Cycle(target=self.target, draft=self.draft, target_kv=self.target_kv, draft_kv=self.draft_kv,
-                           state=self.state, num_draft_tokens=max(self.K, 1), prefix_caching=prefix_caching)
+                           state=self.state, num_draft_tokens=max(self.K, 1))
         # tensor parallelism's all-reduces: the group's backend (NCCL, gloo) until capture() sets up the
         # one-shot path
         self.all_reduce_path = None if self.tp is None else str(dist.get_backend(self.tp.group))
@@ -402,7 +402,8 @@ class Runtime(Admission):
 
         A prefill replays the set's graph for its padded shape (prefill_shapes), captured the first
         time that shape comes (about 0.1 s on a 30-layer model); prefill=True captures every shape
-        now, as a server does before it takes requests."""
+        now, as a server does before it takes requests (with prefix caching, each shape twice: a
+        prefill past cached blocks attends past its padded length, and has graphs of its own)."""
         if self.device.type != "cuda":
             raise OptionError(f"CUDA graph capture needs a CUDA device, this runtime is on {self.device}")
         from graphrt.capture.graphs import CycleGraphs
@@ -426,8 +427,9 @@ class Runtime(Admission):
         filtering, s.filtering = s.filtering, want
         try:
             records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
-            if prefill:
-                graphs.capture_prefills(self.prefill_shapes())
+            if prefill:  # with prefix caching, each shape also as a prefill past cached blocks runs it
+                graphs.capture_prefills([(*shape, cached) for shape in self.prefill_shapes()
+                                         for cached in ((False, True) if self.prefix_caching else (False,))])
         finally:
             s.filtering = filtering
         sets[want] = graphs

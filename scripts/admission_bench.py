@@ -5,9 +5,10 @@
 A plain runtime (and one with prefix caching) on random weights at the preset's shape, every prefill
 graph captured up front as a server does. Each case admits its prompts at once, reads their first
 tokens (Runtime.admit) and drops them: graphrt.bench.run_prefill's mean wall clock of 5 admissions
-after a warm-up. The cases: 1, 8 and 64 prompts of 41 tokens; 64 prompts of 20-100 tokens (the same set each time, then
-new lengths each time); 64 prompts that share a 64-token system prompt, new at each admission, with
-and without prefix caching (with it, only the requests of the same forward can share the prompt). --served adds
+after a warm-up. The cases, with and without prefix caching (which finds nothing but what the
+requests of one forward share): 1, 8 and 64 new prompts of 41 tokens; 64 new prompts of 20-100
+tokens; 64 prompts that share a 64-token system prompt, new at each admission; and without it the
+same 64 prompts of 20-100 tokens each time. --served adds
 graphrt.bench.run_served at B = 1, 8 and 64 (4 x max(B, 8) requests of 25-60 tokens, 64 new tokens).
 For an A/B, run it in each checkout, alternating.
 """
@@ -33,20 +34,23 @@ def prompt(n: int, r: random.Random) -> list[int]:
 
 
 def cases(prefix_caching: bool) -> dict[str, tuple[int, list[list[int]]]]:
-    """name -> (prompts an admission takes, the prompts the admissions take in turn)."""
-    r = random.Random(11)
-    # a new system prompt each admission; run with and without prefix caching
-    shared = {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
-              (64, [p for _ in range(ADMISSIONS) for system in [prompt(64, r)]
-                    for p in [system + prompt(r.randrange(8, 31), r) for _ in range(64)]])}
+    """name -> (prompts an admission takes, the prompts the admissions take in turn). Each admission
+    takes new prompts (with prefix caching, nothing it caches is found again but the shared system
+    prompt's blocks within one admission), but for the last case, run without prefix caching."""
+    r = random.Random(11)  # the same prompts with and without prefix caching
+
+    def new(n: int, lengths) -> list[list[int]]:
+        return [prompt(lengths(), r) for _ in range(n * ADMISSIONS)]
+
+    out = {"64 prompts sharing a new 64-token system prompt + 8-30 tokens":
+           (64, [p for _ in range(ADMISSIONS) for system in [prompt(64, r)]
+                 for p in [system + prompt(r.randrange(8, 31), r) for _ in range(64)]])}
+    for n in (1, 8, 64):
+        out[f"{n} new prompt{'s' * (n > 1)} of 41 tokens"] = (n, new(n, lambda: 41))
+    out["64 new prompts of 20-100 tokens"] = (64, new(64, lambda: r.randrange(20, 101)))
     if prefix_caching:
-        return {f"{name}, prefix caching": case for name, case in shared.items()}
-    fixed = [prompt(41, r) for _ in range(64)]
-    return {**shared, "1 prompt of 41 tokens": (1, fixed[:1]), "8 prompts of 41 tokens": (8, fixed[:8]),
-            "64 prompts of 41 tokens": (64, fixed),
-            "64 prompts of 20-100 tokens": (64, [prompt(r.randrange(20, 101), r) for _ in range(64)]),
-            "64 prompts of 20-100 tokens, new lengths each time":
-                (64, [prompt(r.randrange(20, 101), r) for _ in range(64 * ADMISSIONS)])}
+        return {f"{name}, prefix caching": case for name, case in out.items()}
+    return {**out, "64 prompts of 20-100 tokens, the same each time": (64, new(64, lambda: r.randrange(20, 101))[:64])}
 
 
 def main() -> int:

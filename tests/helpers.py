@@ -98,7 +98,8 @@ def prompt_forward(rt, prompt):
     rid = rt.add_request(prompt, graphrt.SamplingParams(max_new_tokens=4))
     rt.admit()  # its prefill, without a cycle after it
     slot = rt.running_slots()[0]
-    positions, meta = rt.cycle._prompt_inputs(torch.tensor([slot], device=rt.device), len(prompt))
+    zero = torch.zeros(1, dtype=torch.int64, device=rt.device)
+    positions, meta = rt.cycle._prompt_inputs(torch.tensor([slot], device=rt.device), len(prompt), zero, False)
     hidden, _ = rt.target.forward(torch.tensor(prompt, device=rt.device), positions, meta, rt.target_kv)
     logits = rt.target.logits(hidden)
     while not rt.finished(rid):

@@ -138,8 +138,12 @@ def test_capture_with_prefill_captures_every_prefill_shape_up_front():
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
     rt = Runtime(target, draft, **kw)
     rt.capture(inspect_kernels=False, prefill=True)
-    shapes = set(rt.cycle.graphs.prefills)
-    assert shapes == set(rt.prefill_shapes()) and (8, 64) in shapes
+    shapes = set(rt.cycle.graphs.prefills)  # without prefix caching, no row starts past 0
+    assert shapes == {(*shape, False) for shape in rt.prefill_shapes()} and (8, 64, False) in shapes
+    cached = Runtime(target, draft, prefix_caching=True, **kw)
+    cached.capture(inspect_kernels=False, prefill=True)
+    assert set(cached.cycle.graphs.prefills) == shapes | {(*shape, True) for shape in rt.prefill_shapes()}
+    del cached
     g = torch.Generator().manual_seed(17)
     prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (3, 70, 12, 33, 1)]
     params = [SamplingParams(max_new_tokens=10, temperature=0.9 * (i % 2), seed=i, ignore_eos=True) for i in range(5)]
@@ -154,19 +158,24 @@ def test_capture_with_prefill_captures_every_prefill_shape_up_front():
 def test_prefix_caching_under_graphs_decodes_as_without_it(kind):
     """Prefix caching with the Triton kernels and prefill graphs: requests sharing a system prompt,
     prefilled together (reading a block another row of the same forward writes) and then again
-    (reading the cached blocks), decode as the eager runtime without the cache."""
+    (reading the cached blocks), decode as the eager runtime without the cache; so does a prompt
+    that shares nothing, through the graph of a prefill with no cached prefix."""
     target = _load(tiny_dir())
     draft = _load(draft_dir(kind)) if kind else None
     g = torch.Generator().manual_seed(19)
     system = torch.randint(0, 512, (37,), generator=g).tolist()
     prompts = [system + torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (1, 6, 11, 3)]
+    prompts.append(torch.randint(0, 512, (21,), generator=g).tolist())  # alone, first
     params = [SamplingParams(max_new_tokens=10, temperature=0.8 * (i % 2), seed=i, ignore_eos=True)
-              for i in range(4)]
+              for i in range(5)]
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
-    want = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
+    eager = Runtime(target, draft, use_cuda_graphs=False, **kw)
+    want = eager.generate(prompts[4:], params[4:]) + eager.generate(prompts[:4], params[:4])
     rt = Runtime(target, draft, prefix_caching=True, **kw)
-    got = rt.generate(prompts, params) + rt.generate(prompts, params)
+    got = rt.generate(prompts[4:], params[4:]) + rt.generate(prompts[:4], params[:4])
+    got += rt.generate(prompts[:4], params[:4])
     assert rt.stats().cached_prompt_tokens == 3 * 32 + 4 * 32
-    for a, b in zip(got, want + want):
+    assert set(rt.cycle.graphs.prefills) == {(1, 32, False), (4, 64, True), (4, 16, True)}
+    for a, b in zip(got, want + want[1:]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)

@@ -218,3 +218,35 @@ def test_a_failed_prefill_forgets_the_blocks_it_keyed():
         rt.step()
     assert [rt.pop_generation(r).token_ids for r in rids] == [w.token_ids for w in want], f"seed {seed}"
     assert rt.stats().cached_prompt_tokens == 2 * 32
+
+
+def test_prefill_attention_reaches_past_its_padded_length_only_past_a_cached_prefix(monkeypatch):
+    """Under prefix caching a prefill whose rows all start at 0 keeps the padded prompt length as
+    its attention's bound (a short prompt runs unsplit, no merge launch); one with a cached prefix
+    gets the table's capacity, as its keys reach past its padded length. Both decode as without the
+    cache."""
+    import graphrt.models.layers as layers
+
+    seen = []
+    real = layers.paged_attention
+    monkeypatch.setattr(layers, "paged_attention", lambda *a, **kw: seen.append(kw["max_seq_len"]) or real(*a, **kw))
+    target, _, seed, prompts, params = _case(None)
+    kw = dict(max_batch_size=4, max_seq_len=96)
+    want = Runtime(target, None, **kw).generate(prompts[:2], params[:2])
+    rt = Runtime(target, None, prefix_caching=True, **kw)
+    rt._prefill_shape = lambda n, longest: (4, 16 if longest <= 16 else 64)
+    bounds = []
+    real_forward = rt.cycle.prefill_forward
+
+    def prefill_forward(*args, **kwargs):
+        seen.clear()
+        out = real_forward(*args, **kwargs)
+        bounds.append(seen[: target.config.num_hidden_layers])  # the target's layers
+        return out
+
+    rt.cycle.prefill_forward = prefill_forward
+    L, cap = target.config.num_hidden_layers, rt.cycle.max_seq_len
+    got = rt.generate(prompts[:1], params[:1]) + rt.generate(prompts[1:2], params[1:2])
+    assert bounds == [[64] * L, [cap] * L] and cap > 64, f"seed {seed}"  # nothing cached, then 32 tokens
+    assert rt.stats().cached_prompt_tokens == 32
+    assert [g.token_ids for g in got] == [g.token_ids for g in want], f"seed {seed}"
