@@ -112,7 +112,7 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
     eager = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
     rt = Runtime(target, draft, **kw)
     together = rt.generate(prompts, params)
-    assert set(rt.graph_sets[True].prefills) == {(8, 64)}  # the batch filters: the filtered set's graph
+    assert set(rt.graph_sets[True].prefills) == {(8, 64, False)}  # the batch filters: the filtered set's graph
     rids = []
     for p, sp in zip(prompts, params):
         rids.append(rt.add_request(p, sp))
@@ -122,7 +122,7 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
         rt.step()
     alone = [rt.pop_generation(r) for r in rids]
     shapes = set(rt.graph_sets[False].prefills) | set(rt.graph_sets[True].prefills)
-    assert shapes >= {(1, 16), (1, 32), (1, 64), (8, 64)}
+    assert shapes >= {(1, 16, False), (1, 32, False), (1, 64, False), (8, 64, False)}
     assert all(r.length <= 64 for s in rt.graph_sets.values() for r in s.prefills.values())
     for got in (together, alone):
         for a, b in zip(got, eager):
