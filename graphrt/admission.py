@@ -47,7 +47,8 @@ class Admission:
         longest = 0
         while self._waiting and self._free_slots:
             req = self._waiting[0]
-            matched = self.kv_blocks.match(req.prompt) if self.prefix_caching else []
+            keys = self.kv_blocks.keys(req.prompt) if self.prefix_caching else []
+            matched = self.kv_blocks.match(keys)
             need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
             if need > self.kv_blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
@@ -66,7 +67,7 @@ class Admission:
             req.blocks = self.kv_blocks.take(matched, need)
             req.cached = len(matched) * self.block_size
             if self.prefix_caching:  # the next requests of this batch find these blocks too
-                self.kv_blocks.remember(req.prompt, req.blocks)
+                self.kv_blocks.remember(keys, req.blocks)
             batch.append(req)
         if batch:
             self._prefill(batch)

@@ -34,20 +34,22 @@ class PrefixCache:
     def num_free(self) -> int:
         return self.allocator.num_free + len(self._idle)
 
-    def _keys(self, prompt: list[int]):
-        """The key of each whole block that a token follows, in order: (the hash of the block
-        before's key, this block's tokens and the next one), so that a key costs its own tokens."""
-        bs, parent = self.block_size, 0
+    def keys(self, prompt: list[int]) -> list[tuple]:
+        """The key of each whole block of prompt that a token follows, in order (what match and
+        remember take): (the hash of the block before's key, this block's tokens and the next one),
+        so that a key costs its own tokens."""
+        bs, parent, keys = self.block_size, 0, []
         for i in range((len(prompt) - 1) // bs):
             key = (parent, tuple(prompt[i * bs:(i + 1) * bs + 1]))
             parent = hash(key)
-            yield key
+            keys.append(key)
+        return keys
 
-    def match(self, prompt: list[int]) -> list[int]:
-        """The cached blocks holding the longest run of prompt's first whole blocks (the last
-        prompt token never among them: its row gives the first token's logits)."""
+    def match(self, keys: list[tuple]) -> list[int]:
+        """The cached blocks holding the longest run of a prompt's first whole blocks, by their
+        keys (the last prompt token never among them: its row gives the first token's logits)."""
         found = []
-        for key in self._keys(prompt):
+        for key in keys:
             block = self._block_of.get(key)
             if block is None:
                 break
@@ -56,7 +58,7 @@ class PrefixCache:
 
     def free_after_taking(self, blocks: list[int]) -> int:
         """num_free once `blocks` (a match) are held."""
-        return self.num_free - sum(b in self._idle for b in blocks)
+        return self.num_free - sum(b in self._idle for b in blocks) if blocks else self.num_free
 
     def take(self, matched: list[int], n: int) -> list[int]:
         """Hold the matched blocks and n new ones (evicting the longest-idle cached blocks when the
@@ -65,21 +67,21 @@ class PrefixCache:
             self._idle.pop(b, None)
             self._holders[b] = self._holders.get(b, 0) + 1
         short = n - self.allocator.num_free
-        for _ in range(max(0, short)):
-            b, _ = self._idle.popitem(last=False)
-            del self._block_of[self._key_of.pop(b)]
-            self.allocator.free([b])
+        if short > 0:
+            evicted = [self._idle.popitem(last=False)[0] for _ in range(short)]
+            for b in evicted:
+                del self._block_of[self._key_of.pop(b)]
+            self.allocator.free(evicted)
         new = self.allocator.allocate(n)
-        for b in new:
-            self._holders[b] = 1
+        self._holders.update(dict.fromkeys(new, 1))
         return matched + new
 
-    def remember(self, prompt: list[int], blocks: list[int]) -> None:
-        """Key prompt's whole blocks (the first block for a key stays the one found) once the
-        prefill that writes prompt's KV into blocks is on the stream: whatever reads them later,
-        a request prefilled in the same forward included, runs after it. If that prefill fails,
-        forget the blocks."""
-        for key, b in zip(self._keys(prompt), blocks):
+    def remember(self, keys: list[tuple], blocks: list[int]) -> None:
+        """Key a prompt's whole blocks by their keys (the first block for a key stays the one
+        found) once the prefill that writes the prompt's KV into blocks is on the stream: whatever
+        reads them later, a request prefilled in the same forward included, runs after it. If that
+        prefill fails, forget the blocks."""
+        for key, b in zip(keys, blocks):
             if key not in self._block_of and b not in self._key_of:
                 self._block_of[key], self._key_of[b] = b, key
 

@@ -11,37 +11,41 @@ from tests.helpers import draft_dir, load, tiny_dir
 from tests.seeds import fresh_seed
 
 
+def _found(cache, prompt):
+    return cache.match(cache.keys(prompt))
+
+
 def test_blocks_are_keyed_by_their_tokens_and_the_next_one():
     cache = PrefixCache(BlockAllocator(9), block_size=4)  # 8 usable blocks
     a = list(range(10))  # two whole blocks with a token after each: 0-3 (4 follows), 4-7 (8 follows)
     blocks = cache.take([], 3)
-    cache.remember(a, blocks)
-    assert cache.match(a) == blocks[:2]
-    assert cache.match(a[:9]) == blocks[:2] and cache.match(a[:8]) == blocks[:1]  # a token must follow
-    assert cache.match(a[:4] + [99] + a[5:]) == [] and cache.match(a[:8] + [99, 5]) == blocks[:1]
+    cache.remember(cache.keys(a), blocks)
+    assert _found(cache, a) == blocks[:2]
+    assert _found(cache, a[:9]) == blocks[:2] and _found(cache, a[:8]) == blocks[:1]  # a token must follow
+    assert _found(cache, a[:4] + [99] + a[5:]) == [] and _found(cache, a[:8] + [99, 5]) == blocks[:1]
     cache.release(blocks)
     assert cache.num_free == 8  # the cached blocks idle, still counted free
-    held = cache.take(cache.match(a), 6)  # both cached blocks held again, six from the free list
+    held = cache.take(_found(cache, a), 6)  # both cached blocks held again, six from the free list
     assert held[:2] == blocks[:2] and cache.num_free == 0
     cache.release(held)
     cache.take([], 7)  # needs one idle cached block: the one released first goes
-    assert cache.match(a) == [] or cache.match(a) == blocks[:1]
-    assert len(cache.match(a)) <= 1
+    assert _found(cache, a) == [] or _found(cache, a) == blocks[:1]
+    assert len(_found(cache, a)) <= 1
 
 
 def test_idle_blocks_go_oldest_first_and_held_blocks_never():
     cache = PrefixCache(BlockAllocator(5), block_size=2)  # 4 usable blocks
     a, b = [1, 2, 3], [4, 5, 6]
     ba = cache.take([], 1)
-    cache.remember(a, ba)
+    cache.remember(cache.keys(a), ba)
     bb = cache.take([], 1)
-    cache.remember(b, bb)
+    cache.remember(cache.keys(b), bb)
     cache.release(ba)  # a's block idles first
     cache.release(bb)
-    held = cache.take(cache.match(b), 0)  # b's block held again
-    assert cache.num_free == 3 and cache.free_after_taking(cache.match(a)) == 2  # a held would leave 2
+    held = cache.take(_found(cache, b), 0)  # b's block held again
+    assert cache.num_free == 3 and cache.free_after_taking(_found(cache, a)) == 2  # a held would leave 2
     cache.take([], 3)  # two free blocks and one eviction: a's, the only idle one
-    assert cache.match(a) == [] and cache.match(b) == held
+    assert _found(cache, a) == [] and _found(cache, b) == held
 
 
 def _case(draft):
@@ -212,7 +216,7 @@ def test_a_failed_prefill_forgets_the_blocks_it_keyed():
         rt.step()
     st = rt.stats()
     assert (st.waiting, st.running, st.kv_blocks_free) == (3, 0, st.kv_blocks_total)
-    assert rt.kv_blocks.match(prompts[0]) == []
+    assert rt.kv_blocks.match(rt.kv_blocks.keys(prompts[0])) == []
     rt._prefill_launch = launch
     while rt.has_unfinished():
         rt.step()
