@@ -141,7 +141,9 @@ def run_prefill(rt: Runtime, prompts: list[list[int]], num_requests: int, *, rep
     """What admitting num_requests waiting requests at once costs (one prefill forward over the
     prompts, cycled from prompts): the host's wall clock for admit(), which waits for the first
     tokens, and the prefill's GPU time, means over `repeats` admissions after a warm-up one. The
-    requests are aborted after each, so the runtime needs num_requests free slots."""
+    requests are aborted after each, so the runtime needs num_requests free slots. Under prefix
+    caching a prompt that comes again is found cached: to time whole prefills, give new prompts or
+    a runtime without it."""
     timer = PhaseTimer(rt.device)
     wall, tokens = [], 0
     for i in range(repeats + 1):

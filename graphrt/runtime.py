@@ -89,7 +89,7 @@ class Runtime(Admission):
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
-                 draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = False):
+                 draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = True):
         device = _device(device)
         if not isinstance(prefix_caching, bool):
             raise OptionError(f"prefix_caching must be True or False, got {prefix_caching!r}")

@@ -61,7 +61,10 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
     device = device or torch.device("cuda")
     tckpt = load_checkpoint(target, dtype=_dtype(device), device=device)
     dckpt = load_checkpoint(draft, dtype=_dtype(device), device=device)
-    kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=max(map(len, prompts)) + max_new + 8)
+    # every row without prefix caching (on by default in Runtime) but the one named for it: the runs
+    # repeat their prompts, which it would find cached
+    kw = dict(device=device, max_batch_size=max(batch_sizes), max_seq_len=max(map(len, prompts)) + max_new + 8,
+              prefix_caching=False)
     runs = [("graphrt plain", Runtime(tckpt, None, **kw), 0.0)]
     for K in Ks:
         spec = Runtime(tckpt, dckpt, num_draft_tokens=K, **kw)
@@ -74,7 +77,7 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
     serve = runs[:2 if served else 0]  # plain and the first K, greedy
     if served and prefix_caching:  # the first K again, reading the prompts' shared blocks (the chat template's)
         serve.append((f"graphrt EAGLE-3 K={Ks[0]} + prefix caching",
-                      Runtime(tckpt, dckpt, num_draft_tokens=Ks[0], prefix_caching=True, **kw), 0.0))
+                      Runtime(tckpt, dckpt, num_draft_tokens=Ks[0], **{**kw, "prefix_caching": True}), 0.0))
     if device.type == "cuda":  # every graph up front, prefill shapes too, as a server starts: no capture mid-run
         for rt in {id(rt): rt for _, rt, _ in runs + serve}.values():
             rt.capture(inspect_kernels=False, prefill=True)

@@ -67,7 +67,9 @@ def main() -> int:
     prompt = [100 + (i * 37) % 4000 for i in range(args.prompt_len)]
     report = {}
     for name, draft in (("plain", None), ("eagle3", ensure_eagle3_head(target, torch.bfloat16))):
-        rt = Runtime.from_pretrained(str(target), str(draft) if draft else None, max_batch_size=64, max_seq_len=512)
+        # without prefix caching: each admission of the same prompt prefills it whole
+        rt = Runtime.from_pretrained(str(target), str(draft) if draft else None, max_batch_size=64, max_seq_len=512,
+                                     prefix_caching=False)
         t0 = time.perf_counter()
         rt.capture(prefill=True)
         print(f"{name}: capture {time.perf_counter() - t0:.1f} s", flush=True)

@@ -23,7 +23,7 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
 
     rt = Runtime(target, dckpt, **kw)
     rt.overlap = overlap  # on the CPU nothing is asynchronous; on, the cycle after is launched first
-    free0 = rt.allocator.num_free
+    free0 = rt.kv_blocks.num_free
     rids = [rt.add_request(p, s) for p, s in zip(prompts, sp)]
     assert not rt.running_slots()  # queued: the next step prefills
     rt.step()  # 3 run, 2 wait
@@ -50,7 +50,7 @@ def test_abort_frees_the_slot_and_leaves_the_others_alone(draft, overlap):
     rt.pop_generation(running), rt.pop_generation(waiting)
     with pytest.raises(UnknownRequestError, match=str(running)):
         rt.abort(running)
-    assert rt.allocator.num_free == free0 and not rt.running_slots()
+    assert rt.kv_blocks.num_free == free0 and not rt.running_slots()
     # the runtime stays usable: a new request decodes as on a fresh runtime
     again = rt.generate([prompts[4]], [sp[4]])
     assert again[0].token_ids == ref[3].token_ids

@@ -96,7 +96,7 @@ def test_slots_reused_under_graphs_match_eager():
     rt_g, rt_e = _runtime("self", max_batch_size=4), _runtime("self", max_batch_size=4, graphs=False)
     for w in waves:  # 5 requests through 4 slots, three times: slots and blocks are reused
         assert [g.token_ids for g in rt_g.generate(w, params)] == [g.token_ids for g in rt_e.generate(w, params)]
-    assert rt_g.allocator.num_free == rt_e.allocator.num_free == rt_g.allocator.num_blocks - 1
+    assert rt_g.kv_blocks.num_free == rt_e.kv_blocks.num_free == rt_g.allocator.num_blocks - 1
 
 
 def _is_gemm(name: str) -> bool:

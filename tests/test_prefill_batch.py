@@ -190,7 +190,7 @@ def test_a_failed_prefill_leaves_the_runtime_usable():
     with their slots and blocks free; the next step admits them again and they decode as usual."""
     target = load(tiny_dir())
     rt = Runtime(target, load(draft_dir("eagle3")), max_batch_size=4, max_seq_len=64)
-    free0, slots0 = rt.allocator.num_free, sorted(rt._free_slots)
+    free0, slots0 = rt.kv_blocks.num_free, sorted(rt._free_slots)
     prompts = [[3, 1, 4], [1, 5, 9, 2, 6], [5, 3]]
     sp = SamplingParams(max_new_tokens=6)
     ref = Runtime(target, load(draft_dir("eagle3")), max_batch_size=4, max_seq_len=64).generate(prompts, sp)
@@ -205,7 +205,7 @@ def test_a_failed_prefill_leaves_the_runtime_usable():
     rt.cycle.prefill = flaky
     with pytest.raises(torch.cuda.OutOfMemoryError):
         rt.generate(prompts, sp)
-    assert rt.allocator.num_free == free0 and sorted(rt._free_slots) == slots0 and not rt.running_slots()
+    assert rt.kv_blocks.num_free == free0 and sorted(rt._free_slots) == slots0 and not rt.running_slots()
     assert [r.prompt for r in rt._waiting] == prompts  # still first come, first served
     while rt.has_unfinished():
         rt.step()

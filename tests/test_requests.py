@@ -128,10 +128,10 @@ def test_kv_blocks_are_shared_fairly_and_returned(target, draft):
     # a pool that holds two requests at once: the rest wait, and every block comes back
     rt = Runtime(target, draft, num_draft_tokens=2, max_batch_size=4, max_seq_len=40, kv_budget_tokens=96,
                  block_size=8)
-    free0 = rt.allocator.num_free
+    free0 = rt.kv_blocks.num_free
     gens = rt.generate([[1, 2, 3]] * 5, SamplingParams(max_new_tokens=20, ignore_eos=True))
     assert all(len(g.token_ids) == 20 for g in gens)
-    assert rt.allocator.num_free == free0
+    assert rt.kv_blocks.num_free == free0
     assert len({tuple(g.token_ids) for g in gens}) == 1  # greedy: the same prompt gives the same tokens
 
 

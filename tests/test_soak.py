@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -72,6 +73,11 @@ class Soak:
         self.kv_waits = 0  # cycles that started with a free slot but a request waiting for blocks
         self.buckets_seen: set[int] = set()
         self.rate = cfg.arrivals[0]
+        # a system prompt of one whole block and the token after it (graphrt/prefix_cache.py's key) that
+        # some prompts start with: under prefix caching (the default) their requests share its block, and
+        # churn evicts and refills it
+        self.shares = random.Random(seed + 1)
+        self.system = [self.shares.randrange(self.vocab) for _ in range(cfg.block_size + 1)]
         run = rt.cycle.run
 
         def counted_run(B):  # the bucket of every launched cycle
@@ -84,6 +90,8 @@ class Soak:
     def random_request(self) -> tuple[list[int], SamplingParams]:
         r, c = self.rng, self.cfg
         prompt = [r.randrange(self.vocab) for _ in range(r.randint(1, c.max_prompt))]
+        if c.max_prompt > c.block_size + 1 and self.shares.random() < 0.3:  # (the other draws as without it)
+            prompt = self.system + prompt[: self.shares.randint(1, c.max_prompt - c.block_size - 1)]
         temp = r.choice(TEMPERATURES)
         seed = r.getrandbits(63) if r.random() < 0.85 else None  # unseeded: drawn by the runtime
         stop = ()
@@ -119,14 +127,20 @@ class Soak:
         self.check_bookkeeping()
 
     def check_bookkeeping(self) -> None:
-        """Blocks owned by exactly one running request or free; slots likewise."""
+        """Each block held by the running requests that list it (several only for a cached prompt
+        block, prefix caching), idle in the prefix cache, or free, and only one of these; slots
+        held by one running request or free."""
         rt = self.rt
-        owned = [b for req in rt._running.values() for b in req.blocks]
-        free = list(rt.allocator._free)
-        assert len(owned) == len(set(owned)), "a KV block is owned by two requests"
-        assert not set(owned) & set(free), "a KV block is both owned and free"
-        assert len(owned) + len(free) == rt.allocator.num_blocks - 1, (len(owned), len(free))
-        assert 0 not in owned and 0 not in free, "the trash block was handed out"
+        cache = rt.kv_blocks
+        holders = Counter(b for req in rt._running.values() for b in req.blocks)
+        shared = {b for b, n in holders.items() if n > 1}
+        assert shared <= set(cache._key_of), "a KV block that no prompt keys is held by two requests"
+        assert holders == Counter(cache._holders), "a block's holder count is not the requests that hold it"
+        free, idle = set(rt.allocator._free), set(cache._idle)
+        assert len(free) == len(rt.allocator._free), "a KV block is on the free list twice"
+        assert not (holders.keys() & free or holders.keys() & idle or free & idle), "a KV block in two states"
+        assert len(holders) + len(free) + len(idle) == rt.allocator.num_blocks - 1, (len(holders), len(free), len(idle))
+        assert 0 not in holders and 0 not in free | idle, "the trash block was handed out"
         slots = [req.slot for req in rt._running.values()]
         assert sorted(slots + rt._free_slots) == list(range(rt.max_batch_size)), (slots, rt._free_slots)
         assert all(rt._running[s].slot == s for s in rt._running)
@@ -149,7 +163,7 @@ class Soak:
     def check_final(self) -> None:
         rt = self.rt
         assert not rt.has_unfinished() and not rt._running and not rt._waiting
-        assert rt.allocator.num_free == rt.allocator.num_blocks - 1, "KV blocks leaked"
+        assert rt.kv_blocks.num_free == rt.allocator.num_blocks - 1, "KV blocks leaked"
         assert sorted(rt._free_slots) == list(range(rt.max_batch_size)), "slots leaked"
         for sub in self.requests.values():
             gen = rt.get_generation(sub.rid)
@@ -226,14 +240,16 @@ def test_soak_churn(target, kind):
     finished = len(soak.requests)
     reasons = {r: sum(soak.rt.get_generation(s.rid).finish_reason == r for s in soak.requests.values())
                for r in ("stop", "length")}
+    cached = soak.rt.stats().cached_prompt_tokens
     print(f"{where}: {soak.cycles} cycles, {finished} requests {reasons}, {soak.kv_waits} KV waits, "
-          f"buckets {sorted(soak.buckets_seen)}, {compared} re-run alone")
+          f"buckets {sorted(soak.buckets_seen)}, {cached} prompt tokens from cached blocks, {compared} re-run alone")
     # the schedule really exercised what it is meant to
     assert finished >= soak.cycles // 10, where
     assert soak.kv_waits > 0, f"{where}: no admission ever waited for KV blocks"
     assert soak.buckets_seen == set(cfg.buckets), f"{where}: buckets {soak.buckets_seen}"
     assert reasons["stop"] > 0 and reasons["length"] > 0, where
     assert compared >= 8, where
+    assert cached >= 4 * cfg.block_size, f"{where}: prefix caching found {cached} prompt tokens"
 
 
 def test_request_that_can_never_fit_is_refused_and_runtime_keeps_serving(target):
@@ -241,14 +257,14 @@ def test_request_that_can_never_fit_is_refused_and_runtime_keeps_serving(target)
     rt = cfg.runtime(target, _draft("self"))
     soak = Soak(rt, cfg, seed=5)
     soak.run(15)
-    free_before = rt.allocator.num_free
+    free_before = rt.kv_blocks.num_free
     waiting_before = len(rt._waiting)
     prompt = list(range(1, 21))
     big = SamplingParams(max_new_tokens=200)  # 20 + 200 + slack > 13 blocks of 16, < max_seq_len
     with pytest.raises(CapacityError, match="KV blocks"):
         rt.add_request(prompt, big)
     assert prompt == list(range(1, 21))
-    assert rt.allocator.num_free == free_before and len(rt._waiting) == waiting_before
+    assert rt.kv_blocks.num_free == free_before and len(rt._waiting) == waiting_before
     soak.run(30)
     soak.drain()
     soak.check_final()
@@ -256,7 +272,7 @@ def test_request_that_can_never_fit_is_refused_and_runtime_keeps_serving(target)
     fits = SamplingParams(max_new_tokens=cfg.kv_blocks * cfg.block_size - 20 - rt.slack)
     gen = rt.generate([prompt], fits)[0]
     assert len(gen.token_ids) <= fits.max_new_tokens and gen.finish_reason in ("stop", "length")
-    assert rt.allocator.num_free == rt.allocator.num_blocks - 1
+    assert rt.kv_blocks.num_free == rt.allocator.num_blocks - 1
 
 
 def _bad_requests(vocab):
