@@ -110,7 +110,7 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
     params = [SamplingParams(max_new_tokens=12, seed=i, ignore_eos=True, **kinds[i % 4]) for i in range(7)]
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
     eager = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
-    rt = Runtime(target, draft, **kw)
+    rt = Runtime(target, draft, prefix_caching=False, **kw)  # (its prompts come again: no cached prefills)
     together = rt.generate(prompts, params)
     assert set(rt.graph_sets[True].prefills) == {(8, 64, False)}  # the batch filters: the filtered set's graph
     rids = []
@@ -136,11 +136,11 @@ def test_capture_with_prefill_captures_every_prefill_shape_up_front():
     target = _load(tiny_dir())
     draft = _load(draft_dir("eagle3"))
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
-    rt = Runtime(target, draft, **kw)
+    rt = Runtime(target, draft, prefix_caching=False, **kw)
     rt.capture(inspect_kernels=False, prefill=True)
     shapes = set(rt.cycle.graphs.prefills)  # without prefix caching, no row starts past 0
     assert shapes == {(*shape, False) for shape in rt.prefill_shapes()} and (8, 64, False) in shapes
-    cached = Runtime(target, draft, prefix_caching=True, **kw)
+    cached = Runtime(target, draft, **kw)  # (prefix caching, the default)
     cached.capture(inspect_kernels=False, prefill=True)
     assert set(cached.cycle.graphs.prefills) == shapes | {(*shape, True) for shape in rt.prefill_shapes()}
     del cached
