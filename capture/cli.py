@@ -40,7 +40,9 @@ def cli_main(args) -> int:
     print(f"precompile: {graphs.precompiled} kernel variants in {graphs.precompile_s:.1f} s")
     prefill_s = sum(p.capture_s for p in graphs.prefills.values())
     if args.prefill:
-        print(f"prefill graphs: {len(graphs.prefills)} shapes in {prefill_s:.1f} s (within the total below)")
+        cached = sum(key[2] for key in graphs.prefills)  # (rows, length, past a cached prefix)
+        print(f"prefill graphs: {len(graphs.prefills)} ({cached} of them past a cached prefix) in {prefill_s:.1f} s "
+              "(within the total below)")
 
     # Validate with real state: a few requests decoded for a few cycles, then every bucket's
     # phases replayed and re-run eagerly from the same buffers.

@@ -254,3 +254,19 @@ def test_prefill_attention_reaches_past_its_padded_length_only_past_a_cached_pre
     assert bounds == [[64] * L, [cap] * L] and cap > 64, f"seed {seed}"  # nothing cached, then 32 tokens
     assert rt.stats().cached_prompt_tokens == 32
     assert [g.token_ids for g in got] == [g.token_ids for g in want], f"seed {seed}"
+
+
+def test_a_prefill_refuses_a_graph_captured_for_the_other_kind_of_rows():
+    """A prefill graph captured for rows that all start at 0 attends to keys up to its padded length
+    only: a prefill past a cached prefix must not replay it (nor the reverse), and the refusal
+    leaves the decode state unwritten."""
+    from types import SimpleNamespace
+
+    rt = Runtime(load(tiny_dir()), None, max_batch_size=2, max_seq_len=64)
+    c = rt.cycle
+    before = c.s.block_tables.clone()
+    sampling = [(0.0, 1, 0, 1.0, 0.0)]
+    for starts, graph_cached in (([16], False), ([0], True)):
+        with pytest.raises(ValueError, match=f"cached={graph_cached}"):
+            c.prefill([0], [[5, 6, 7]], starts, [[1, 2]], sampling, (1, 16), SimpleNamespace(cached=graph_cached))
+    assert torch.equal(c.s.block_tables, before)
