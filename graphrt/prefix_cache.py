@@ -2,11 +2,12 @@
 
 A request's prompt fills whole KV blocks before its decode writes begin; a later request whose
 prompt starts with the same tokens can read those blocks instead of prefilling them. Each whole
-block a prefill wrote is keyed by the tokens of its prompt up to and including the first token
-after the block: an EAGLE head's KV row at position j pairs the target's state at j with token
-j + 1, so a block's KV depends on the token that follows it. A block is shared only while no request
+block a prefill wrote is keyed by the tokens of its prompt up to its end, and with an EAGLE head
+(next_token) up to and including the first token after it: the head's KV row at position j pairs
+the target's state at j with token j + 1, so a block's KV depends on the token that follows it.
+Either way a cached block ends before the prompt's last token. A block is shared only while no request
 writes it: every write lands at or past a request's prompt length (decode, rejected drafts, prefill
-padding), and a cached block ends before the prompt's last token.
+padding).
 
 Blocks no request holds stay cached (idle, least recently released first) until an allocation
 needs them, so the pool's free count includes them.
@@ -23,8 +24,10 @@ class PrefixCache:
     """Block ownership over a BlockAllocator: blocks held by requests (counted), and whole prompt
     blocks kept for reuse."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int):
-        self.allocator, self.block_size = allocator, block_size
+    def __init__(self, allocator: BlockAllocator, block_size: int, next_token: bool = True):
+        """next_token: a block's KV depends on the token after it too (a draft that reads the
+        target's hidden states: EAGLE heads), which its key then holds."""
+        self.allocator, self.block_size, self.next_token = allocator, block_size, next_token
         self._block_of: dict[tuple, int] = {}  # key -> block
         self._key_of: dict[int, tuple] = {}  # block -> key
         self._holders: dict[int, int] = {}  # block -> requests holding it
@@ -36,11 +39,11 @@ class PrefixCache:
 
     def keys(self, prompt: list[int]) -> list[tuple]:
         """The key of each whole block of prompt that a token follows, in order (what match and
-        remember take): (the hash of the block before's key, this block's tokens and the next one),
-        so that a key costs its own tokens."""
-        bs, parent, keys = self.block_size, 0, []
+        remember take): (the hash of the block before's key, this block's tokens and, with
+        next_token, the next one), so that a key costs its own tokens."""
+        bs, parent, keys, extra = self.block_size, 0, [], int(self.next_token)
         for i in range((len(prompt) - 1) // bs):
-            key = (parent, tuple(prompt[i * bs:(i + 1) * bs + 1]))
+            key = (parent, tuple(prompt[i * bs:(i + 1) * bs + extra]))
             parent = hash(key)
             keys.append(key)
         return keys

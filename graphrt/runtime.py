@@ -171,7 +171,8 @@ class Runtime(Admission):
                                        device=device)
         self.allocator = BlockAllocator(num_blocks)
         # who holds which block; with prefix_caching, also the whole prompt blocks kept for reuse
-        self.kv_blocks = PrefixCache(self.allocator, block_size)
+        self.kv_blocks = PrefixCache(self.allocator, block_size,
+                                     next_token=self.draft is not None and self.draft.uses_target_hidden)
         pools = [KVPool.allocate(n, num_blocks, block_size, heads, dim, dtype, device) for n, heads, dim in kv_shapes]
         self.target_kv, self.draft_kv = pools[0], (pools[1] if self.draft is not None else None)
         target_hidden = draft_state = None

@@ -169,7 +169,7 @@ def test_prefix_caching_under_graphs_decodes_as_without_it(kind):
     params = [SamplingParams(max_new_tokens=10, temperature=0.8 * (i % 2), seed=i, ignore_eos=True)
               for i in range(5)]
     kw = dict(device="cuda", max_batch_size=8, max_seq_len=96)
-    eager = Runtime(target, draft, use_cuda_graphs=False, **kw)
+    eager = Runtime(target, draft, use_cuda_graphs=False, prefix_caching=False, **kw)
     want = eager.generate(prompts[4:], params[4:]) + eager.generate(prompts[:4], params[:4])
     rt = Runtime(target, draft, prefix_caching=True, **kw)
     got = rt.generate(prompts[4:], params[4:]) + rt.generate(prompts[:4], params[:4])
