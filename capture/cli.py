@@ -41,7 +41,8 @@ def cli_main(args) -> int:
     prefill_s = sum(p.capture_s for p in graphs.prefills.values())
     if args.prefill:
         cached = sum(key[2] for key in graphs.prefills)  # (rows, length, past a cached prefix)
-        print(f"prefill graphs: {len(graphs.prefills)} ({cached} of them past a cached prefix) in {prefill_s:.1f} s "
+        print(f"prefill graphs: {len(graphs.prefills)} ({cached} of them past a cached prefix) in {prefill_s:.1f} s, "
+              f"after precompiling {graphs.prefill_precompiled} kernel variants in {graphs.prefill_precompile_s:.1f} s "
               "(within the total below)")
 
     # Validate with real state: a few requests decoded for a few cycles, then every bucket's
@@ -80,5 +81,7 @@ def cli_main(args) -> int:
             json.dump({"target": str(target), "draft": desc, "num_draft_tokens": rt.K, "total_s": total_s,
                        "precompiled": graphs.precompiled, "precompile_s": graphs.precompile_s,
                        "pool_bytes": pool, "all_bit_exact": all_exact, "graphs": rows,
-                       "prefill_shapes": sorted(graphs.prefills), "prefill_capture_s": prefill_s}, f, indent=2)
+                       "prefill_shapes": sorted(graphs.prefills), "prefill_capture_s": prefill_s,
+                       "prefill_precompiled": graphs.prefill_precompiled,
+                       "prefill_precompile_s": graphs.prefill_precompile_s}, f, indent=2)
     return 0 if all_exact else 1

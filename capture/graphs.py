@@ -65,6 +65,7 @@ class CycleGraphs:
         self.graphs: dict[tuple[str, int], CapturedGraph] = {}
         self.pool = pool
         self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
+        self.prefill_precompiled, self.prefill_precompile_s = 0, 0.0  # the same for capture_prefills
         self.prefills: dict[tuple[int, int, bool], PrefillGraph] = {}  # by (rows, length, cached)
 
     def capture(self, progress=None, inspect_kernels: bool = True,
@@ -155,18 +156,30 @@ class CycleGraphs:
         rec = self.prefills.get((rows, length, cached))
         return rec if rec is not None else self.capture_prefills([(rows, length, cached)])[0]
 
-    def capture_prefills(self, shapes) -> list[PrefillGraph]:
+    def capture_prefills(self, shapes, precompile_kernels: bool = False) -> list[PrefillGraph]:
         """Capture the prefill graph of each (rows, length, cached) in shapes, each after a warm-up
-        run that compiles its kernels (about 0.1 s a shape on a 30-layer model). Both run on the
-        scratch slot only, after every launched cycle has finished, since cycles read that slot."""
+        run that compiles its kernels (0.04-0.06 s a shape on a 30-layer model once they are
+        compiled). precompile_kernels: first compile every variant the shapes need in parallel
+        (capture/precompile.py), as capture() does for the phases. Both run on the scratch slot
+        only, after every launched cycle has finished, since cycles read that slot."""
+        from graphrt.capture.precompile import precompile
+
         c, s = self.cycle, self.cycle.s
+        todo = list(dict.fromkeys(shape for shape in shapes if shape not in self.prefills))
+        inputs = {shape: c.prefill_inputs(*shape[:2], s.num_tokens.device) for shape in todo}  # padding rows only
         torch.cuda.synchronize()
         with self._capturing() as stream:
-            for rows, length, cached in shapes:
-                if (rows, length, cached) in self.prefills:
-                    continue
+            if precompile_kernels and todo:
+                def run_all():
+                    for shape, (_, views) in inputs.items():
+                        c.prefill_forward(*views, cached=shape[2])
+
                 t0 = time.perf_counter()
-                inputs, views = c.prefill_inputs(rows, length, s.num_tokens.device)  # padding rows only
+                self.prefill_precompiled = precompile(run_all, f"{self._configuration()}|prefill {todo}")
+                self.prefill_precompile_s = time.perf_counter() - t0
+            for rows, length, cached in todo:
+                t0 = time.perf_counter()
+                buf, views = inputs[(rows, length, cached)]
                 with torch.cuda.stream(stream):  # compile and allocate outside the capture
                     c.prefill_forward(*views, cached=cached)
                 torch.cuda.synchronize()
@@ -174,6 +187,6 @@ class CycleGraphs:
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     outputs = c.prefill_forward(*views, cached=cached)
                 torch.cuda.synchronize()
-                self.prefills[(rows, length, cached)] = PrefillGraph(rows, length, cached, graph, inputs, outputs,
+                self.prefills[(rows, length, cached)] = PrefillGraph(rows, length, cached, graph, buf, outputs,
                                                                      time.perf_counter() - t0)
         return [self.prefills[shape] for shape in shapes]

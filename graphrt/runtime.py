@@ -430,7 +430,8 @@ class Runtime(Admission):
             records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
             if prefill:  # with prefix caching, each shape also as a prefill past cached blocks runs it
                 graphs.capture_prefills([(*shape, cached) for shape in self.prefill_shapes()
-                                         for cached in ((False, True) if self.prefix_caching else (False,))])
+                                         for cached in ((False, True) if self.prefix_caching else (False,))],
+                                        precompile_kernels=True)
         finally:
             s.filtering = filtering
         sets[want] = graphs

@@ -29,10 +29,12 @@ def main() -> int:
         rt.capture(inspect_kernels=False)
         t1 = time.perf_counter()
         rt.capture(inspect_kernels=False, prefill=True)  # the phases again (warm), then the prefill graphs
+        t2 = time.perf_counter()
         g = rt.cycle.graphs
         pre = sum(p.capture_s for p in g.prefills.values())
-        print(f"prefix_caching={pc}: phases {t1 - t0:.1f} s; {len(g.prefills)} prefill graphs in {pre:.1f} s",
-              flush=True)
+        print(f"prefix_caching={pc}: phases {t1 - t0:.1f} s; capture(prefill=True) {t2 - t1:.1f} s: "
+              f"{g.prefill_precompiled} kernel variants precompiled in {g.prefill_precompile_s:.1f} s, then "
+              f"{len(g.prefills)} prefill graphs in {pre:.1f} s", flush=True)
         del rt, g
         torch.cuda.empty_cache()
     return 0

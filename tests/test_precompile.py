@@ -1,5 +1,6 @@
-"""The parallel precompile before capture: it compiles each variant once, leaves capture bit-exact,
-and a later capture of the same configuration (Triton's disk cache warm) skips it."""
+"""The parallel precompile before capture (the phases', then the prefill graphs'): it compiles each
+variant once, leaves capture bit-exact, and a later capture of the same configuration (Triton's disk
+cache warm) skips it."""
 
 import json
 import os
@@ -18,9 +19,11 @@ from tests.helpers import draft_dir, tiny_dir
 load = lambda p: load_checkpoint(p, dtype=torch.bfloat16, device="cuda")
 rt = Runtime(load(tiny_dir()), load(draft_dir("eagle3")), num_draft_tokens=3, device="cuda", max_batch_size=4,
              max_seq_len=96, buckets=(1, 4), use_cuda_graphs=True)
-rt.capture()
+rt.capture(prefill=True)
 diffs = [d for b in (1, 4) for d in compare_replay_to_eager(rt, b).values()]
-print(json.dumps({"precompiled": rt.cycle.graphs.precompiled, "exact": not any(diffs)}))
+g = rt.cycle.graphs
+print(json.dumps({"precompiled": g.precompiled, "prefill_precompiled": g.prefill_precompiled, "exact": not any(diffs),
+                  "prefill_graphs": len(g.prefills)}))
 """
 
 
@@ -70,6 +73,9 @@ def test_cold_capture_precompiles_then_warm_capture_skips(tmp_path):
         entries.append(set(os.listdir(tmp_path / "triton")))
     assert runs[0]["precompiled"] > 5 and runs[0]["exact"]
     assert runs[1]["precompiled"] == 0 and runs[1]["exact"]
+    # the prefill graphs' own variants (the attention's, at each padded length) before their warm-ups
+    assert runs[0]["prefill_precompiled"] > 0 and runs[1]["prefill_precompiled"] == 0
+    assert runs[0]["prefill_graphs"] == runs[1]["prefill_graphs"] > 4
     assert entries[1] == entries[0], "the warm capture compiled again"
     assert os.listdir(tmp_path / "triton" / "graphrt-precompiled")
 
