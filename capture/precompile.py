@@ -198,7 +198,13 @@ def precompile(run_all, configuration: str, workers: int | None = None) -> int:
         shares = [share for share in _balanced(jobs, workers or _default_workers()) if share]
     except Exception as e:  # noqa: BLE001 - as above
         error, shares = error or e, []
-    if server is not None:
+    if server is not None and not shares and error is None:  # nothing to compile: no wait for its imports
+        server.kill()
+        server.wait()
+        with contextlib.suppress(OSError):
+            server.stdin.close()
+        log.close()
+    elif server is not None:
         with contextlib.suppress(OSError):
             server.stdin.write(json.dumps({"modules": modules, "shares": shares, "gpu": _worker_gpu()}))
             server.stdin.close()
