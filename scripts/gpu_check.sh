@@ -95,9 +95,11 @@ for step in $steps; do
     prefill)  python3 scripts/prefill_profile.py --out "$OUT/prefill.json" 2>&1 | log | tail -60 ;;
     # admission's host wall clock: packing, graph-sized batches, shared prefixes; served runs (RESULTS.md)
     admission) python3 scripts/admission_bench.py --out "$OUT/admission.json" --served 2>&1 | log | tail -20 ;;
-    # capture cold (an empty Triton cache) then warm (the same cache)
+    # capture cold (an empty Triton cache) then warm (the same cache); then every prefill graph too,
+    # with and without prefix caching (RESULTS.md, Known limits)
     capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \
-                --json "$OUT/capture_$w.json" 2>&1 | grep -v '^capture' | sed "s/^/$w: /" | log | tail -35; done ;;
+                --json "$OUT/capture_$w.json" 2>&1 | grep -v '^capture' | sed "s/^/$w: /" | log | tail -35; done
+              TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/prefill_capture_time.py 2>&1 | log | tail -4 ;;
     # the kernel table: argmax and the sampler (unfiltered and filtered) against torch and the byte floor,
     # then vLLM 0.33's sampler on the same inputs (needs .vllm_src: bash scripts/vllm_peer_src.sh)
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
