@@ -35,42 +35,76 @@ class Admission:
         """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
         first served, in one forward (padded to the longest prompt; for the tokens a forward takes at
         most, see _PREFILL_TOKENS; under graphs, a prefill that a graph's shape holds only grows while
-        one still does). step() does it first; an engine calls it to have their first
-        tokens, and pay the prefill, before the next cycle."""
+        one still does; a prompt longer than prefill_chunk_tokens takes one chunk a call, alone).
+        step() does it first; an engine calls it to have their first tokens, and pay the prefill,
+        before the next cycle."""
         self._admit()
         self._first_tokens()
 
     def _admit(self) -> None:
         """admit() up to the prefills' launches; _first_tokens reads what they drew."""
         budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
+        chunk = self.prefill_chunk_tokens
         batch: list[_Request] = []
         longest = 0
-        while self._waiting and self._free_slots:
+        while self._waiting:
             req = self._waiting[0]
+            if req.slot >= 0:  # part way through a chunked prefill: its next chunk (it heads the queue)
+                self._prefill_chunk(req)
+                return
+            if not self._free_slots:
+                break
             keys = self.kv_blocks.keys(req.prompt) if self.prefix_caching else []
             matched = self.kv_blocks.match(keys)
             need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
             if need > self.kv_blocks.free_after_taking(matched):
                 break  # wait for running requests to free blocks (first come, first served)
             rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
+            chunked = chunk is not None and rest > chunk
             grown = max(longest, rest)
             # A batch whose padded shape has a prefill graph does not grow past every graph: the
             # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
-            if batch and ((len(batch) + 1) * grown > budget
+            if batch and (chunked or (len(batch) + 1) * grown > budget
                           or self._prefill_shape(len(batch) + 1, grown) is None
                           and self._prefill_shape(len(batch), longest) is not None):
                 self._prefill(batch)
                 batch, grown = [], rest
             longest = grown
-            self._waiting.popleft()
             req.slot = self._free_slots.pop()
             req.blocks = self.kv_blocks.take(matched, need)
-            req.cached = len(matched) * self.block_size
+            req.cached = req.done = len(matched) * self.block_size
+            if chunked:  # a chunk a call, between cycles, so that running requests keep decoding
+                req.keys = keys
+                self._prefill_chunk(req)
+                return
+            self._waiting.popleft()
             if self.prefix_caching:  # the next requests of this batch find these blocks too
                 self.kv_blocks.remember(keys, req.blocks)
             batch.append(req)
         if batch:
             self._prefill(batch)
+
+    def _prefill_chunk(self, req: _Request) -> None:
+        """The next prefill_chunk_tokens of a long prompt, whose request heads the queue holding its
+        slot and blocks; the last chunk is an ordinary prefill (its first token, then the cycles)."""
+        end = req.done + self.prefill_chunk_tokens
+        if end >= len(req.prompt):
+            self._waiting.popleft()
+            if self.prefix_caching:
+                self.kv_blocks.remember(req.keys, req.blocks)
+            self._prefill([req])
+            return
+        try:
+            self._prefill_launch([req], end=end)
+        except BaseException:  # it starts over, first in the queue, its launched chunks' blocks cached
+            self._free(req)
+            raise
+        self._counts["prefills"] += 1
+        self._counts["prompt_tokens"] += end - req.done
+        req.done = end
+        if self.prefix_caching:  # the whole blocks its launched chunks wrote
+            n = end // self.block_size
+            self.kv_blocks.remember(req.keys[:n], req.blocks[:n])
 
     def _blocks_needed(self, prompt_len, params) -> int:
         return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
@@ -90,13 +124,13 @@ class Admission:
             # come first served, and their slots and blocks are free, so the runtime stays usable.
             # The blocks past each one's cached prefix were new to it: unkeyed, as their KV is unwritten
             if self.prefix_caching:
-                self.kv_blocks.forget([b for r in reqs for b in r.blocks[r.cached // self.block_size:]])
+                self.kv_blocks.forget([b for r in reqs for b in r.blocks[r.done // self.block_size:]])
             for req in reqs:
                 self._free(req)
             self._waiting.extendleft(reversed(reqs))
             raise
         self._counts["prefills"] += 1
-        self._counts["prompt_tokens"] += sum(len(r.prompt) - r.cached for r in reqs)
+        self._counts["prompt_tokens"] += sum(len(r.prompt) - r.done for r in reqs)
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
         for req in reqs:
             self._running[req.slot] = req
@@ -104,20 +138,24 @@ class Admission:
         if not self.overlap:
             self._first_tokens()
 
-    def _prefill_launch(self, reqs: list[_Request]):
+    def _prefill_launch(self, reqs: list[_Request], end: int | None = None):
+        """Launch the prefill of each request's prompt from req.done on; end: the one request's
+        chunk ends there, short of its prompt's end."""
         s = self.state
         # the prompt's token honours the requests' filters (the graphs of the set that runs them)
         filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)
         try:
-            shape = self._prefill_shape(len(reqs), max(len(r.prompt) - r.cached for r in reqs))
+            prompts = [r.prompt[r.done:end] for r in reqs]
+            shape = self._prefill_shape(len(reqs), max(map(len, prompts)))
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 # a prefill past cached blocks has keys past its padded length: a graph of its own
-                graph = self._graphs().prefill(*shape, cached=any(r.cached for r in reqs))
+                graph = self._graphs().prefill(*shape, cached=any(r.done for r in reqs))
             sampling = [tuple(r.seed if name == "seed" else getattr(r.params, name) for name in Cycle.SAMPLING)
                         for r in reqs]
-            return self.cycle.prefill([r.slot for r in reqs], [r.prompt[r.cached:] for r in reqs],
-                                      [r.cached for r in reqs], [r.blocks for r in reqs], sampling, shape, graph)
+            chunk = {} if end is None else {"nexts": [reqs[0].prompt[end]]}
+            return self.cycle.prefill([r.slot for r in reqs], prompts, [r.done for r in reqs], [r.blocks for r in reqs],
+                                      sampling, shape, graph, **chunk)
         finally:
             s.filtering = filtering
 

@@ -309,12 +309,13 @@ class Cycle:
     def prefill_specs(self, rows: int, length: int):
         """prefill_forward's inputs as one packed buffer: tokens [rows, length + 1] int64 (prompts
         padded at their ends, a last column for the first token), lens [rows] int64, starts [rows]
-        int64 (the tokens before each prompt's, in cached KV blocks), slots [rows] int64, the slots'
-        block tables [rows, max_blocks] int32, then their sampling parameters (SAMPLING) [rows] each
-        in its state buffer's dtype."""
+        int64 (the tokens before each prompt's, in cached KV blocks), nexts [rows] int64 (-1, or
+        the prompt token after a chunk that is not its prompt's last), slots [rows] int64, the
+        slots' block tables [rows, max_blocks] int32, then their sampling parameters (SAMPLING)
+        [rows] each in its state buffer's dtype."""
         s = self.s
         return ([((rows, length + 1), torch.int64), ((rows,), torch.int64), ((rows,), torch.int64),
-                 ((rows,), torch.int64), ((rows, s.block_tables.shape[1]), torch.int32)]
+                 ((rows,), torch.int64), ((rows,), torch.int64), ((rows, s.block_tables.shape[1]), torch.int32)]
                 + [((rows,), getattr(s, name).dtype) for name in self.SAMPLING])
 
     def prefill_inputs(self, rows: int, length: int, device):
@@ -322,18 +323,23 @@ class Cycle:
         on the scratch slot, whose block table (the trash block) and sampling (greedy, no filter)
         it writes back unchanged."""
         buf, views = packed(self.prefill_specs(rows, length), device)
-        _, lens, _, slots, table, *sampling = views
+        _, lens, _, nexts, slots, table, *sampling = views
         lens.fill_(1)
+        nexts.fill_(-1)
         slots.fill_(self.s.scratch_slot)
         table.fill_(TRASH_BLOCK)
         dict(zip(self.SAMPLING, sampling, strict=True))["top_p"].fill_(1.0)  # the others' defaults are 0
         return buf, views
 
     def prefill(self, slots: list[int], prompts: list[list[int]], starts: list[int], blocks: list[list[int]],
-                sampling: list[tuple], shape: tuple[int, int] | None = None, graph=None):
+                sampling: list[tuple], shape: tuple[int, int] | None = None, graph=None,
+                nexts: list[int] | None = None):
         """slots: the n requests' slots; prompts: their n lists of token ids; starts: each one's
         first position (past the prompt tokens its cached KV blocks hold); blocks: their KV block
-        ids; sampling: their SAMPLING values. One forward over the prompts, each padded at its end
+        ids; sampling: their SAMPLING values; nexts: per prompt, -1, or when it is a chunk of a longer
+        prompt (default none), the prompt token after it, which the draft reads at the chunk's last
+        position instead of the drawn token (the slot's state is then not yet a cycle's: a later
+        chunk, the last, leaves it so). One forward over the prompts, each padded at its end
         to the longest, or to shape = (rows, length), a prefill graph's (graph: that
         graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward; captured with
         `cached` set where some start is past 0): rows past n prefill a one-token prompt on the
@@ -344,7 +350,10 @@ class Cycle:
         cached = any(starts)
         if graph is not None and graph.cached != cached:  # its attention would miss or overreach keys
             raise ValueError(f"a prefill graph captured with cached={graph.cached} for starts {starts}")
-        host, (tokens, lens, row_starts, row_slots, table, *params) = self.prefill_inputs(rows, length, "cpu")
+        host, views = self.prefill_inputs(rows, length, "cpu")
+        tokens, lens, row_starts, row_nexts, row_slots, table, *params = views
+        if nexts is not None:
+            row_nexts.numpy()[:n] = nexts
         # through numpy views of the host buffer: a tensor per row cost ~30 us a request on the host
         tokens_np, table_np = tokens.numpy(), table.numpy()
         for i, (p, b) in enumerate(zip(prompts, blocks, strict=True)):
@@ -366,16 +375,17 @@ class Cycle:
                 first, logprobs = self.prefill_forward(*views, cached=cached)
         return first[:n], logprobs[:n]
 
-    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor,
-                        table: torch.Tensor, *sampling: torch.Tensor, cached: bool = False):
-        """tokens [R, P + 1], lens [R], starts [R], slots [R], table [R, max_blocks], sampling [R]
-        each (prefill_specs): prompt r is tokens[r, :lens[r]] at positions starts[r] on (the KV of
-        the positions before it already in its table's blocks), its slot's block table and sampling
-        parameters are written first. cached: some start may be past 0 (without it each must be 0,
-        and the attention reads keys up to P only). A padding row sits at a position after its
-        prompt, which no row of its own prompt attends to (causal), and stores its KV where the
-        first cycles write before they read (past the request's blocks: the trash block). Every
-        shape is static, so a prefill graph captures it. Returns (first tokens [R] int64, their logprobs [R] fp32)."""
+    def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, nexts: torch.Tensor,
+                        slots: torch.Tensor, table: torch.Tensor, *sampling: torch.Tensor, cached: bool = False):
+        """tokens [R, P + 1], lens [R], starts [R], nexts [R], slots [R], table [R, max_blocks],
+        sampling [R] each (prefill_specs): prompt r is tokens[r, :lens[r]] at positions starts[r] on
+        (the KV of the positions before it already in its table's blocks), its slot's block table
+        and sampling parameters are written first. cached: some start may be past 0 (without it each
+        must be 0, and the attention reads keys up to P only). A padding row sits at a position
+        after its prompt, which no row of its own prompt attends to (causal), and stores its KV
+        where the first cycles write before they read (past the request's blocks: the trash block).
+        Every shape is static, so a prefill graph captures it. Returns (first tokens [R] int64,
+        their logprobs [R] fp32)."""
         s, dev = self.s, tokens.device
         s.block_tables[slots] = table
         params = dict(zip(self.SAMPLING, sampling, strict=True))
@@ -391,8 +401,8 @@ class Cycle:
         first = out.token_ids[:, 0]  # [R]
         s.num_tokens[slots] = starts + lens + 1
         s.last_token[slots] = first
-        if self.draft is not None:
-            tokens[rows, lens] = first
+        if self.draft is not None:  # the token after each prompt: drawn, or a chunk's next prompt token
+            tokens[rows, lens] = torch.where(nexts >= 0, nexts, first)
             if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
                 hidden_in = aux if self.draft.target_hidden == "aux" else hidden
                 tokens, T, last = tokens[:, 1:], P, lens - 1

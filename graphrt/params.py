@@ -123,7 +123,7 @@ class RuntimeStats:
     """A snapshot of a Runtime (Runtime.stats()), from counts the host keeps: reading one never
     waits for the GPU. Counts run from the Runtime's start."""
 
-    waiting: int  # requests queued for a slot and their KV blocks
+    waiting: int  # requests queued for a slot and their KV blocks (or part way through a chunked prefill)
     running: int  # requests being decoded
     free_slots: int
     kv_blocks_free: int

@@ -43,6 +43,8 @@ class _Request:
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
     cached: int = 0  # prompt tokens whose KV it found in cached blocks (prefix caching): not prefilled
+    done: int = 0  # prompt tokens whose KV is in its blocks or on its way there (cached, then prefill chunks)
+    keys: list = field(default_factory=list)  # a chunked prompt's block keys (prefix caching)
     stop_ids: frozenset = frozenset()
     reported: int = 0  # how many of its tokens step() has returned
 
@@ -89,11 +91,16 @@ class Runtime(Admission):
                  kv_budget_tokens: int | None = None, kv_memory_fraction: float | None = None,
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
-                 draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = True):
+                 draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = True,
+                 prefill_chunk_tokens: int | None = None):
         device = _device(device)
         if not isinstance(prefix_caching, bool):
             raise OptionError(f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.prefix_caching = prefix_caching
+        if prefill_chunk_tokens is not None and (not isinstance(prefill_chunk_tokens, int)
+                                                 or isinstance(prefill_chunk_tokens, bool) or prefill_chunk_tokens < 1):
+            raise OptionError(f"prefill_chunk_tokens must be a positive int or None, got {prefill_chunk_tokens!r}")
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # a rank's own GPU under torchrun
         if use_cuda_graphs and device.type != "cuda":
@@ -320,10 +327,12 @@ class Runtime(Admission):
         if req.gen.finish_reason is not None:
             return False
         req.gen.finish_reason = "abort"
-        if req.slot >= 0:
+        if req.slot in self._running and self._running[req.slot] is req:
             self._release(req)
-        else:
+        else:  # waiting, or part way through a chunked prefill (holding its slot and blocks)
             self._waiting = deque(r for r in self._waiting if r is not req)
+            if req.slot >= 0:
+                self._free(req)
         return True
 
     def has_unfinished(self) -> bool:
@@ -387,7 +396,7 @@ class Runtime(Admission):
         self.state.block_tables[req.slot] = TRASH_BLOCK  # stray writes can't reach reused blocks
         self.kv_blocks.release(req.blocks)
         self._free_slots.append(req.slot)
-        req.blocks, req.slot, req.cached = [], -1, 0
+        req.blocks, req.slot, req.cached, req.done = [], -1, 0, 0
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     def capture(self, progress=None, inspect_kernels: bool = True, filters: bool | None = None,

@@ -45,12 +45,14 @@ class SoakConfig:
     phase_cycles: int = 25  # the arrival rate changes this often: batches grow and shrink
     max_queue: int = 8  # no arrivals while this many requests wait
     use_cuda_graphs: bool | None = None
+    prefill_chunk_tokens: int | None = None
 
     def runtime(self, target, draft, device=None) -> Runtime:
         return Runtime(target, draft, num_draft_tokens=self.num_draft_tokens, device=device,
                        max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
                        block_size=self.block_size, kv_budget_tokens=self.kv_blocks * self.block_size,
-                       buckets=self.buckets, use_cuda_graphs=self.use_cuda_graphs, seed=0)
+                       buckets=self.buckets, use_cuda_graphs=self.use_cuda_graphs, seed=0,
+                       prefill_chunk_tokens=self.prefill_chunk_tokens)
 
 
 @dataclass
@@ -85,6 +87,14 @@ class Soak:
             return run(B)
 
         rt.cycle.run = counted_run
+        self.chunks = 0  # chunked prefill's calls (prefill_chunk_tokens)
+        chunk = rt._prefill_chunk
+
+        def counted_chunk(req):
+            self.chunks += 1
+            return chunk(req)
+
+        rt._prefill_chunk = counted_chunk
 
     # ---- arrivals -----------------------------------------------------------------------------
     def random_request(self) -> tuple[list[int], SamplingParams]:
@@ -132,7 +142,10 @@ class Soak:
         held by one running request or free."""
         rt = self.rt
         cache = rt.kv_blocks
-        holders = Counter(b for req in rt._running.values() for b in req.blocks)
+        # the running requests, and one part way through a chunked prefill (first in the queue)
+        holding = list(rt._running.values()) + [req for req in rt._waiting if req.slot >= 0]
+        assert all(req is rt._waiting[0] for req in rt._waiting if req.slot >= 0), "a chunked prefill not first"
+        holders = Counter(b for req in holding for b in req.blocks)
         shared = {b for b, n in holders.items() if n > 1}
         assert shared <= set(cache._key_of), "a KV block that no prompt keys is held by two requests"
         assert holders == Counter(cache._holders), "a block's holder count is not the requests that hold it"
@@ -141,7 +154,7 @@ class Soak:
         assert not (holders.keys() & free or holders.keys() & idle or free & idle), "a KV block in two states"
         assert len(holders) + len(free) + len(idle) == rt.allocator.num_blocks - 1, (len(holders), len(free), len(idle))
         assert 0 not in holders and 0 not in free | idle, "the trash block was handed out"
-        slots = [req.slot for req in rt._running.values()]
+        slots = [req.slot for req in holding]
         assert sorted(slots + rt._free_slots) == list(range(rt.max_batch_size)), (slots, rt._free_slots)
         assert all(rt._running[s].slot == s for s in rt._running)
 
@@ -225,7 +238,8 @@ def _draft(kind):
 
 @pytest.mark.parametrize("kind", ["self", "eagle"])
 def test_soak_churn(target, kind):
-    cfg = SoakConfig()
+    # the EAGLE run prefills prompts of over 12 tokens in chunks, between cycles
+    cfg = SoakConfig(prefill_chunk_tokens=12 if kind == "eagle" else None)
     draft = _draft(kind)
     seed = soak_seed() + (kind == "eagle")
     soak = Soak(cfg.runtime(target, draft), cfg, seed)
@@ -250,6 +264,7 @@ def test_soak_churn(target, kind):
     assert reasons["stop"] > 0 and reasons["length"] > 0, where
     assert compared >= 8, where
     assert cached >= 4 * cfg.block_size, f"{where}: prefix caching found {cached} prompt tokens"
+    assert (soak.chunks > 10) == bool(cfg.prefill_chunk_tokens), f"{where}: {soak.chunks} prefill chunks"
 
 
 def test_request_that_can_never_fit_is_refused_and_runtime_keeps_serving(target):

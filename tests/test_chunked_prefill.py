@@ -1,0 +1,161 @@
+"""Chunked prefill (Runtime(prefill_chunk_tokens=C)): a prompt longer than C tokens is prefilled C
+tokens a call, between decode cycles, and decodes exactly as if prefilled at once."""
+
+import pytest
+import torch
+
+from graphrt import Runtime, SamplingParams
+from graphrt.errors import OptionError
+from tests.helpers import draft_dir, load, tiny_dir
+from tests.seeds import fresh_seed
+
+
+def _case(draft, seed):
+    target = load(tiny_dir())
+    g = torch.Generator().manual_seed(seed)
+    V = target.config.vocab_size
+    lens = (70, 5, 33, 41, 12)  # longer than the chunks, shorter, a block boundary past one
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
+    prompts.append(prompts[0][:48] + prompts[1])  # the first one's first three blocks, then another turn
+    kinds = [dict(), dict(temperature=0.9), dict(temperature=0.7, top_k=5), dict(temperature=1.1, top_p=0.8)]
+    params = [SamplingParams(max_new_tokens=8, seed=seed + i, ignore_eos=True, **kinds[i % 4])
+              for i in range(len(prompts))]
+    return target, load(draft_dir(draft)) if draft else None, prompts, params
+
+
+def _serve(rt, prompts, params):
+    """The first two requests, two steps, then the rest while they run."""
+    rids = [rt.add_request(p, sp) for p, sp in zip(prompts[:2], params[:2])]
+    rt.step()
+    rt.step()
+    rids += [rt.add_request(p, sp) for p, sp in zip(prompts[2:], params[2:])]
+    while rt.has_unfinished():
+        rt.step()
+    return [rt.pop_generation(r) for r in rids]
+
+
+@pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
+@pytest.mark.parametrize("chunk,prefix_caching", [(16, False), (24, True)])
+def test_chunked_prefill_decodes_as_one_prefill(draft, chunk, prefix_caching):
+    """Chunks of a whole block and of a block and a half, with and without prefix caching: the same
+    tokens, logprobs and acceptance as one prefill of each prompt, greedy, sampled and filtered."""
+    seed = fresh_seed()
+    target, dckpt, prompts, params = _case(draft, seed)
+    kw = dict(max_batch_size=4, max_seq_len=96, prefix_caching=prefix_caching)
+    want = _serve(Runtime(target, dckpt, **kw), prompts, params)
+    rt = Runtime(target, dckpt, prefill_chunk_tokens=chunk, **kw)
+    got = _serve(rt, prompts, params)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids, f"seed {seed}: {a.token_ids} != {b.token_ids}"
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+        assert (a.num_cycles, a.num_accepted_tokens) == (b.num_cycles, b.num_accepted_tokens), f"seed {seed}"
+    st = rt.stats()
+    assert st.prompt_tokens + st.cached_prompt_tokens == sum(map(len, prompts)), st
+    assert st.prefills > Runtime(target, dckpt, **kw).stats().prefills + 4  # (70 and 41 tokens took chunks)
+    assert (st.running, st.waiting, st.kv_blocks_free) == (0, 0, st.kv_blocks_total), st
+    if prefix_caching:  # the last prompt found the first one's blocks, which its chunks had keyed (an
+        # EAGLE head's keys hold the token after a block too, which differs after the third)
+        assert st.cached_prompt_tokens >= (32 if draft in ("eagle-self", "eagle3") else 48), st
+
+
+def _prompt_kv(rt, rid, n):
+    """Every layer's K and V of the request's first n positions, target then draft: [layers, n, ...]."""
+    blocks = torch.tensor(rt._requests[rid].blocks)
+    pools = [p for p in (rt.target_kv, rt.draft_kv) if p is not None]
+    return [torch.stack([t[blocks].flatten(0, 1)[:n] for t in pool.k + pool.v]) for pool in pools]
+
+
+@pytest.mark.parametrize("draft", [None, "self", "eagle-self", "eagle3"])
+def test_chunks_leave_the_kv_one_prefill_leaves(draft):
+    """After the last chunk, the target's and the draft's KV of every prompt position equal one
+    prefill's: an EAGLE head's row at a chunk's last position pairs it with the prompt's next token."""
+    seed = fresh_seed()
+    target, dckpt, prompts, params = _case(draft, seed)
+    kv = []
+    for chunk in (None, 16, 24):
+        rt = Runtime(target, dckpt, max_batch_size=1, max_seq_len=96, prefill_chunk_tokens=chunk)
+        rid = rt.add_request(prompts[0], params[0])
+        while not rt.running_slots():
+            rt.admit()
+        kv.append(_prompt_kv(rt, rid, len(prompts[0])))
+    for got in kv[1:]:
+        for a, b in zip(got, kv[0], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_running_requests_decode_between_chunks():
+    """While a long prompt is prefilled a chunk at a time, the running requests go on decoding,
+    a token a step at least; the long request's first token comes with its last chunk."""
+    target = load(tiny_dir())
+    rt = Runtime(target, None, max_batch_size=2, max_seq_len=96, prefill_chunk_tokens=16)
+    short = rt.add_request([5, 6, 7], SamplingParams(max_new_tokens=30, ignore_eos=True))
+    rt.step()
+    long_prompt = [(11 * i) % target.config.vocab_size for i in range(70)]
+    long = rt.add_request(long_prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    steps = 0
+    while long not in (out := rt.step()):
+        steps += 1
+        assert out.get(short), "the running request got no token while the long prompt was prefilled"
+        assert rt.stats().waiting == 1 and rt.running_slots() == [rt._requests[short].slot]
+    assert steps >= 2 and rt.stats().prefills >= 1 + 70 // 16
+    assert rt.generate([long_prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids[0] == out[long][0]
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_abort_part_way_through_a_chunked_prefill(prefix_caching):
+    """Aborting a request between its chunks gives its slot and blocks back; the next request takes
+    the slot and decodes as without chunks. Under prefix caching the blocks its launched chunks
+    wrote stay found."""
+    target = load(tiny_dir())
+    kw = dict(max_batch_size=1, max_seq_len=96, prefix_caching=prefix_caching)
+    rt = Runtime(target, None, prefill_chunk_tokens=16, **kw)
+    prompt = [(7 * i + 3) % target.config.vocab_size for i in range(70)]
+    sp = SamplingParams(max_new_tokens=6, temperature=0.8, seed=3, ignore_eos=True)
+    rid = rt.add_request(prompt, sp)
+    nxt = rt.add_request(prompt[:40] + [9, 9], sp)
+    rt.step()
+    rt.step()  # two chunks or more launched, none the last
+    assert rt.stats().free_slots == 0 and not rt.running_slots()
+    assert rt.abort(rid) and rt.get_generation(rid).token_ids == []
+    assert rt.stats().free_slots == 1 and rt.stats().kv_blocks_free == rt.stats().kv_blocks_total
+    while not rt.finished(nxt):
+        rt.step()
+    want = Runtime(target, None, **{**kw, "prefix_caching": False}).generate([prompt[:40] + [9, 9]], sp)[0]
+    assert rt.pop_generation(nxt).token_ids == want.token_ids
+    assert rt.stats().cached_prompt_tokens == (32 if prefix_caching else 0)
+
+
+def test_a_chunk_that_fails_starts_the_request_over():
+    """A chunk's launch that raises (out of memory, say) frees the request's slot and blocks and
+    leaves it first in the queue; the next step prefills it from the start, and it decodes as if
+    nothing had happened."""
+    target = load(tiny_dir())
+    kw = dict(max_batch_size=2, max_seq_len=96)
+    prompt = [(5 * i + 1) % target.config.vocab_size for i in range(60)]
+    sp = SamplingParams(max_new_tokens=5, temperature=0.9, seed=11, ignore_eos=True)
+    want = Runtime(target, None, **kw).generate([prompt], sp)[0]
+    rt = Runtime(target, None, prefill_chunk_tokens=16, **kw)
+    rid = rt.add_request(prompt, sp)
+    rt.step()  # the first chunk
+    real, calls = rt.cycle.prefill, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory (injected)")
+        return real(*a, **k)
+
+    rt.cycle.prefill = failing
+    with pytest.raises(RuntimeError, match="injected"):
+        rt.step()
+    st = rt.stats()
+    assert (st.waiting, st.free_slots, st.kv_blocks_free) == (1, 2, st.kv_blocks_total)
+    while not rt.finished(rid):
+        rt.step()
+    assert rt.pop_generation(rid).token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("bad", [0, -16, 2.5, True, "16"])
+def test_prefill_chunk_tokens_must_be_a_positive_int(bad):
+    with pytest.raises(OptionError, match="prefill_chunk_tokens"):
+        Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32, prefill_chunk_tokens=bad)
