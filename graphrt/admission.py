@@ -41,8 +41,9 @@ class Admission:
         self._admit()
         self._first_tokens()
 
-    def _admit(self) -> None:
-        """admit() up to the prefills' launches; _first_tokens reads what they drew."""
+    def _admit(self, chunks: bool = True) -> None:
+        """admit() up to the prefills' launches; _first_tokens reads what they drew. chunks=False:
+        no chunk of a chunked prefill (step() launches one, before its cycle)."""
         budget = min(_PREFILL_TOKENS, max(self.max_seq_len, _PREFILL_GRAPH_TOKENS))
         chunk = self.prefill_chunk_tokens
         batch: list[_Request] = []
@@ -50,8 +51,9 @@ class Admission:
         while self._waiting:
             req = self._waiting[0]
             if req.slot >= 0:  # part way through a chunked prefill: its next chunk (it heads the queue)
-                self._prefill_chunk(req)
-                return
+                if chunks:
+                    self._prefill_chunk(req)
+                break
             if not self._free_slots:
                 break
             keys = self.kv_blocks.keys(req.prompt) if self.prefix_caching else []
@@ -61,6 +63,8 @@ class Admission:
                 break  # wait for running requests to free blocks (first come, first served)
             rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
             chunked = chunk is not None and rest > chunk
+            if chunked and not chunks:
+                break
             grown = max(longest, rest)
             # A batch whose padded shape has a prefill graph does not grow past every graph: the
             # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
@@ -76,7 +80,7 @@ class Admission:
             if chunked:  # a chunk a call, between cycles, so that running requests keep decoding
                 req.keys = keys
                 self._prefill_chunk(req)
-                return
+                break
             self._waiting.popleft()
             if self.prefix_caching:  # the next requests of this batch find these blocks too
                 self.kv_blocks.remember(keys, req.blocks)

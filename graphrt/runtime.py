@@ -544,7 +544,9 @@ class Runtime(Admission):
                 self._counts["draft_tokens"] += self.K
                 self._counts["accepted_tokens"] += n - 1
             self._emit(req, emitted[i][:n], lps[i][:n])
-        self._admit()  # into the slots just freed; under overlap their first tokens come with the next step
+        # into the slots just freed (under overlap their first tokens come with the next step); a
+        # chunked prefill's next chunk waits for the next step, so that cycles and chunks alternate
+        self._admit(chunks=False)
         self.host_seconds += time.perf_counter() - t0
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:

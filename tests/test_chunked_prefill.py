@@ -85,19 +85,21 @@ def test_chunks_leave_the_kv_one_prefill_leaves(draft):
 
 def test_running_requests_decode_between_chunks():
     """While a long prompt is prefilled a chunk at a time, the running requests go on decoding,
-    a token a step at least; the long request's first token comes with its last chunk."""
+    a token a step at least, and each step launches one chunk; the long request's first token comes
+    with its last chunk."""
     target = load(tiny_dir())
     rt = Runtime(target, None, max_batch_size=2, max_seq_len=96, prefill_chunk_tokens=16)
     short = rt.add_request([5, 6, 7], SamplingParams(max_new_tokens=30, ignore_eos=True))
     rt.step()
     long_prompt = [(11 * i) % target.config.vocab_size for i in range(70)]
     long = rt.add_request(long_prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
-    steps = 0
+    steps, prefills = 0, rt.stats().prefills
     while long not in (out := rt.step()):
         steps += 1
         assert out.get(short), "the running request got no token while the long prompt was prefilled"
         assert rt.stats().waiting == 1 and rt.running_slots() == [rt._requests[short].slot]
-    assert steps >= 2 and rt.stats().prefills >= 1 + 70 // 16
+        assert rt.stats().prefills == prefills + steps, "a step launched other than one chunk"
+    assert steps == 70 // 16 and rt.stats().prefills == prefills + steps + 1
     assert rt.generate([long_prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids[0] == out[long][0]
 
 
