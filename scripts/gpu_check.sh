@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission chunked plainab specab capture kernels filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -95,6 +95,8 @@ for step in $steps; do
     prefill)  python3 scripts/prefill_profile.py --out "$OUT/prefill.json" 2>&1 | log | tail -60 ;;
     # admission's host wall clock: packing, graph-sized batches, shared prefixes; served runs (RESULTS.md)
     admission) python3 scripts/admission_bench.py --out "$OUT/admission.json" --served 2>&1 | log | tail -20 ;;
+    # a long prompt's prefill against the running requests' time between tokens, with and without chunks
+    chunked)  python3 scripts/chunked_prefill_bench.py --out "$OUT/chunked.json" 2>&1 | log | tail -8 ;;
     # capture cold (an empty Triton cache) then warm (the same cache); then every prefill graph too,
     # with and without prefix caching (RESULTS.md, Known limits)
     capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \

@@ -161,3 +161,20 @@ def test_a_chunk_that_fails_starts_the_request_over():
 def test_prefill_chunk_tokens_must_be_a_positive_int(bad):
     with pytest.raises(OptionError, match="prefill_chunk_tokens"):
         Runtime(load(tiny_dir()), None, max_batch_size=1, max_seq_len=32, prefill_chunk_tokens=bad)
+
+
+def test_chunked_prefill_bench_runs_on_the_cpu(tmp_path):
+    """scripts/chunked_prefill_bench.py end to end on the CPU (its timings mean nothing here): the
+    long prompt's first token takes one step without chunks and one a chunk with them."""
+    import json
+
+    from tests.helpers import load_script
+
+    out = tmp_path / "cp.json"
+    mod = load_script("chunked_prefill_bench")
+    assert mod.main(["--out", str(out), "--preset", "tiny", "--running", "2", "--long", "100", "--chunks", "0,16",
+                     "--rounds", "1", "--device", "cpu"]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["0"][0]["steps_to_first_token"] == 1 and runs["16"][0]["steps_to_first_token"] == 7
+    for res in runs["0"] + runs["16"]:
+        assert 0 < res["before_mean_ms"] and 0 < res["during_mean_ms"] <= res["during_worst_ms"] <= res["ttft_ms"]
