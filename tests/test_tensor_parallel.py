@@ -61,10 +61,11 @@ def _worker(out_dir, world, target, drafts, kw):
     params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=3, top_k=1, ignore_eos=True),
               SamplingParams(max_new_tokens=12, temperature=0.9, seed=5, top_k=4, top_p=0.8, ignore_eos=True)]
     res["filtered"] = [g.token_ids for g in rt.generate([PROMPTS[0], PROMPTS[1]], params)]
-    # prefix caching: every rank keys and shares the same blocks (each runs the same scheduler), the
-    # second prompt reading the first's in the same prefill, then both reading them again
+    # prefix caching and chunked prefill: every rank keys and shares the same blocks (each runs the
+    # same scheduler), the first prompt prefilled 16 tokens a step, the second reading its blocks,
+    # then both reading them again
     pc = Runtime.from_pretrained(target, drafts.get("eagle3"), tensor_parallel_size=world, prefix_caching=True,
-                                 **{**_RT, **kw})
+                                 prefill_chunk_tokens=16, **{**_RT, **kw})
     gens = pc.generate(SHARED, _GREEDY) + pc.generate(SHARED, _GREEDY)
     res["prefix"] = ([g.token_ids for g in gens], pc.stats().cached_prompt_tokens)
     torch.save(res, f"{out_dir}/rank{rt.tp.rank}.pt")
