@@ -92,32 +92,24 @@ class Admission:
         """The next prefill_chunk_tokens of a long prompt, whose request heads the queue holding its
         slot and blocks; the last chunk is an ordinary prefill (its first token, then the cycles)."""
         end = req.done + self.prefill_chunk_tokens
-        if end >= len(req.prompt):
-            self._waiting.popleft()
-            if self.prefix_caching:
-                self.kv_blocks.remember(req.keys, req.blocks)
-            self._prefill([req])
-            return
-        try:
-            self._prefill_launch([req], end=end)
-        except BaseException:  # it starts over, first in the queue, its launched chunks' blocks cached
-            self._free(req)
-            raise
-        self._counts["prefills"] += 1
-        self._counts["prompt_tokens"] += end - req.done
-        req.done = end
-        if self.prefix_caching:  # the whole blocks its launched chunks wrote
-            n = end // self.block_size
+        last = end >= len(req.prompt)
+        self._waiting.popleft()
+        if self.prefix_caching:  # the whole blocks written once this chunk has run
+            n = len(req.keys) if last else end // self.block_size
             self.kv_blocks.remember(req.keys[:n], req.blocks[:n])
+        self._prefill([req], None if last else end)
 
     def _blocks_needed(self, prompt_len, params) -> int:
         return -(-(prompt_len + params.max_new_tokens + self.slack) // self.block_size)
 
-    def _prefill(self, reqs: list[_Request]) -> None:
+    def _prefill(self, reqs: list[_Request], end: int | None = None) -> None:
+        """Launch the requests' prefill (end: the one request's chunk ends there, short of its
+        prompt's end; it heads the queue again for its next chunk) and queue its first tokens."""
         try:
-            first, logprob = self._prefill_launch(reqs)
+            first, logprob = self._prefill_launch(reqs, end)
             done = None
-            if self.overlap:  # into host memory in stream order: a later prefill reuses its graph's outputs
+            # into host memory in stream order: a later prefill reuses its graph's outputs
+            if end is None and self.overlap:
                 first, logprob = (torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t, non_blocking=True)
                                   for t in (first, logprob))
                 if first.is_pinned():
@@ -125,8 +117,9 @@ class Admission:
                     done.record()
         except BaseException:
             # (out of memory, an interrupt): the requests wait again at the head of the queue, first
-            # come first served, and their slots and blocks are free, so the runtime stays usable.
-            # The blocks past each one's cached prefix were new to it: unkeyed, as their KV is unwritten
+            # come first served, and their slots and blocks are free, so the runtime stays usable (a
+            # chunked one starts over). The blocks past what each one's cached prefix or launched
+            # chunks hold were new to it: unkeyed, as their KV is unwritten
             if self.prefix_caching:
                 self.kv_blocks.forget([b for r in reqs for b in r.blocks[r.done // self.block_size:]])
             for req in reqs:
@@ -134,7 +127,11 @@ class Admission:
             self._waiting.extendleft(reversed(reqs))
             raise
         self._counts["prefills"] += 1
-        self._counts["prompt_tokens"] += sum(len(r.prompt) - r.done for r in reqs)
+        self._counts["prompt_tokens"] += sum((len(r.prompt) if end is None else end) - r.done for r in reqs)
+        if end is not None:  # a chunk's drawn token is dropped
+            reqs[0].done = end
+            self._waiting.appendleft(reqs[0])
+            return
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
         for req in reqs:
             self._running[req.slot] = req
@@ -143,8 +140,7 @@ class Admission:
             self._first_tokens()
 
     def _prefill_launch(self, reqs: list[_Request], end: int | None = None):
-        """Launch the prefill of each request's prompt from req.done on; end: the one request's
-        chunk ends there, short of its prompt's end."""
+        """Launch the prefill of each request's prompt from req.done on (to end, see _prefill)."""
         s = self.state
         # the prompt's token honours the requests' filters (the graphs of the set that runs them)
         filtering, s.filtering = s.filtering, s.filtering or any(r.params.filters for r in reqs)

@@ -61,7 +61,7 @@ class PrefixCache:
 
     def free_after_taking(self, blocks: list[int]) -> int:
         """num_free once `blocks` (a match) are held."""
-        return self.num_free - sum(b in self._idle for b in blocks) if blocks else self.num_free
+        return self.num_free - sum(b in self._idle for b in blocks)
 
     def take(self, matched: list[int], n: int) -> list[int]:
         """Hold the matched blocks and n new ones (evicting the longest-idle cached blocks when the

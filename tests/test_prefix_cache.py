@@ -218,7 +218,7 @@ def test_a_failed_prefill_forgets_the_blocks_it_keyed():
     rids = [rt.add_request(p, sp) for p, sp in zip(prompts[:3], params[:3])]
     launch = rt._prefill_launch
 
-    def fail(reqs):
+    def fail(reqs, end=None):
         assert [r.cached for r in reqs] == [0, 32, 32]  # the batch had found the first one's blocks
         raise RuntimeError("injected")
 
