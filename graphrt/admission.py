@@ -171,11 +171,26 @@ class Admission:
 
     def prefill_shapes(self) -> list[tuple[int, int]]:
         """Every (rows, padded length) a prefill graph of this runtime can have, largest first; none
-        without CUDA graphs or under tensor parallelism (prefill is eager there)."""
+        without CUDA graphs or under tensor parallelism (prefill is eager there). Under chunked
+        prefill no prefill computes more than prefill_chunk_tokens of a prompt."""
         cap = self.cycle.max_seq_len - 1
+        if self.prefill_chunk_tokens is not None:
+            cap = min(cap, max(16, 1 << (self.prefill_chunk_tokens - 1).bit_length()))
         lengths = {min(cap, 1 << i) for i in range(4, max(cap - 1, 1).bit_length() + 1)}
         shapes = {self._prefill_shape(rows, length) for rows in self.buckets for length in lengths}
         return sorted((x for x in shapes if x is not None), key=lambda x: (-x[0] * x[1], -x[0]))
+
+    def prefill_graph_keys(self) -> list[tuple[int, int, bool]]:
+        """Every prefill graph this runtime can replay: (rows, length, cached), cached for a prefill
+        some row of which starts past its prompt's first token (past cached blocks, or a chunk after
+        the first: its attention reaches past its padded length), which chunks do alone."""
+        shapes = self.prefill_shapes()
+        keys = [(*shape, False) for shape in shapes]
+        if self.prefix_caching:
+            keys += [(*shape, True) for shape in shapes]
+        elif self.prefill_chunk_tokens is not None:
+            keys += [(*shape, True) for shape in shapes if shape[0] == self.buckets[0]]
+        return keys
 
     def _first_tokens(self) -> None:
         """Emit the first tokens of the prefills launched since the last call (a request aborted

@@ -412,8 +412,9 @@ class Runtime(Admission):
 
         A prefill replays the set's graph for its padded shape (prefill_shapes), captured the first
         time that shape comes (about 0.1 s on a 30-layer model); prefill=True captures every shape
-        now, as a server does before it takes requests (with prefix caching, each shape twice: a
-        prefill past cached blocks attends past its padded length, and has graphs of its own)."""
+        now, as a server does before it takes requests (prefill_graph_keys: with prefix caching, each
+        shape twice, as a prefill past cached blocks attends past its padded length and has graphs
+        of its own; under chunked prefill, the chunks' shapes)."""
         if self.device.type != "cuda":
             raise OptionError(f"CUDA graph capture needs a CUDA device, this runtime is on {self.device}")
         from graphrt.capture.graphs import CycleGraphs
@@ -437,10 +438,8 @@ class Runtime(Admission):
         filtering, s.filtering = s.filtering, want
         try:
             records = graphs.capture(progress=progress, inspect_kernels=inspect_kernels)
-            if prefill:  # with prefix caching, each shape also as a prefill past cached blocks runs it
-                graphs.capture_prefills([(*shape, cached) for shape in self.prefill_shapes()
-                                         for cached in ((False, True) if self.prefix_caching else (False,))],
-                                        precompile_kernels=True)
+            if prefill:
+                graphs.capture_prefills(self.prefill_graph_keys(), precompile_kernels=True)
         finally:
             s.filtering = filtering
         sets[want] = graphs

@@ -130,7 +130,8 @@ for step in $steps; do
                 tests/test_argmax.py tests/test_layer_kernels.py tests/test_gpu_runtime.py tests/test_attention.py \
                 tests/test_simulated_acceptance.py tests/test_capture.py tests/test_eagle3_input.py 2>&1 | log | tail -8 ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | log | tail -20; pack_sanitize ;;
-    soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10 ;;
+    soak)     python3 scripts/soak_gpu.py --cycles 20000 2>&1 | log | tail -10
+              python3 scripts/soak_gpu.py --cycles 20000 --draft eagle --prefill-chunk-tokens 12 2>&1 | log | tail -10 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=12)
     ap.add_argument("--buckets", default="1,2,4,8,12")
     ap.add_argument("--kv-blocks", type=int, default=40)
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=None,
+                    help="chunked prefill: prompts longer than this prefill in chunks between cycles")
     ap.add_argument("--rerun", type=int, default=16, help="seeded requests re-run alone at the end")
     ap.add_argument("--seed", type=int, default=20261122)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (for comparison)")
@@ -86,10 +88,12 @@ def main() -> int:
     draft = load_checkpoint(tmp / "draft", dtype=dtype, device=dev)
     buckets = tuple(int(b) for b in args.buckets.split(","))
     cfg = SoakConfig(max_batch_size=args.max_batch_size, buckets=buckets, kv_blocks=args.kv_blocks,
-                     max_queue=2 * args.max_batch_size, use_cuda_graphs=not args.eager)
+                     max_queue=2 * args.max_batch_size, use_cuda_graphs=not args.eager,
+                     prefill_chunk_tokens=args.prefill_chunk_tokens)
     print(f"soak: preset {args.preset} {args.dtype}, draft {args.draft}, K={cfg.num_draft_tokens}, "
           f"max_batch_size {cfg.max_batch_size}, buckets {buckets}, {cfg.kv_blocks} KV blocks of "
-          f"{cfg.block_size}, graphs {not args.eager}, {args.cycles} cycles, seed {args.seed}", flush=True)
+          f"{cfg.block_size}, graphs {not args.eager}, prefill chunks {args.prefill_chunk_tokens}, "
+          f"{args.cycles} cycles, seed {args.seed}", flush=True)
     failures: list[str] = []
 
     def memory() -> int:
@@ -137,10 +141,10 @@ def main() -> int:
         reasons = {r: sum(rt.get_generation(s.rid).finish_reason == r for s in soak.requests.values())
                    for r in ("stop", "length")}
         info.update(cycles=soak.cycles, requests=len(soak.requests), buckets=sorted(soak.buckets_seen),
-                    kv_waits=soak.kv_waits, seconds=round(elapsed, 1))
+                    kv_waits=soak.kv_waits, chunks=soak.chunks, seconds=round(elapsed, 1))
         print(f"soak done: {soak.cycles} cycles in {elapsed:.1f} s ({1e3 * elapsed / soak.cycles:.3f} ms/cycle "
               f"incl. prefill and checks), {len(soak.requests)} requests {reasons}, buckets "
-              f"{sorted(soak.buckets_seen)}, {soak.kv_waits} cycles with a KV wait", flush=True)
+              f"{sorted(soak.buckets_seen)}, {soak.kv_waits} cycles with a KV wait, {soak.chunks} prefill chunks", flush=True)
         print(f"memory_allocated: after warm-up {mem_base} B, after soak {mem_end} B "
               f"(diff {mem_end - mem_base:+d} B), peak during soak {peak} B, reserved "
               f"{torch.cuda.memory_reserved() if cuda else 0} B")

@@ -179,3 +179,33 @@ def test_prefix_caching_under_graphs_decodes_as_without_it(kind):
     for a, b in zip(got, want + want[1:]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,prefix_caching", [(None, False), ("eagle3", True)])
+def test_chunked_prefill_under_graphs_decodes_as_one_eager_prefill(kind, prefix_caching):
+    """Chunked prefill with prefill graphs captured up front: a long prompt's later chunks replay
+    graphs of a prefill that starts past a cached prefix, while other requests decode; everything
+    decodes as the eager runtime that prefills each prompt at once."""
+    target = _load(tiny_dir())
+    draft = _load(draft_dir(kind)) if kind else None
+    g = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (5, 70, 12, 41, 33)]
+    params = [SamplingParams(max_new_tokens=10, temperature=0.8 * (i % 2), seed=i, ignore_eos=True)
+              for i in range(5)]
+    kw = dict(device="cuda", max_batch_size=4, max_seq_len=96)
+    want = Runtime(target, draft, use_cuda_graphs=False, prefix_caching=False, **kw).generate(prompts, params)
+    rt = Runtime(target, draft, prefix_caching=prefix_caching, prefill_chunk_tokens=16, **kw)
+    rt.capture(inspect_kernels=False, prefill=True)
+    captured = set(rt.cycle.graphs.prefills)
+    assert captured == set(rt.prefill_graph_keys()) and (1, 16, True) in captured  # (later chunks)
+    rids = [rt.add_request(prompts[0], params[0])]
+    rt.step()
+    rids += [rt.add_request(p, sp) for p, sp in zip(prompts[1:], params[1:])]
+    while rt.has_unfinished():
+        rt.step()
+    got = [rt.pop_generation(r) for r in rids]
+    assert set(rt.cycle.graphs.prefills) == captured  # none captured while serving
+    assert rt.stats().prefills >= 1 + 70 // 16 + 41 // 16 + 33 // 16
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)

@@ -1,6 +1,8 @@
 """Requests admitted together share one prefill forward (prompts padded to the longest): every
 request must decode as it does when prefilled alone."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -126,6 +128,28 @@ def test_prefill_graph_shapes():
     assert len(set(shapes)) == len(shapes) and shapes[0] == (64, 64)
     taken = {rt._prefill_shape(n, longest) for n in range(1, 65) for longest in range(1, cap + 1)} - {None}
     assert taken == set(shapes)
+
+
+@pytest.mark.parametrize("chunk,prefix_caching", [(None, False), (None, True), (16, False), (24, True)])
+def test_prefill_graph_keys_hold_every_prefill_served(chunk, prefix_caching):
+    """capture(prefill=True) captures prefill_graph_keys(): every (rows, length, cached) graph that
+    serving then asks for is among them, chunks after a prompt's first included; under chunked
+    prefill none is longer than a chunk."""
+    target = load(tiny_dir())
+    rt = Runtime(target, None, max_batch_size=4, max_seq_len=96, prefix_caching=prefix_caching,
+                 prefill_chunk_tokens=chunk)
+    rt.use_cuda_graphs = True  # graphs asked for, none captured (the CPU runs the padded shape eagerly)
+    asked = []
+    rt._graphs = lambda: SimpleNamespace(prefill=lambda *key, cached: asked.append((*key, cached)))
+    g = torch.Generator().manual_seed(fresh_seed())
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (70, 5, 33, 41, 12, 3)]
+    prompts.append(prompts[0][:40] + prompts[1])
+    rt.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    keys = rt.prefill_graph_keys()
+    assert len(set(keys)) == len(keys) and set(asked) <= set(keys), (set(asked) - set(keys), keys)
+    assert any(cached for *_, cached in asked) == (chunk is not None or prefix_caching)
+    if chunk is not None:
+        assert max(length for _, length, _ in keys) == (16 if chunk == 16 else 32)
 
 
 def test_prefill_token_budget_splits_the_forward(monkeypatch):
