@@ -36,15 +36,18 @@ class CapturedGraph:
 class PrefillGraph:
     """The prefill forward (graphrt.cycle.Cycle.prefill_forward) at one padded shape: the host
     writes `inputs` (Cycle.prefill_specs, one packed buffer), replays, and reads `outputs` (first
-    tokens [rows], logprobs [rows]). cached: its rows may start past a cached prefix (prefix
-    caching), so their attention reaches past `length`, up to the table's capacity."""
+    tokens [rows], logprobs [rows]; (None, None) for a chunk). cached: its rows may start past a
+    cached prefix (prefix caching, or a chunk after a prompt's first), so their attention reaches
+    past `length`, up to the table's capacity. chunk: its rows are chunks of longer prompts, which
+    draw no first token (Cycle.prefill_forward)."""
 
     rows: int
     length: int
     cached: bool
+    chunk: bool
     graph: torch.cuda.CUDAGraph
     inputs: torch.Tensor
-    outputs: tuple[torch.Tensor, torch.Tensor]
+    outputs: tuple
     capture_s: float
 
 
@@ -66,7 +69,7 @@ class CycleGraphs:
         self.pool = pool
         self.precompiled, self.precompile_s = 0, 0.0  # kernel variants compiled up front, and the time it took
         self.prefill_precompiled, self.prefill_precompile_s = 0, 0.0  # the same for capture_prefills
-        self.prefills: dict[tuple[int, int, bool], PrefillGraph] = {}  # by (rows, length, cached)
+        self.prefills: dict[tuple[int, int, bool, bool], PrefillGraph] = {}  # by (rows, length, cached, chunk)
 
     def capture(self, progress=None, inspect_kernels: bool = True,
                 precompile_kernels: bool = True) -> list[CapturedGraph]:
@@ -151,13 +154,13 @@ class CycleGraphs:
         rec = self.graphs.get((phase, batch_size))
         return rec.graph if rec is not None else None
 
-    def prefill(self, rows: int, length: int, cached: bool = False) -> PrefillGraph:
-        """The prefill graph of this shape, captured now if it was not (capture_prefills)."""
-        rec = self.prefills.get((rows, length, cached))
-        return rec if rec is not None else self.capture_prefills([(rows, length, cached)])[0]
+    def prefill(self, rows: int, length: int, cached: bool = False, chunk: bool = False) -> PrefillGraph:
+        """The prefill graph of this kind, captured now if it was not (capture_prefills)."""
+        rec = self.prefills.get((rows, length, cached, chunk))
+        return rec if rec is not None else self.capture_prefills([(rows, length, cached, chunk)])[0]
 
     def capture_prefills(self, shapes, precompile_kernels: bool = False) -> list[PrefillGraph]:
-        """Capture the prefill graph of each (rows, length, cached) in shapes, each after a warm-up
+        """Capture the prefill graph of each (rows, length, cached, chunk) in shapes, each after a warm-up
         run that compiles its kernels (0.04-0.06 s a shape on a 30-layer model once they are
         compiled). precompile_kernels: first compile every variant the shapes need in parallel
         (capture/precompile.py), as capture() does for the phases. Both run on the scratch slot
@@ -171,22 +174,22 @@ class CycleGraphs:
         with self._capturing() as stream:
             if precompile_kernels and todo:
                 def run_all():
-                    for shape, (_, views) in inputs.items():
-                        c.prefill_forward(*views, cached=shape[2])
+                    for (_, _, cached, chunk), (_, views) in inputs.items():
+                        c.prefill_forward(*views, cached=cached, chunk=chunk)
 
                 t0 = time.perf_counter()
                 self.prefill_precompiled = precompile(run_all, f"{self._configuration()}|prefill {todo}")
                 self.prefill_precompile_s = time.perf_counter() - t0
-            for rows, length, cached in todo:
+            for key in todo:
                 t0 = time.perf_counter()
-                buf, views = inputs[(rows, length, cached)]
+                buf, views = inputs[key]
+                kind = dict(cached=key[2], chunk=key[3])
                 with torch.cuda.stream(stream):  # compile and allocate outside the capture
-                    c.prefill_forward(*views, cached=cached)
+                    c.prefill_forward(*views, **kind)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    outputs = c.prefill_forward(*views, cached=cached)
+                    outputs = c.prefill_forward(*views, **kind)
                 torch.cuda.synchronize()
-                self.prefills[(rows, length, cached)] = PrefillGraph(rows, length, cached, graph, buf, outputs,
-                                                                     time.perf_counter() - t0)
+                self.prefills[key] = PrefillGraph(*key, graph, buf, outputs, time.perf_counter() - t0)
         return [self.prefills[shape] for shape in shapes]

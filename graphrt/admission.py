@@ -150,7 +150,7 @@ class Admission:
             graph = None
             if shape is not None and self.use_cuda_graphs:  # (a shape alone pads, as tests do on the CPU)
                 # a prefill past cached blocks has keys past its padded length: a graph of its own
-                graph = self._graphs().prefill(*shape, cached=any(r.done for r in reqs))
+                graph = self._graphs().prefill(*shape, cached=any(r.done for r in reqs), chunk=end is not None)
             sampling = [tuple(r.seed if name == "seed" else getattr(r.params, name) for name in Cycle.SAMPLING)
                         for r in reqs]
             chunk = {} if end is None else {"nexts": [reqs[0].prompt[end]]}
@@ -180,16 +180,22 @@ class Admission:
         shapes = {self._prefill_shape(rows, length) for rows in self.buckets for length in lengths}
         return sorted((x for x in shapes if x is not None), key=lambda x: (-x[0] * x[1], -x[0]))
 
-    def prefill_graph_keys(self) -> list[tuple[int, int, bool]]:
-        """Every prefill graph this runtime can replay: (rows, length, cached), cached for a prefill
-        some row of which starts past its prompt's first token (past cached blocks, or a chunk after
-        the first: its attention reaches past its padded length), which chunks do alone."""
+    def prefill_graph_keys(self) -> list[tuple[int, int, bool, bool]]:
+        """Every prefill graph this runtime can replay: (rows, length, cached, chunk). cached: some
+        row starts past its prompt's first token (past cached blocks, or a chunk after the first:
+        its attention reaches past its padded length). chunk: a chunk that is not its prompt's last,
+        alone and prefill_chunk_tokens long, which draws no first token; the last chunk is a prefill
+        past the others (cached)."""
         shapes = self.prefill_shapes()
-        keys = [(*shape, False) for shape in shapes]
+        keys = [(*shape, False, False) for shape in shapes]
         if self.prefix_caching:
-            keys += [(*shape, True) for shape in shapes]
-        elif self.prefill_chunk_tokens is not None:
-            keys += [(*shape, True) for shape in shapes if shape[0] == self.buckets[0]]
+            keys += [(*shape, True, False) for shape in shapes]
+        if self.prefill_chunk_tokens is not None:
+            if not self.prefix_caching:
+                keys += [(*shape, True, False) for shape in shapes if shape[0] == self.buckets[0]]
+            chunk = self._prefill_shape(1, self.prefill_chunk_tokens)
+            if chunk is not None:
+                keys += [(*chunk, cached, True) for cached in (False, True)]
         return keys
 
     def _first_tokens(self) -> None:

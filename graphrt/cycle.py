@@ -344,12 +344,15 @@ class Cycle:
         graphrt.capture.graphs.PrefillGraph, replayed instead of running the forward; captured with
         `cached` set where some start is past 0): rows past n prefill a one-token prompt on the
         scratch slot. Everything goes to the device in one copy. Leaves each slot in the cycle-start
-        state and returns the first generated tokens and their logprobs, [n] device tensors each."""
+        state and returns the first generated tokens and their logprobs, [n] device tensors each;
+        (None, None) for a chunk (nexts given), which draws none."""
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
-        cached = any(starts)
+        cached, chunk = any(starts), nexts is not None
         if graph is not None and graph.cached != cached:  # its attention would miss or overreach keys
             raise ValueError(f"a prefill graph captured with cached={graph.cached} for starts {starts}")
+        if graph is not None and graph.chunk != chunk:  # it would draw no first token, or draw one
+            raise ValueError(f"a prefill graph captured with chunk={graph.chunk} for nexts {nexts}")
         host, views = self.prefill_inputs(rows, length, "cpu")
         tokens, lens, row_starts, row_nexts, row_slots, table, *params = views
         if nexts is not None:
@@ -372,11 +375,12 @@ class Cycle:
             else:
                 buf, views = packed(self.prefill_specs(rows, length), self.s.num_tokens.device)
                 buf.copy_(host)
-                first, logprobs = self.prefill_forward(*views, cached=cached)
-        return first[:n], logprobs[:n]
+                first, logprobs = self.prefill_forward(*views, cached=cached, chunk=chunk)
+        return (None, None) if chunk else (first[:n], logprobs[:n])
 
     def prefill_forward(self, tokens: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, nexts: torch.Tensor,
-                        slots: torch.Tensor, table: torch.Tensor, *sampling: torch.Tensor, cached: bool = False):
+                        slots: torch.Tensor, table: torch.Tensor, *sampling: torch.Tensor, cached: bool = False,
+                        chunk: bool = False):
         """tokens [R, P + 1], lens [R], starts [R], nexts [R], slots [R], table [R, max_blocks],
         sampling [R] each (prefill_specs): prompt r is tokens[r, :lens[r]] at positions starts[r] on
         (the KV of the positions before it already in its table's blocks), its slot's block table
@@ -384,8 +388,10 @@ class Cycle:
         must be 0, and the attention reads keys up to P only). A padding row sits at a position
         after its prompt, which no row of its own prompt attends to (causal), and stores its KV
         where the first cycles write before they read (past the request's blocks: the trash block).
-        Every shape is static, so a prefill graph captures it. Returns (first tokens [R] int64,
-        their logprobs [R] fp32)."""
+        chunk: every row is a chunk that is not its prompt's last (nexts set) or padding: no LM head,
+        no first token and no draft proposal, only the KV of its positions (the last chunk leaves the
+        slot's state). Every shape is static, so a prefill graph captures it. Returns (first tokens
+        [R] int64, their logprobs [R] fp32), or (None, None) for chunks."""
         s, dev = self.s, tokens.device
         s.block_tables[slots] = table
         params = dict(zip(self.SAMPLING, sampling, strict=True))
@@ -395,14 +401,17 @@ class Cycle:
         rows = torch.arange(R, device=dev)
         hidden, aux = self.target.forward(tokens[:, :P].flatten(), *self._prompt_inputs(slots, P, starts, cached),
                                           self.target_kv)
-        logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
-        out = rejection_sample(logits, self.no_drafts[:R], params["temperature"], params["seed"], starts + lens,
-                               **s.filters(values=params), **self.target.logits_shard)
-        first = out.token_ids[:, 0]  # [R]
-        s.num_tokens[slots] = starts + lens + 1
-        s.last_token[slots] = first
+        if chunk:
+            first = out = None
+        else:
+            logits = self.target.logits(hidden[rows * P + lens - 1]).view(R, 1, -1)  # each prompt's last row
+            out = rejection_sample(logits, self.no_drafts[:R], params["temperature"], params["seed"], starts + lens,
+                                   **s.filters(values=params), **self.target.logits_shard)
+            first = out.token_ids[:, 0]  # [R]
+            s.num_tokens[slots] = starts + lens + 1
+            s.last_token[slots] = first
         if self.draft is not None:  # the token after each prompt: drawn, or a chunk's next prompt token
-            tokens[rows, lens] = torch.where(nexts >= 0, nexts, first)
+            tokens[rows, lens] = torch.where(nexts >= 0, nexts, tokens[rows, lens] if chunk else first)
             if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
                 hidden_in = aux if self.draft.target_hidden == "aux" else hidden
                 tokens, T, last = tokens[:, 1:], P, lens - 1
@@ -410,10 +419,11 @@ class Cycle:
                 hidden_in, T, last = None, P + 1, lens
             state = summed(self.draft.draft_forward(tokens.flatten(), *self._prompt_inputs(slots, T, starts, cached),
                                                     self.draft_kv, hidden_in))
-            state = state[rows * T + last]  # each request's row at its last real position
-            if s.draft_state is not None:
-                s.draft_state[:R] = state  # batch rows 0 .. R-1: what draft_decode(R, slots) reads
-            self._propose(slots, state, column=0)
-            self.draft_decode(R, slots)
+            if not chunk:  # (a chunk's drafts would be thrown away: the last chunk proposes)
+                state = state[rows * T + last]  # each request's row at its last real position
+                if s.draft_state is not None:
+                    s.draft_state[:R] = state  # batch rows 0 .. R-1: what draft_decode(R, slots) reads
+                self._propose(slots, state, column=0)
+                self.draft_decode(R, slots)
         s.reset_scratch()  # the padding rows' slot
-        return first, out.logprobs[:, 0]
+        return (None, None) if chunk else (first, out.logprobs[:, 0])

@@ -112,7 +112,7 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
     eager = Runtime(target, draft, use_cuda_graphs=False, **kw).generate(prompts, params)
     rt = Runtime(target, draft, prefix_caching=False, **kw)  # (its prompts come again: no cached prefills)
     together = rt.generate(prompts, params)
-    assert set(rt.graph_sets[True].prefills) == {(8, 64, False)}  # the batch filters: the filtered set's graph
+    assert set(rt.graph_sets[True].prefills) == {(8, 64, False, False)}  # the batch filters: the filtered set's graph
     rids = []
     for p, sp in zip(prompts, params):
         rids.append(rt.add_request(p, sp))
@@ -122,7 +122,7 @@ def test_prefill_graphs_decode_as_eager_prefill(kind):
         rt.step()
     alone = [rt.pop_generation(r) for r in rids]
     shapes = set(rt.graph_sets[False].prefills) | set(rt.graph_sets[True].prefills)
-    assert shapes >= {(1, 16, False), (1, 32, False), (1, 64, False), (8, 64, False)}
+    assert shapes >= {(1, 16, False, False), (1, 32, False, False), (1, 64, False, False), (8, 64, False, False)}
     assert all(r.length <= 64 for s in rt.graph_sets.values() for r in s.prefills.values())
     for got in (together, alone):
         for a, b in zip(got, eager):
@@ -139,10 +139,10 @@ def test_capture_with_prefill_captures_every_prefill_shape_up_front():
     rt = Runtime(target, draft, prefix_caching=False, **kw)
     rt.capture(inspect_kernels=False, prefill=True)
     shapes = set(rt.cycle.graphs.prefills)  # without prefix caching, no row starts past 0
-    assert shapes == {(*shape, False) for shape in rt.prefill_shapes()} and (8, 64, False) in shapes
+    assert shapes == {(*shape, False, False) for shape in rt.prefill_shapes()} and (8, 64, False, False) in shapes
     cached = Runtime(target, draft, **kw)  # (prefix caching, the default)
     cached.capture(inspect_kernels=False, prefill=True)
-    assert set(cached.cycle.graphs.prefills) == shapes | {(*shape, True) for shape in rt.prefill_shapes()}
+    assert set(cached.cycle.graphs.prefills) == shapes | {(*shape, True, False) for shape in rt.prefill_shapes()}
     del cached
     g = torch.Generator().manual_seed(17)
     prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist() for n in (3, 70, 12, 33, 1)]
@@ -175,7 +175,7 @@ def test_prefix_caching_under_graphs_decodes_as_without_it(kind):
     got = rt.generate(prompts[4:], params[4:]) + rt.generate(prompts[:4], params[:4])
     got += rt.generate(prompts[:4], params[:4])
     assert rt.stats().cached_prompt_tokens == 3 * 32 + 4 * 32
-    assert set(rt.cycle.graphs.prefills) == {(1, 32, False), (4, 64, True), (4, 16, True)}
+    assert set(rt.cycle.graphs.prefills) == {(1, 32, False, False), (4, 64, True, False), (4, 16, True, False)}
     for a, b in zip(got, want + want[1:]):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
@@ -197,7 +197,7 @@ def test_chunked_prefill_under_graphs_decodes_as_one_eager_prefill(kind, prefix_
     rt = Runtime(target, draft, prefix_caching=prefix_caching, prefill_chunk_tokens=16, **kw)
     rt.capture(inspect_kernels=False, prefill=True)
     captured = set(rt.cycle.graphs.prefills)
-    assert captured == set(rt.prefill_graph_keys()) and (1, 16, True) in captured  # (later chunks)
+    assert captured == set(rt.prefill_graph_keys()) and {(1, 16, False, True), (1, 16, True, True)} <= captured
     rids = [rt.add_request(prompts[0], params[0])]
     rt.step()
     rids += [rt.add_request(p, sp) for p, sp in zip(prompts[1:], params[1:])]

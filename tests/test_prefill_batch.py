@@ -140,16 +140,17 @@ def test_prefill_graph_keys_hold_every_prefill_served(chunk, prefix_caching):
                  prefill_chunk_tokens=chunk)
     rt.use_cuda_graphs = True  # graphs asked for, none captured (the CPU runs the padded shape eagerly)
     asked = []
-    rt._graphs = lambda: SimpleNamespace(prefill=lambda *key, cached: asked.append((*key, cached)))
+    rt._graphs = lambda: SimpleNamespace(prefill=lambda *key, cached, chunk: asked.append((*key, cached, chunk)))
     g = torch.Generator().manual_seed(fresh_seed())
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (70, 5, 33, 41, 12, 3)]
     prompts.append(prompts[0][:40] + prompts[1])
     rt.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
     keys = rt.prefill_graph_keys()
     assert len(set(keys)) == len(keys) and set(asked) <= set(keys), (set(asked) - set(keys), keys)
-    assert any(cached for *_, cached in asked) == (chunk is not None or prefix_caching)
+    assert any(cached for _, _, cached, _ in asked) == (chunk is not None or prefix_caching)
+    assert any(chunked for *_, chunked in asked) == (chunk is not None)
     if chunk is not None:
-        assert max(length for _, length, _ in keys) == (16 if chunk == 16 else 32)
+        assert max(length for _, length, _, _ in keys) == (16 if chunk == 16 else 32)
 
 
 def test_prefill_token_budget_splits_the_forward(monkeypatch):

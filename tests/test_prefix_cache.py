@@ -269,8 +269,9 @@ def test_prefill_attention_reaches_past_its_padded_length_only_past_a_cached_pre
 
 def test_a_prefill_refuses_a_graph_captured_for_the_other_kind_of_rows():
     """A prefill graph captured for rows that all start at 0 attends to keys up to its padded length
-    only: a prefill past a cached prefix must not replay it (nor the reverse), and the refusal
-    leaves the decode state unwritten."""
+    only: a prefill past a cached prefix must not replay it (nor the reverse), a chunk must not
+    replay a graph that draws a first token (nor the reverse), and the refusal leaves the decode
+    state unwritten."""
     from types import SimpleNamespace
 
     rt = Runtime(load(tiny_dir()), None, max_batch_size=2, max_seq_len=64)
@@ -279,5 +280,11 @@ def test_a_prefill_refuses_a_graph_captured_for_the_other_kind_of_rows():
     sampling = [(0.0, 1, 0, 1.0, 0.0)]
     for starts, graph_cached in (([16], False), ([0], True)):
         with pytest.raises(ValueError, match=f"cached={graph_cached}"):
-            c.prefill([0], [[5, 6, 7]], starts, [[1, 2]], sampling, (1, 16), SimpleNamespace(cached=graph_cached))
+            c.prefill([0], [[5, 6, 7]], starts, [[1, 2]], sampling, (1, 16),
+                      SimpleNamespace(cached=graph_cached, chunk=False))
+    # nor does a chunk replay a graph that draws a first token, or a whole prompt one that draws none
+    for nexts, graph_chunk in (([9], False), (None, True)):
+        with pytest.raises(ValueError, match=f"chunk={graph_chunk}"):
+            c.prefill([0], [[5, 6, 7]], [16], [[1, 2]], sampling, (1, 16),
+                      SimpleNamespace(cached=True, chunk=graph_chunk), nexts=nexts)
     assert torch.equal(c.s.block_tables, before)
