@@ -198,16 +198,27 @@ class Admission:
                 keys += [(*chunk, cached, True) for cached in (False, True)]
         return keys
 
-    def _first_tokens(self) -> None:
+    def _first_tokens(self, cycle: list[_Request] | None = None) -> None:
         """Emit the first tokens of the prefills launched since the last call (a request aborted
-        since gets none), once the last of them has run. step() calls it once the next cycle is
-        launched, so that the GPU does not wait for the host between a prefill and the cycle after."""
+        since gets none), once they have run. step() calls it once the next cycle is launched, so
+        that the GPU does not wait for the host between a prefill and the cycle after, with the
+        requests of the cycle it reads next (cycle): it waits for their prefills only, and emits a
+        later prefill's tokens if it has run, else at a later call. So a step does not wait for a
+        prefill that runs after the cycle it reads (the last chunk of a long prompt after its other
+        chunks: two chunks a step)."""
         if not self._admitted:
             return
-        if self._admitted[-1][3] is not None:
-            self._admitted[-1][3].synchronize()
+        n = len(self._admitted)
+        if cycle is not None:
+            rids = {r.rid for r in cycle}
+            n = next((n - i for i, (reqs, *_) in enumerate(reversed(self._admitted))
+                      if any(r.rid in rids for r in reqs)), 0)
+        if n and self._admitted[n - 1][3] is not None:
+            self._admitted[n - 1][3].synchronize()
+        while n < len(self._admitted) and (self._admitted[n][3] is None or self._admitted[n][3].query()):
+            n += 1
         t0 = time.perf_counter()
-        admitted, self._admitted = self._admitted, []
+        admitted, self._admitted = self._admitted[:n], self._admitted[n:]
         for reqs, first, logprob, _ in admitted:
             for req, tok, lp in zip(reqs, first.tolist(), logprob.tolist()):
                 if req.gen.finish_reason is None:

@@ -92,7 +92,7 @@ class Runtime(Admission):
                  buckets: tuple[int, ...] | None = None, use_cuda_graphs: bool | None = None,
                  seed: int | None = None, simulate_acceptance_length: float | None = None,
                  draft_quantization: str | None = None, tensor_parallel=None, prefix_caching: bool = True,
-                 prefill_chunk_tokens: int | None = None):
+                 prefill_chunk_tokens: int | None = 2048):
         device = _device(device)
         if not isinstance(prefix_caching, bool):
             raise OptionError(f"prefix_caching must be True or False, got {prefix_caching!r}")
@@ -464,8 +464,9 @@ class Runtime(Admission):
         token each request gained since step() last returned it, in order and once: the cycle's
         tokens and the first token of every request prefilled since (by admit(), or by this call,
         which first admits what waits and fits; a request admitted into a slot this call frees is
-        prefilled at once, and on CUDA its first token comes with the next call, read once the cycle
-        after its prefill is launched).
+        prefilled at once. On CUDA a first token is read once the cycle after its prefill is
+        launched: it comes with this call if its prefill has run by the time the cycle this call
+        reads has, else with the next call).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.
@@ -486,7 +487,7 @@ class Runtime(Admission):
         ends_all = all(r.rid in in_done and _budget_left(r) <= 1 for r in self._running.values())
         self._inflight = self._launch() if self.overlap and self._running and not ends_all else None
         self.host_seconds += time.perf_counter() - t0
-        self._first_tokens()
+        self._first_tokens(done[0])
         self._collect(done)
         return self._report()
 

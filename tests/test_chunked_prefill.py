@@ -178,3 +178,37 @@ def test_chunked_prefill_bench_runs_on_the_cpu(tmp_path):
     assert runs["0"][0]["steps_to_first_token"] == 1 and runs["16"][0]["steps_to_first_token"] == 7
     for res in runs["0"] + runs["16"]:
         assert 0 < res["before_mean_ms"] and 0 < res["during_mean_ms"] <= res["during_worst_ms"] <= res["ttft_ms"]
+
+
+def test_a_step_waits_only_for_the_prefills_before_the_cycle_it_reads():
+    """Under pipelined cycles (CUDA) a step reads the cycle launched before it, then the one it
+    launched runs: of the prefills not yet read it waits for those of the requests in the cycle it
+    reads, and emits a later one's first token only if that prefill has run, else at a later step,
+    in launch order (so a long prompt's last chunk does not make one step wait for two chunks)."""
+    from types import SimpleNamespace
+
+    class Event:
+        def __init__(self, ran):
+            self.ran, self.waited = ran, False
+
+        def query(self):
+            return self.ran
+
+        def synchronize(self):
+            self.waited = self.ran = True
+
+    rt = Runtime(load(tiny_dir()), None, max_batch_size=4, max_seq_len=64)
+    emitted = []
+    rt._emit = lambda req, toks, lps: emitted.append((req.rid, toks[0]))
+    reqs = [SimpleNamespace(rid=i, gen=SimpleNamespace(finish_reason=None)) for i in range(5)]
+    events = [Event(False), Event(False), Event(False), Event(True), Event(True)]
+    rt._admitted = [([r], torch.tensor([10 + r.rid]), torch.zeros(1), e) for r, e in zip(reqs, events)]
+    rt._first_tokens([reqs[0], reqs[1]])  # the cycle read holds requests 0 and 1; 2 has not run
+    assert emitted == [(0, 10), (1, 11)] and events[1].waited and not events[2].waited
+    assert [a[0][0].rid for a in rt._admitted] == [2, 3, 4]  # 3 and 4 ran, but come after 2
+    events[2].ran = True
+    rt._first_tokens([reqs[0]])  # nothing of this cycle waits; what has run is emitted, in order
+    assert emitted[2:] == [(2, 12), (3, 13), (4, 14)] and not rt._admitted and not events[2].waited
+    rt._admitted = [([reqs[0]], torch.tensor([7]), torch.zeros(1), Event(False))]
+    rt._first_tokens()  # admit(): waits for every prefill
+    assert emitted[-1] == (0, 7) and not rt._admitted
