@@ -174,7 +174,7 @@ class Admission:
         without CUDA graphs or under tensor parallelism (prefill is eager there). Under chunked
         prefill no prefill computes more than prefill_chunk_tokens of a prompt."""
         cap = self.cycle.max_seq_len - 1
-        if self.prefill_chunk_tokens is not None:
+        if self._chunks():
             cap = min(cap, max(16, 1 << (self.prefill_chunk_tokens - 1).bit_length()))
         lengths = {min(cap, 1 << i) for i in range(4, max(cap - 1, 1).bit_length() + 1)}
         shapes = {self._prefill_shape(rows, length) for rows in self.buckets for length in lengths}
@@ -190,13 +190,17 @@ class Admission:
         keys = [(*shape, False, False) for shape in shapes]
         if self.prefix_caching:
             keys += [(*shape, True, False) for shape in shapes]
-        if self.prefill_chunk_tokens is not None:
+        if self._chunks():
             if not self.prefix_caching:
                 keys += [(*shape, True, False) for shape in shapes if shape[0] == self.buckets[0]]
             chunk = self._prefill_shape(1, self.prefill_chunk_tokens)
             if chunk is not None:
                 keys += [(*chunk, cached, True) for cached in (False, True)]
         return keys
+
+    def _chunks(self) -> bool:
+        """Whether some prompt can be longer than prefill_chunk_tokens (then it is chunked)."""
+        return self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < self.cycle.max_seq_len - 1
 
     def _first_tokens(self, cycle: list[_Request] | None = None) -> None:
         """Emit the first tokens of the prefills launched since the last call (a request aborted

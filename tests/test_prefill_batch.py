@@ -151,6 +151,10 @@ def test_prefill_graph_keys_hold_every_prefill_served(chunk, prefix_caching):
     assert any(chunked for *_, chunked in asked) == (chunk is not None)
     if chunk is not None:
         assert max(length for _, length, _, _ in keys) == (16 if chunk == 16 else 32)
+    else:  # a chunk as long as the longest prompt chunks nothing: no graphs of its own (the default, 2048)
+        unchunked = Runtime(target, None, max_batch_size=4, max_seq_len=96, prefix_caching=prefix_caching)
+        unchunked.use_cuda_graphs = True
+        assert unchunked.prefill_chunk_tokens == 2048 and unchunked.prefill_graph_keys() == keys
 
 
 def test_prefill_token_budget_splits_the_forward(monkeypatch):
