@@ -31,7 +31,7 @@ def run(rt: Runtime, running: int, long_len: int, steady_steps: int) -> dict:
     V = rt.vocab_size
     sp = SamplingParams(max_new_tokens=rt.max_seq_len - long_len - 8, ignore_eos=True)
     rids = [rt.add_request(torch.randint(0, V, (32,), generator=g).tolist(), sp) for _ in range(running)]
-    while len(rt.running_slots()) < running:
+    while not all(rt.get_generation(r).token_ids for r in rids):  # prefilled and read: decoding
         rt.step()
     gaps, t = [], time.perf_counter()
     for _ in range(steady_steps):
