@@ -135,7 +135,8 @@ class Admission:
         self._counts["cached_prompt_tokens"] += sum(r.cached for r in reqs)
         for req in reqs:
             self._running[req.slot] = req
-        self._admitted.append((reqs, first, logprob, done))
+        last_chunk = reqs[0].done > reqs[0].cached  # (chunks before it: a prefill of one request)
+        self._admitted.append((reqs, first, logprob, done, last_chunk))
         if not self.overlap:
             self._first_tokens()
 
@@ -206,24 +207,23 @@ class Admission:
         """Emit the first tokens of the prefills launched since the last call (a request aborted
         since gets none), once they have run. step() calls it once the next cycle is launched, so
         that the GPU does not wait for the host between a prefill and the cycle after, with the
-        requests of the cycle it reads next (cycle): it waits for their prefills only, and emits a
-        later prefill's tokens if it has run, else at a later call. So a step does not wait for a
-        prefill that runs after the cycle it reads (the last chunk of a long prompt after its other
-        chunks: two chunks a step)."""
+        requests of the cycle it reads next (cycle): a chunked prompt's last chunk that runs after
+        that cycle is not waited for (else that step would wait for two chunks, the one before the
+        cycle and this one); its first token comes with this call if it has run, else a later one."""
         if not self._admitted:
             return
         n = len(self._admitted)
         if cycle is not None:
             rids = {r.rid for r in cycle}
-            n = next((n - i for i, (reqs, *_) in enumerate(reversed(self._admitted))
-                      if any(r.rid in rids for r in reqs)), 0)
+            n = next((n - i for i, (reqs, *_, last_chunk) in enumerate(reversed(self._admitted))
+                      if not last_chunk or any(r.rid in rids for r in reqs)), 0)
         if n and self._admitted[n - 1][3] is not None:
             self._admitted[n - 1][3].synchronize()
         while n < len(self._admitted) and (self._admitted[n][3] is None or self._admitted[n][3].query()):
             n += 1
         t0 = time.perf_counter()
         admitted, self._admitted = self._admitted[:n], self._admitted[n:]
-        for reqs, first, logprob, _ in admitted:
+        for reqs, first, logprob, *_ in admitted:
             for req, tok, lp in zip(reqs, first.tolist(), logprob.tolist()):
                 if req.gen.finish_reason is None:
                     self._emit(req, [tok], [lp])

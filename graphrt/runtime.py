@@ -217,8 +217,8 @@ class Runtime(Admission):
         self._inflight = None
         self.overlap = device.type == "cuda"  # on the CPU nothing runs asynchronously
         # prefills launched whose first tokens the host has not read: (requests, first tokens, their
-        # logprobs, the event after their copy to the host or None)
-        self._admitted: list[tuple[list[_Request], torch.Tensor, torch.Tensor, torch.cuda.Event | None]] = []
+        # logprobs, the event after their copy to the host or None, whether it is a chunked prompt's last chunk)
+        self._admitted: list[tuple[list[_Request], torch.Tensor, torch.Tensor, torch.cuda.Event | None, bool]] = []
         self.num_cycles = 0
         self.host_seconds = 0.0  # host time spent in step() outside waiting for the GPU
         self._counts = dict(prefills=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0, draft_tokens=0,
@@ -464,9 +464,9 @@ class Runtime(Admission):
         token each request gained since step() last returned it, in order and once: the cycle's
         tokens and the first token of every request prefilled since (by admit(), or by this call,
         which first admits what waits and fits; a request admitted into a slot this call frees is
-        prefilled at once. On CUDA a first token is read once the cycle after its prefill is
-        launched: it comes with this call if its prefill has run by the time the cycle this call
-        reads has, else with the next call).
+        prefilled at once, and on CUDA its first token comes with the next call, read once the cycle
+        after its prefill is launched; a chunked prompt's first token comes with the call that
+        launches its last chunk if that chunk has run by then, else with the next).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.

@@ -180,11 +180,11 @@ def test_chunked_prefill_bench_runs_on_the_cpu(tmp_path):
         assert 0 < res["before_mean_ms"] and 0 < res["during_mean_ms"] <= res["during_worst_ms"] <= res["ttft_ms"]
 
 
-def test_a_step_waits_only_for_the_prefills_before_the_cycle_it_reads():
-    """Under pipelined cycles (CUDA) a step reads the cycle launched before it, then the one it
-    launched runs: of the prefills not yet read it waits for those of the requests in the cycle it
-    reads, and emits a later one's first token only if that prefill has run, else at a later step,
-    in launch order (so a long prompt's last chunk does not make one step wait for two chunks)."""
+def test_a_step_does_not_wait_for_a_last_chunk_after_the_cycle_it_reads():
+    """Under pipelined cycles (CUDA) a step reads the cycle launched before it while the one it
+    launched runs. It waits for every prefill whose first token it has not read, but for a chunked
+    prompt's last chunk that the cycle it reads does not hold (that wait would add a second chunk to
+    the step): such a chunk's first token comes once it has run, at a later step, in launch order."""
     from types import SimpleNamespace
 
     class Event:
@@ -200,15 +200,31 @@ def test_a_step_waits_only_for_the_prefills_before_the_cycle_it_reads():
     rt = Runtime(load(tiny_dir()), None, max_batch_size=4, max_seq_len=64)
     emitted = []
     rt._emit = lambda req, toks, lps: emitted.append((req.rid, toks[0]))
-    reqs = [SimpleNamespace(rid=i, gen=SimpleNamespace(finish_reason=None)) for i in range(5)]
-    events = [Event(False), Event(False), Event(False), Event(True), Event(True)]
-    rt._admitted = [([r], torch.tensor([10 + r.rid]), torch.zeros(1), e) for r, e in zip(reqs, events)]
-    rt._first_tokens([reqs[0], reqs[1]])  # the cycle read holds requests 0 and 1; 2 has not run
+    reqs = [SimpleNamespace(rid=i, gen=SimpleNamespace(finish_reason=None)) for i in range(6)]
+
+    def launched(kinds):  # (ran, last chunk) per prefill, request i's first token 10 + i
+        events = [Event(ran) for ran, _ in kinds]
+        rt._admitted = [([r], torch.tensor([10 + r.rid]), torch.zeros(1), e, last)
+                        for r, e, (_, last) in zip(reqs, events, kinds)]
+        emitted.clear()
+        return events
+
+    # the cycle read holds request 0; 1 is a whole prompt, 2 a last chunk not run, 3 one that ran
+    events = launched([(False, False), (False, False), (False, True), (True, True)])
+    rt._first_tokens([reqs[0]])
     assert emitted == [(0, 10), (1, 11)] and events[1].waited and not events[2].waited
-    assert [a[0][0].rid for a in rt._admitted] == [2, 3, 4]  # 3 and 4 ran, but come after 2
+    assert [a[0][0].rid for a in rt._admitted] == [2, 3]  # 3 ran, but comes after 2
     events[2].ran = True
-    rt._first_tokens([reqs[0]])  # nothing of this cycle waits; what has run is emitted, in order
-    assert emitted[2:] == [(2, 12), (3, 13), (4, 14)] and not rt._admitted and not events[2].waited
-    rt._admitted = [([reqs[0]], torch.tensor([7]), torch.zeros(1), Event(False))]
+    rt._first_tokens([reqs[0]])
+    assert emitted[2:] == [(2, 12), (3, 13)] and not rt._admitted and not events[2].waited
+    # a whole prompt's prefill after a last chunk: both waited for, in order
+    events = launched([(False, True), (False, False)])
+    rt._first_tokens([reqs[5]])
+    assert emitted == [(0, 10), (1, 11)] and events[1].waited and not rt._admitted
+    # a last chunk that the cycle read holds (it was launched before it): waited for
+    events = launched([(False, True)])
+    rt._first_tokens([reqs[0]])
+    assert emitted == [(0, 10)] and events[0].waited
+    events = launched([(False, True)])
     rt._first_tokens()  # admit(): waits for every prefill
-    assert emitted[-1] == (0, 7) and not rt._admitted
+    assert emitted == [(0, 10)] and events[0].waited and not rt._admitted
