@@ -35,7 +35,9 @@ class Admission:
         """Prefill now the waiting requests that a free slot and their KV blocks admit, first come
         first served, in one forward (padded to the longest prompt; for the tokens a forward takes at
         most, see _PREFILL_TOKENS; under graphs, a prefill that a graph's shape holds only grows while
-        one still does; a prompt longer than prefill_chunk_tokens takes one chunk a call, alone).
+        one still does). A prompt longer than prefill_chunk_tokens takes one chunk a call, in a
+        forward of its own; the requests behind it whose prompts need no chunks are admitted
+        meanwhile, one that does waits for it.
         step() does it first; an engine calls it to have their first tokens, and pay the prefill,
         before the next cycle."""
         self._admit()
@@ -48,45 +50,53 @@ class Admission:
         chunk = self.prefill_chunk_tokens
         batch: list[_Request] = []
         longest = 0
-        while self._waiting:
-            req = self._waiting[0]
-            if req.slot >= 0:  # part way through a chunked prefill: its next chunk (it heads the queue)
-                if chunks:
-                    self._prefill_chunk(req)
-                break
-            if not self._free_slots:
-                break
-            keys = self.kv_blocks.keys(req.prompt) if self.prefix_caching else []
-            matched = self.kv_blocks.match(keys)
-            need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
-            if need > self.kv_blocks.free_after_taking(matched):
-                break  # wait for running requests to free blocks (first come, first served)
-            rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
-            chunked = chunk is not None and rest > chunk
-            if chunked and not chunks:
-                break
-            grown = max(longest, rest)
-            # A batch whose padded shape has a prefill graph does not grow past every graph: the
-            # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
-            if batch and (chunked or (len(batch) + 1) * grown > budget
-                          or self._prefill_shape(len(batch) + 1, grown) is None
-                          and self._prefill_shape(len(batch), longest) is not None):
+        held = None  # a prompt part way through its chunks, out of the queue while the ones behind it are admitted
+        try:
+            while self._waiting:
+                req = self._waiting[0]
+                if req.slot >= 0:  # part way through a chunked prefill: its next chunk (it heads the queue)
+                    if chunks:
+                        self._prefill_chunk(req)
+                        chunks = False  # one chunk a call: another long prompt starts at the next
+                    if self._waiting and self._waiting[0] is req:  # more chunks to come
+                        held = self._waiting.popleft()
+                    continue
+                if not self._free_slots:
+                    break
+                keys = self.kv_blocks.keys(req.prompt) if self.prefix_caching else []
+                matched = self.kv_blocks.match(keys)
+                need = self._blocks_needed(len(req.prompt), req.params) - len(matched)
+                if need > self.kv_blocks.free_after_taking(matched):
+                    break  # wait for running requests to free blocks (first come, first served)
+                rest = len(req.prompt) - len(matched) * self.block_size  # what the prefill computes
+                chunked = chunk is not None and rest > chunk
+                if chunked and not chunks:
+                    break
+                grown = max(longest, rest)
+                # A batch whose padded shape has a prefill graph does not grow past every graph: the
+                # eager forward would cost the host tens of ms of launches (_PREFILL_GRAPH_TOKENS)
+                if batch and (chunked or (len(batch) + 1) * grown > budget
+                              or self._prefill_shape(len(batch) + 1, grown) is None
+                              and self._prefill_shape(len(batch), longest) is not None):
+                    self._prefill(batch)
+                    batch, grown = [], rest
+                longest = grown
+                req.slot = self._free_slots.pop()
+                req.blocks = self.kv_blocks.take(matched, need)
+                req.cached = req.done = len(matched) * self.block_size
+                if chunked:  # a chunk a call, between cycles, so that running requests keep decoding
+                    req.keys = keys
+                    longest = 0
+                    continue  # (its first chunk, at the head of the queue)
+                self._waiting.popleft()
+                if self.prefix_caching:  # the next requests of this batch find these blocks too
+                    self.kv_blocks.remember(keys, req.blocks)
+                batch.append(req)
+            if batch:
                 self._prefill(batch)
-                batch, grown = [], rest
-            longest = grown
-            req.slot = self._free_slots.pop()
-            req.blocks = self.kv_blocks.take(matched, need)
-            req.cached = req.done = len(matched) * self.block_size
-            if chunked:  # a chunk a call, between cycles, so that running requests keep decoding
-                req.keys = keys
-                self._prefill_chunk(req)
-                break
-            self._waiting.popleft()
-            if self.prefix_caching:  # the next requests of this batch find these blocks too
-                self.kv_blocks.remember(keys, req.blocks)
-            batch.append(req)
-        if batch:
-            self._prefill(batch)
+        finally:  # (also when a prefill failed: its requests wait again behind this one)
+            if held is not None:
+                self._waiting.appendleft(held)
 
     def _prefill_chunk(self, req: _Request) -> None:
         """The next prefill_chunk_tokens of a long prompt, whose request heads the queue holding its

@@ -103,6 +103,37 @@ def test_running_requests_decode_between_chunks():
     assert rt.generate([long_prompt], SamplingParams(max_new_tokens=4, ignore_eos=True))[0].token_ids[0] == out[long][0]
 
 
+def test_requests_behind_a_chunked_prompt_are_admitted_meanwhile():
+    """While a long prompt is prefilled a chunk a step, the requests behind it whose prompts need no
+    chunks are admitted (in a forward of their own, the same step); a second long prompt waits for
+    the first one's last chunk, and the requests behind it wait for it (first come, first served).
+    Everything decodes as without chunks."""
+    target = load(tiny_dir())
+    V = target.config.vocab_size
+    g = torch.Generator().manual_seed(fresh_seed())
+    lens = (70, 5, 9, 40, 3)  # long, short, short, long, short
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
+    sp = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    kw = dict(max_batch_size=6, max_seq_len=96)
+    want = Runtime(target, None, prefill_chunk_tokens=None, **kw).generate(prompts, sp)
+    rt = Runtime(target, None, prefill_chunk_tokens=16, **kw)
+    rids = [rt.add_request(p, sp) for p in prompts]
+    first = {}
+    for step in range(1, 40):
+        for rid, toks in rt.step().items():
+            if toks:
+                first.setdefault(rid, step)
+        if step == 1:  # the first long prompt's first chunk, the two short ones behind it prefilled
+            assert sorted(rt._requests[r].slot >= 0 for r in rids) == [False, False, True, True, True]
+            assert [r.rid for r in rt._waiting] == [rids[0], rids[3], rids[4]] and rt._waiting[0].done == 16
+        if not rt.has_unfinished():
+            break
+    assert first[rids[1]] == first[rids[2]] == 1 and first[rids[0]] == 70 // 16 + 1  # 5 chunks
+    # the second long prompt starts once the first is prefilled, and the short one behind it with it
+    assert first[rids[4]] == first[rids[0]] + 1 and first[rids[3]] == first[rids[0]] + 40 // 16 + 1
+    assert [rt.pop_generation(r).token_ids for r in rids] == [w.token_ids for w in want]
+
+
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_abort_part_way_through_a_chunked_prefill(prefix_caching):
     """Aborting a request between its chunks gives its slot and blocks back; the next request takes
