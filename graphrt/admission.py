@@ -219,7 +219,8 @@ class Admission:
         that the GPU does not wait for the host between a prefill and the cycle after, with the
         requests of the cycle it reads next (cycle): a chunked prompt's last chunk that runs after
         that cycle is not waited for (else that step would wait for two chunks, the one before the
-        cycle and this one); its first token comes with this call if it has run, else a later one."""
+        cycle and this one), its first token comes with the next call. (Not whether it has run by
+        now: under tensor parallelism every rank must emit the same tokens at the same call.)"""
         if not self._admitted:
             return
         n = len(self._admitted)
@@ -229,8 +230,6 @@ class Admission:
                       if not last_chunk or any(r.rid in rids for r in reqs)), 0)
         if n and self._admitted[n - 1][3] is not None:
             self._admitted[n - 1][3].synchronize()
-        while n < len(self._admitted) and (self._admitted[n][3] is None or self._admitted[n][3].query()):
-            n += 1
         t0 = time.perf_counter()
         admitted, self._admitted = self._admitted[:n], self._admitted[n:]
         for reqs, first, logprob, *_ in admitted:

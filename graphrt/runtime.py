@@ -465,8 +465,8 @@ class Runtime(Admission):
         tokens and the first token of every request prefilled since (by admit(), or by this call,
         which first admits what waits and fits; a request admitted into a slot this call frees is
         prefilled at once, and on CUDA its first token comes with the next call, read once the cycle
-        after its prefill is launched; a chunked prompt's first token comes with the call that
-        launches its last chunk if that chunk has run by then, else with the next).
+        after its prefill is launched; a chunked prompt's, once its last chunk is launched after the
+        cycle a call reads, with the call after).
 
         On CUDA the cycles are pipelined: cycle n+1 is launched (for the same requests plus any
         newly admitted) before the host reads cycle n's results, so the GPU never waits for Python.

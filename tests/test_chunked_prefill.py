@@ -215,15 +215,13 @@ def test_a_step_does_not_wait_for_a_last_chunk_after_the_cycle_it_reads():
     """Under pipelined cycles (CUDA) a step reads the cycle launched before it while the one it
     launched runs. It waits for every prefill whose first token it has not read, but for a chunked
     prompt's last chunk that the cycle it reads does not hold (that wait would add a second chunk to
-    the step): such a chunk's first token comes once it has run, at a later step, in launch order."""
+    the step): such a chunk's first token comes with the next step, whether or not the chunk has
+    run (every rank of a tensor-parallel runtime emits it at the same step), in launch order."""
     from types import SimpleNamespace
 
     class Event:
         def __init__(self, ran):
             self.ran, self.waited = ran, False
-
-        def query(self):
-            return self.ran
 
         def synchronize(self):
             self.waited = self.ran = True
@@ -240,14 +238,13 @@ def test_a_step_does_not_wait_for_a_last_chunk_after_the_cycle_it_reads():
         emitted.clear()
         return events
 
-    # the cycle read holds request 0; 1 is a whole prompt, 2 a last chunk not run, 3 one that ran
+    # the cycle read holds request 0; 1 is a whole prompt; 2 and 3 last chunks, 3 has run
     events = launched([(False, False), (False, False), (False, True), (True, True)])
     rt._first_tokens([reqs[0]])
     assert emitted == [(0, 10), (1, 11)] and events[1].waited and not events[2].waited
-    assert [a[0][0].rid for a in rt._admitted] == [2, 3]  # 3 ran, but comes after 2
-    events[2].ran = True
-    rt._first_tokens([reqs[0]])
-    assert emitted[2:] == [(2, 12), (3, 13)] and not rt._admitted and not events[2].waited
+    assert [a[0][0].rid for a in rt._admitted] == [2, 3]
+    rt._first_tokens([reqs[0], reqs[3]])  # the next step's cycle holds 3: 2 and 3 come, in order
+    assert emitted[2:] == [(2, 12), (3, 13)] and not rt._admitted and events[3].waited
     # a whole prompt's prefill after a last chunk: both waited for, in order
     events = launched([(False, True), (False, False)])
     rt._first_tokens([reqs[5]])
