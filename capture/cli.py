@@ -29,7 +29,9 @@ def cli_main(args) -> int:
     rt = Runtime.from_pretrained(target, draft, num_draft_tokens=args.num_draft_tokens, device="cuda",
                                  dtype=dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
                                  use_cuda_graphs=True, tensor_parallel_size=args.tp,
-                                 draft_quantization=args.draft_quantization if draft else None)
+                                 draft_quantization=args.draft_quantization if draft else None,
+                                 prefix_caching=not args.no_prefix_caching,
+                                 prefill_chunk_tokens=args.prefill_chunk_tokens)
     phases = [p for p, _ in rt.cycle.phases()]
     print(f"graphrt capture: target {target}; draft: {desc}; K = {rt.K}; buckets {list(rt.buckets)}")
     t0 = time.perf_counter()
@@ -40,8 +42,10 @@ def cli_main(args) -> int:
     print(f"precompile: {graphs.precompiled} kernel variants in {graphs.precompile_s:.1f} s")
     prefill_s = sum(p.capture_s for p in graphs.prefills.values())
     if args.prefill:
-        cached = sum(key[2] for key in graphs.prefills)  # (rows, length, past a cached prefix)
-        print(f"prefill graphs: {len(graphs.prefills)} ({cached} of them past a cached prefix) in {prefill_s:.1f} s, "
+        cached = sum(key[2] for key in graphs.prefills)  # (rows, length, past a cached prefix, chunk)
+        chunks = sum(key[3] for key in graphs.prefills)
+        print(f"prefill graphs: {len(graphs.prefills)} ({cached} of them past a cached prefix, {chunks} for chunks "
+              f"before a prompt's last) in {prefill_s:.1f} s, "
               f"after precompiling {graphs.prefill_precompiled} kernel variants in {graphs.prefill_precompile_s:.1f} s "
               "(within the total below)")
 

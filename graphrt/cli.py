@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-draft", action="store_true", help="capture TARGET_DECODE only")
     c.add_argument("--prefill", action="store_true",
                    help="also every prefill shape's graph (Runtime.capture(prefill=True)), as a server starts")
+    c.add_argument("--no-prefix-caching", action="store_true", help="a runtime without prefix caching")
+    c.add_argument("--prefill-chunk-tokens", type=positive_int, default=2048, metavar="C",
+                   help="chunked prefill's chunk (Runtime(prefill_chunk_tokens=C), default 2048)")
     _common(c)
 
     pr = sub.add_parser("profile", help="per-phase GPU kernel time (PyTorch profiler or Nsight Systems)")

@@ -99,6 +99,7 @@ def test_bad_arguments_exit_cleanly():
     (["bench", "--preset", "tiny", "--sweep-accept", "--sweep-k", "3,0"], "--sweep-k"),
     (["profile", "--preset", "tiny", "--batch-sizes", "1,0"], "--batch-sizes"),
     (["capture", "--max-batch-size", "0"], "--max-batch-size"),
+    (["capture", "--prefill", "--prefill-chunk-tokens", "0"], "--prefill-chunk-tokens"),
     (["generate", "x.gguf", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "x.gguf", "--prompt-ids", "1", "--tp", "0"], "--tp"),
 ])
