@@ -98,7 +98,10 @@ for step in $steps; do
     # a long prompt's prefill against the running requests' time between tokens, with and without chunks
     chunked)  python3 scripts/chunked_prefill_bench.py --out "$OUT/chunked.json" --chunks 0,256,512,1024 2>&1 | log | tail -8
               python3 scripts/chunked_prefill_bench.py --out "$OUT/chunked8192.json" --long 8192 --chunks 0,2048,4096 \
-                2>&1 | log | tail -6 ;;
+                2>&1 | log | tail -6
+              # short requests arriving behind the long prompt: admitted while its chunks run
+              python3 scripts/chunked_prefill_bench.py --out "$OUT/chunked_short.json" --long 8192 --chunks 0,2048 \
+                --running 56 --short 7 2>&1 | log | tail -4 ;;
     # capture cold (an empty Triton cache) then warm (the same cache); then every prefill graph too,
     # with and without prefix caching (RESULTS.md, Known limits)
     capture)  tc=$(mktemp -d); for w in cold warm; do TRITON_CACHE_DIR=$tc python3 -m graphrt capture \

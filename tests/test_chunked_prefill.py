@@ -196,18 +196,20 @@ def test_prefill_chunk_tokens_must_be_a_positive_int(bad):
 
 def test_chunked_prefill_bench_runs_on_the_cpu(tmp_path):
     """scripts/chunked_prefill_bench.py end to end on the CPU (its timings mean nothing here): the
-    long prompt's first token takes one step without chunks and one a chunk with them."""
+    long prompt's first token takes one step without chunks and one a chunk with them; the short
+    requests that arrive after it (--short) have theirs at the first step either way."""
     import json
 
     from tests.helpers import load_script
 
     out = tmp_path / "cp.json"
     mod = load_script("chunked_prefill_bench")
-    assert mod.main(["--out", str(out), "--preset", "tiny", "--running", "2", "--long", "100", "--chunks", "0,16",
-                     "--rounds", "1", "--device", "cpu"]) == 0
+    assert mod.main(["--out", str(out), "--preset", "tiny", "--running", "2", "--long", "100", "--chunks", "0,32",
+                     "--rounds", "1", "--device", "cpu", "--short", "2"]) == 0
     runs = json.loads(out.read_text())["runs"]
-    assert runs["0"][0]["steps_to_first_token"] == 1 and runs["16"][0]["steps_to_first_token"] == 7
-    for res in runs["0"] + runs["16"]:
+    assert runs["0"][0]["steps_to_first_token"] == 1 and runs["32"][0]["steps_to_first_token"] == 4
+    assert runs["0"][0]["short_steps"] == runs["32"][0]["short_steps"] == [1, 1]  # (32 tokens: no chunks)
+    for res in runs["0"] + runs["32"]:
         assert 0 < res["before_mean_ms"] and 0 < res["during_mean_ms"] <= res["during_worst_ms"] <= res["ttft_ms"]
 
 
