@@ -79,15 +79,14 @@ class Admission:
                               or self._prefill_shape(len(batch) + 1, grown) is None
                               and self._prefill_shape(len(batch), longest) is not None):
                     self._prefill(batch)
-                    batch, grown = [], rest
-                longest = grown
+                    batch, longest = [], 0
                 req.slot = self._free_slots.pop()
                 req.blocks = self.kv_blocks.take(matched, need)
                 req.cached = req.done = len(matched) * self.block_size
                 if chunked:  # a chunk a call, between cycles, so that running requests keep decoding
                     req.keys = keys
-                    longest = 0
                     continue  # (its first chunk, at the head of the queue)
+                longest = max(longest, rest)
                 self._waiting.popleft()
                 if self.prefix_caching:  # the next requests of this batch find these blocks too
                     self.kv_blocks.remember(keys, req.blocks)
@@ -176,17 +175,20 @@ class Admission:
         if not self.use_cuda_graphs or self.tp is not None:
             return None
         rows = next(b for b in self.buckets if b >= n)
-        # a padding row's position must stay inside the block table (the draft's last one is `length`)
-        length = min(max(16, 1 << (longest - 1).bit_length()), self.cycle.max_seq_len - 1)
+        length = self._padded_length(longest)
         return (rows, length) if rows * length <= _PREFILL_GRAPH_TOKENS else None
+
+    def _padded_length(self, tokens: int) -> int:
+        """A prefill graph's length for prompts of up to `tokens` tokens: the next power of two of
+        at least 16, within the block table (a padding row's position must stay inside it: the
+        draft's last one is `length`)."""
+        return min(max(16, 1 << (tokens - 1).bit_length()), self.cycle.max_seq_len - 1)
 
     def prefill_shapes(self) -> list[tuple[int, int]]:
         """Every (rows, padded length) a prefill graph of this runtime can have, largest first; none
         without CUDA graphs or under tensor parallelism (prefill is eager there). Under chunked
         prefill no prefill computes more than prefill_chunk_tokens of a prompt."""
-        cap = self.cycle.max_seq_len - 1
-        if self._chunks():
-            cap = min(cap, max(16, 1 << (self.prefill_chunk_tokens - 1).bit_length()))
+        cap = self._padded_length(self.prefill_chunk_tokens if self._chunks() else self.cycle.max_seq_len)
         lengths = {min(cap, 1 << i) for i in range(4, max(cap - 1, 1).bit_length() + 1)}
         shapes = {self._prefill_shape(rows, length) for rows in self.buckets for length in lengths}
         return sorted((x for x in shapes if x is not None), key=lambda x: (-x[0] * x[1], -x[0]))

@@ -349,10 +349,10 @@ class Cycle:
         n = len(prompts)
         rows, length = shape or (n, max(map(len, prompts)))
         cached, chunk = any(starts), nexts is not None
-        if graph is not None and graph.cached != cached:  # its attention would miss or overreach keys
-            raise ValueError(f"a prefill graph captured with cached={graph.cached} for starts {starts}")
-        if graph is not None and graph.chunk != chunk:  # it would draw no first token, or draw one
-            raise ValueError(f"a prefill graph captured with chunk={graph.chunk} for nexts {nexts}")
+        # another kind's attention would miss or overreach keys; it would draw no first token, or one
+        if graph is not None and (graph.cached, graph.chunk) != (cached, chunk):
+            raise ValueError(f"a prefill graph captured with cached={graph.cached}, chunk={graph.chunk} for starts "
+                             f"{starts}, nexts {nexts}")
         host, views = self.prefill_inputs(rows, length, "cpu")
         tokens, lens, row_starts, row_nexts, row_slots, table, *params = views
         if nexts is not None:

@@ -327,7 +327,7 @@ class Runtime(Admission):
         if req.gen.finish_reason is not None:
             return False
         req.gen.finish_reason = "abort"
-        if req.slot in self._running and self._running[req.slot] is req:
+        if self._running.get(req.slot) is req:
             self._release(req)
         else:  # waiting, or part way through a chunked prefill (holding its slot and blocks)
             self._waiting = deque(r for r in self._waiting if r is not req)
