@@ -112,71 +112,70 @@ def _rotary_store_kv_kernel(
     max_positions,
     num_slots,  # num_blocks * PAGE
     eps,
-    N,  # tokens
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,  # q, k, v: token, head
     stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,  # caches: block, slot, head
     NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,  # block_size: tokens per KV block
     HAS_NORM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,  # power of two >= HEAD_DIM // 2
     USE_PDL: tl.constexpr = False,
-    ROWS: tl.constexpr = 1,  # tokens a program (grid dim 0: cdiv(N, ROWS))
+    HEADS: tl.constexpr = 1,  # heads a program (grid dim 1), q heads first, then kv heads; one token (dim 0)
 ):
     if USE_PDL:  # a programmatic dependent: nothing before this line touches memory
         wait_for_producer()
-    h = tl.program_id(1)  # 0 .. NUM_Q_HEADS - 1: a q head; then the kv heads
     HALF: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, BLOCK_HALF)
-    mask = offs < HALF
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)  # [HEADS]: q heads 0 .. Hq - 1, then kv heads
+    is_q = h < NUM_Q_HEADS
+    kh = tl.where(is_q, 0, h - NUM_Q_HEADS)
+    lanes = (offs < HALF)[None, :] & (h < NUM_Q_HEADS + NUM_KV_HEADS)[:, None]  # [HEADS, BLOCK_HALF]
+    q_lanes = lanes & is_q[:, None]
+    kv_lanes = lanes & ~is_q[:, None]
+    col = offs[None, :]
 
-    for i in range(ROWS):  # ROWS tokens a program: at prefill sizes, fewer and longer programs
-        n = tl.program_id(0).to(tl.int64) * ROWS + i
-        if n < N:
-            is_q = h < NUM_Q_HEADS
-            kh = h - NUM_Q_HEADS
-            if is_q:
-                src = q_ptr + n * stride_qn + h * stride_qh
-                norm_w = q_norm_ptr
-            else:
-                src = k_ptr + n * stride_kn + kh * stride_kh
-                norm_w = k_norm_ptr
-            x1 = tl.load(src + offs, mask=mask, other=0.0)
-            x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-            if HAS_NORM:
-                f1 = x1.to(tl.float32)
-                f2 = x2.to(tl.float32)
-                rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
-                w1 = tl.load(norm_w + offs, mask=mask, other=0.0).to(tl.float32)
-                w2 = tl.load(norm_w + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-                x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
-                x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+    n = tl.program_id(0).to(tl.int64)
+    src = tl.where(is_q, q_ptr + n * stride_qn + h * stride_qh, k_ptr + n * stride_kn + kh * stride_kh)
+    src = src[:, None] + col
+    x1 = tl.load(src, mask=lanes, other=0.0)
+    x2 = tl.load(src + HALF, mask=lanes, other=0.0)
+    if HAS_NORM:
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        rstd = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)[:, None]
+        norm_w = tl.where(is_q, q_norm_ptr, k_norm_ptr)[:, None] + col
+        w1 = tl.load(norm_w, mask=lanes, other=0.0).to(tl.float32)
+        w2 = tl.load(norm_w + HALF, mask=lanes, other=0.0).to(tl.float32)
+        x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
 
-            row = table_row(pos_ptr + n, max_positions) * HEAD_DIM
-            c1 = tl.load(cos_ptr + row + offs, mask=mask, other=0.0)
-            c2 = tl.load(cos_ptr + row + HALF + offs, mask=mask, other=0.0)
-            s1 = tl.load(sin_ptr + row + offs, mask=mask, other=0.0)
-            s2 = tl.load(sin_ptr + row + HALF + offs, mask=mask, other=0.0)
-            o1, o2 = rotate_half(x1, x2, c1, c2, s1, s2)
+    # One table row for the token, shared by its heads.
+    row = table_row(pos_ptr + n, max_positions) * HEAD_DIM
+    half_ok = offs < HALF
+    c1 = tl.load(cos_ptr + row + offs, mask=half_ok, other=0.0)[None, :]
+    c2 = tl.load(cos_ptr + row + HALF + offs, mask=half_ok, other=0.0)[None, :]
+    s1 = tl.load(sin_ptr + row + offs, mask=half_ok, other=0.0)[None, :]
+    s2 = tl.load(sin_ptr + row + HALF + offs, mask=half_ok, other=0.0)[None, :]
+    o1, o2 = rotate_half(x1, x2, c1, c2, s1, s2)
 
-            if is_q:
-                dst = q_out_ptr + (n * NUM_Q_HEADS + h) * HEAD_DIM
-                tl.store(dst + offs, o1, mask=mask)
-                tl.store(dst + HALF + offs, o2, mask=mask)
-            else:
-                slot = tl.load(slot_ptr + n).to(tl.int64)
-                keep = mask & slot_ok(slot, offs, num_slots)
-                blk = slot // PAGE
-                off = slot % PAGE
-                k_dst = k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kh * stride_kc_h
-                v_dst = v_cache_ptr + blk * stride_vc_b + off * stride_vc_s + kh * stride_vc_h
-                tl.store(k_dst + offs, o1.to(k_cache_ptr.dtype.element_ty), mask=keep)
-                tl.store(k_dst + HALF + offs, o2.to(k_cache_ptr.dtype.element_ty), mask=keep)
-                v_src = v_ptr + n * stride_vn + kh * stride_vh
-                v1 = tl.load(v_src + offs, mask=keep, other=0.0)
-                v2 = tl.load(v_src + HALF + offs, mask=keep, other=0.0)
-                tl.store(v_dst + offs, v1.to(v_cache_ptr.dtype.element_ty), mask=keep)
-                tl.store(v_dst + HALF + offs, v2.to(v_cache_ptr.dtype.element_ty), mask=keep)
+    dst = q_out_ptr + (n * NUM_Q_HEADS + h)[:, None] * HEAD_DIM + col
+    tl.store(dst, o1, mask=q_lanes)
+    tl.store(dst + HALF, o2, mask=q_lanes)
+
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    keep = kv_lanes & slot_ok(slot, kv_lanes, num_slots)
+    blk = slot // PAGE
+    off = slot % PAGE
+    k_dst = (k_cache_ptr + blk * stride_kc_b + off * stride_kc_s + kh * stride_kc_h)[:, None] + col
+    v_dst = (v_cache_ptr + blk * stride_vc_b + off * stride_vc_s + kh * stride_vc_h)[:, None] + col
+    tl.store(k_dst, o1.to(k_cache_ptr.dtype.element_ty), mask=keep)
+    tl.store(k_dst + HALF, o2.to(k_cache_ptr.dtype.element_ty), mask=keep)
+    v_src = (v_ptr + n * stride_vn + kh * stride_vh)[:, None] + col
+    v1 = tl.load(v_src, mask=keep, other=0.0)
+    v2 = tl.load(v_src + HALF, mask=keep, other=0.0)
+    tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=keep)
+    tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=keep)
 
 
 def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm, k_norm):
@@ -214,12 +213,23 @@ def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_
                    slot_mapping=slot_mapping, q_norm=q_norm, k_norm=k_norm)
 
 
+def launch_tile(n: int, heads: int) -> tuple[int, int]:
+    """(heads a program, warps) for n tokens of `heads` q + kv heads. One head a program (one warp)
+    left thousands of programs at a verify step's 256 rows, each a chain of dependent loads that
+    costs more to schedule than to run: 13.2 us a layer of llama-1b-shape, 3.3 with a token's heads
+    in one program. Up to 32 tokens one head a program stays: in a B = 8 verify step (32 rows, PDL)
+    8 heads a program cost 15 us a step though they ran faster alone (RESULTS.md, "Rotary")."""
+    if n <= 32:
+        return 1, 1
+    return min(8 if n <= 64 else 64, triton.next_power_of_2(heads)), 4
+
+
 def rotary_store_kv_triton(
     q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, *, q_norm=None, k_norm=None, eps=1e-6
 ) -> torch.Tensor:
     """Same contract as rotary_store_kv_reference. q, k, v may be column slices of one fused qkv
     output (row stride != width); only unit stride along head_dim is required. Norm weights, when
-    given, must have q's dtype. One launch, grid (cdiv(N, rows), Hq + Hkv); no host sync."""
+    given, must have q's dtype. One launch, grid (N, cdiv(Hq + Hkv, heads a program)); no host sync."""
     _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm, k_norm)
     n, hq, d = q.shape
     hkv = k.shape[1]
@@ -229,16 +239,15 @@ def rotary_store_kv_triton(
     num_blocks, page = k_cache.shape[:2]
     has_norm = q_norm is not None
     pdl = pdl_enabled(q.device)
-    # One token a program up to a verify step's 256 rows; a prefill's thousands of one-warp
-    # programs (tokens x heads) cost more to schedule than to run, so there each takes several.
-    rows = 1 if n <= 256 else 4 if n <= 2048 else 8
-    _rotary_store_kv_kernel[(triton.cdiv(n, rows), hq + hkv)](
+    heads, warps = launch_tile(n, hq + hkv)
+    _rotary_store_kv_kernel[(n, triton.cdiv(hq + hkv, heads))](
         q, k, v, positions, cos, sin, q_norm if has_norm else cos, k_norm if has_norm else cos, q_out,
-        k_cache, v_cache, slot_mapping, cos.shape[0], num_blocks * page, float(eps), n,
+        k_cache, v_cache, slot_mapping, cos.shape[0], num_blocks * page, float(eps),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NUM_Q_HEADS=hq, HEAD_DIM=d, PAGE=page, HAS_NORM=has_norm, BLOCK_HALF=triton.next_power_of_2(d // 2),
-        USE_PDL=pdl, ROWS=rows, num_warps=1 if d <= 128 else 2, **pdl_launch(pdl),
+        NUM_Q_HEADS=hq, NUM_KV_HEADS=hkv, HEAD_DIM=d, PAGE=page, HAS_NORM=has_norm,
+        BLOCK_HALF=triton.next_power_of_2(d // 2), USE_PDL=pdl, HEADS=heads, num_warps=warps,
+        **pdl_launch(pdl),
     )  # fmt: skip
     return q_out
 

@@ -141,7 +141,8 @@ CASES = {
     "silu-mul-pdl": ("activation", "_silu_and_mul_kernel", {}, dict(BLOCK_I=1024, USE_PDL=True),
                      dict(num_warps=4)),
     "rotary-store-kv-pdl": ("rotary", "_rotary_store_kv_kernel", _ROTARY, dict(
-        NUM_Q_HEADS=32, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True), dict(num_warps=1)),
+        NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, HAS_NORM=False, BLOCK_HALF=32, USE_PDL=True,
+        HEADS=64), dict(num_warps=4)),
     "attn-decode-split-pdl": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(
         _PAGED, BLOCK_Q=1, BLOCK_M=16, NUM_SPLITS=32, USE_PDL=True, PF_LINES=2), dict(num_warps=4)),
     "attn-decode-split64-pdl-noprefetch": ("attention", "_paged_attn_partial_kernel", _ATTN, dict(

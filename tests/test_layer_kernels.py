@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphrt.kernels import rotary
 from graphrt.kernels.activation import silu_and_mul, silu_and_mul_reference, silu_and_mul_triton
 from graphrt.kernels.norm import (
     add_rms_norm,
@@ -204,7 +205,7 @@ def _check_rotary(case, dtype, msg, impl):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-# 258 tokens: past 256 a program takes several, the last program fewer
+# 258 tokens: all of a token's heads in one program past 64 tokens
 @pytest.mark.parametrize("n,hq,hkv,d", [(1, 4, 2, 8), (5, 3, 1, 6), (4, 8, 2, 16), (258, 2, 1, 8)])
 @pytest.mark.parametrize("norm", [False, True])
 def test_rotary_store_kv_matches_reference(dtype, n, hq, hkv, d, norm):
@@ -212,6 +213,17 @@ def test_rotary_store_kv_matches_reference(dtype, n, hq, hkv, d, norm):
     case = _rotary_case(seed, n=n, hq=hq, hkv=hkv, d=d, dtype=dtype, cache_dtype=dtype, norm=norm)
     msg = f"seed={seed} dtype={dtype} n={n} hq={hq} hkv={hkv} d={d} norm={norm}"
     _check_rotary(case, dtype, msg, rotary_store_kv_triton)
+
+
+# Several heads a program: a tile straddling q and kv heads, a last tile with fewer heads (2 + 3 = 5
+# heads in tiles of 2 and 4), one tile holding every head.
+@pytest.mark.parametrize("heads", [1, 2, 4, 8])
+@pytest.mark.parametrize("norm", [False, True])
+def test_rotary_store_kv_tiles_match_reference(monkeypatch, heads, norm):
+    seed = fresh_seed()
+    monkeypatch.setattr(rotary, "launch_tile", lambda n, h: (heads, 2))
+    case = _rotary_case(seed, n=7, hq=2, hkv=3, d=8, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, norm=norm)
+    _check_rotary(case, torch.bfloat16, f"seed={seed} heads={heads} norm={norm}", rotary_store_kv_triton)
 
 
 def test_rotary_store_kv_casts_to_the_cache_dtype():
@@ -266,7 +278,7 @@ def test_gpu_norms_and_activation_real_sizes(cuda, hidden, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (32, 8, 128)])
-@pytest.mark.parametrize("n", [1, 64, 1000, 3001])  # past 256 and 2048 tokens: 4 and 8 tokens a program
+@pytest.mark.parametrize("n", [1, 64, 1000, 3001])  # one head a program, 8, then every head of a token
 @pytest.mark.parametrize("norm", [False, True])
 def test_gpu_rotary_store_kv_real_sizes(cuda, hq, hkv, d, n, norm):
     seed = fresh_seed()
