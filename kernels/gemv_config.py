@@ -14,14 +14,14 @@ __all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL
 
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
 # to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
-# GRAPHRT_GEMV=all: every product with M <= MAX_M on Triton, also where cuBLAS measured as fast,
-# and MAX_M up to the kernel's 64 rows (the DOT path). For compute-sanitizer's initcheck, which does
+# GRAPHRT_GEMV=all: every product with M <= MAX_M (the kernel's 64 rows) on Triton, also where
+# cuBLAS measured as fast. For compute-sanitizer's initcheck, which does
 # not see the stores of cuBLAS's sm90 bf16 kernels (nvjet, tensor-memory-accelerator stores;
 # scripts/initcheck_probe.py) and so reports every read of their output: with this switch a bf16
 # decode cycle, and a prefill graph of up to 64 padded tokens, has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
-_TUNED_M = 16  # the most rows the tables below were swept at (a verify step at batch 1 to 4)
-MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64 if ALL_M else _TUNED_M
+_TUNED_M = 16  # the most rows the tables below were swept at for every product (a verify step at batch 1 to 4)
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the kernel's most rows (the DOT path)
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
@@ -39,6 +39,14 @@ _DOT_DEFAULT = dict(use_dot=True, reduce_each=False, block_n=64, block_k=256, nu
 # Where N >= 4K (gate_up, LM heads): unsplit; 128-row tiles up to _DOT_WIDE_MAX_ELEMS weights.
 _DOT_WIDE = dict(_DOT_DEFAULT, block_n=128, block_k=128, programs_per_sm=0)
 _DOT_WIDE_MAX_ELEMS = 1 << 27
+# 17-64 rows (a verify step at B = 8 and 16, decoding at B > 16): the o projection (K = N) up to
+# _TALL_SQUARE_M rows and down-like products (K >= 2N: down, the EAGLE-3 fc) up to 64 on the DOT path
+# with these tiles, K split to fill the SMs; the rest stay on cuBLAS, which measured as fast or
+# faster there (scripts/gemv_sweep.py --ms 32,64 on an H200; RESULTS.md, "Projections of 17-64 rows").
+# Only matrices of the swept sizes (llama-1b and 8b, from 4M weights): smaller ones were not timed.
+_DOT_TALL = dict(_DOT_DEFAULT, block_k=128, num_stages=5)
+_TALL_SQUARE_M = 32
+_TALL_MIN_ELEMS = 1 << 22
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -106,6 +114,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         per SM. Where N >= 4K (gate_up, LM heads): unsplit (128, 128) tiles, (64, 128) for an LM
         head, so that a gate_up launch takes the SiLU into its epilogue. qkv: unsplit (64, 256),
         so that its launch takes the rotary (kernels/qkv_rotary.py).
+      - 17 <= M <= 64 (swept at 32 and 64): _DOT_TALL for o up to 32 rows and for down-like
+        products (K >= 2N), from 4M weights; everything else on cuBLAS.
       (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
       conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
       x tile breaks the dot's load pipelining.)
@@ -120,8 +130,11 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     if m > MAX_M:
         return None
-    if m > _TUNED_M:  # (GRAPHRT_GEMV=all's prefill rows) 64-row tiles in four stages overflow shared memory
-        return dict(select_config(_TUNED_M, n, k), num_stages=2)
+    if m > _TUNED_M:
+        if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
+            return dict(select_config(_TUNED_M, n, k), num_stages=2)
+        tall = n * k >= _TALL_MIN_ELEMS and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
+        return dict(_DOT_TALL) if tall else None
     if k < n:
         if m == 2:
             return dict(_DOT_DEFAULT) if ALL_M else None

@@ -60,8 +60,9 @@ DOT_CASES = [
     (16, 50, 130, 32, 32, 2, False),
     (9, 200, 48, 64, 16, 3, True),
     (12, 16, 16, 16, 16, 1, None),
-    (33, 70, 90, 32, 32, None, None),  # past 16 rows: GRAPHRT_GEMV=all's prefill graphs (up to 64)
+    (33, 70, 90, 32, 32, None, None),  # past 16 rows: the o and down projections at 17-64 rows
     (64, 48, 64, 16, 32, 2, True),
+    (32, 70, 300, 64, 128, 3, True),  # the 17-64-row tiles (_DOT_TALL), split K with a short last chunk
 ]
 
 
@@ -104,6 +105,18 @@ def test_device_tables_tiles_compute_the_product(kind):
                         torch.Generator().manual_seed(seed), bias=False)
         y = gemv_triton(x, w, **cfg)
         _check(y, x, w, b, f"seed={seed} {kind} ({n}, {k}): {change}")
+
+
+def test_dispatcher_past_16_rows_takes_o_and_down_only():
+    """17-64 rows: the o projection (K = N) up to 32 rows and down-like products (K >= 2N) up to 64
+    on the DOT path, split K, from 4M weights; qkv, gate_up, LM heads, smaller matrices and anything
+    past 64 rows on cuBLAS."""
+    tall = dict(gemv_config._DOT_TALL)
+    for m, n, k in [(17, 2048, 2048), (32, 4096, 4096), (33, 2048, 8192), (64, 4096, 14336), (64, 2048, 6144)]:
+        assert gemv_config.select_config(m, n, k) == tall, (m, n, k)
+    for m, n, k in [(33, 2048, 2048), (64, 4096, 4096), (32, 3072, 2048), (32, 16384, 2048), (32, 3072, 4096),
+                    (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536)]:  # SmolLM2's: not swept
+        assert gemv_config.select_config(m, n, k) is None, (m, n, k)
 
 
 def test_fused_and_unfused_split_agree_bitwise():
