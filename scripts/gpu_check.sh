@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission chunked plainab specab capture kernels filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission chunked plainab specab capture kernels rotary tall filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -109,6 +109,10 @@ for step in $steps; do
               TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/prefill_capture_time.py 2>&1 | log | tail -4 ;;
     # the kernel table: argmax and the sampler (unfiltered and filtered) against torch and the byte floor,
     # then vLLM 0.33's sampler on the same inputs (needs .vllm_src: bash scripts/vllm_peer_src.sh)
+    # RESULTS.md's "Rotary and KV store" and "Projections of 17-64 rows" kernel tables
+    rotary)   python3 scripts/rotary_sweep.py --out "$OUT/rotary.json" 2>&1 | log | tail -16 ;;
+    tall)     python3 scripts/gemv_sweep.py --out "$OUT/gemv_tall.json" --ms 32,64 --shapes 1b.o,1b.down,8b.o,8b.down \
+                2>&1 | log | tail -10 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
