@@ -216,9 +216,9 @@ def _check_args(q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, q_
 def launch_tile(n: int, heads: int) -> tuple[int, int]:
     """(heads a program, warps) for n tokens of `heads` q + kv heads. One head a program (one warp)
     left thousands of programs at a verify step's 256 rows, each a chain of dependent loads that
-    costs more to schedule than to run: 13.2 us a layer of llama-1b-shape, 3.3 with a token's heads
-    in one program. Up to 32 tokens one head a program stays: in a B = 8 verify step (32 rows, PDL)
-    8 heads a program cost 15 us a step though they ran faster alone (RESULTS.md, "Rotary")."""
+    costs more to schedule than to run. Up to 32 tokens one head a program stays: in a B = 8 verify
+    step (32 rows, under PDL) 8 heads a program lost, though they ran faster alone (RESULTS.md,
+    "Rotary and KV store")."""
     if n <= 32:
         return 1, 1
     return min(8 if n <= 64 else 64, triton.next_power_of_2(heads)), 4
