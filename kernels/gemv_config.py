@@ -43,10 +43,11 @@ _DOT_WIDE_MAX_ELEMS = 1 << 27
 # _TALL_SQUARE_M rows and down-like products (K >= 2N: down, the EAGLE-3 fc) up to 64 on the DOT path
 # with these tiles, K split to fill the SMs; the rest stay on cuBLAS, which measured as fast or
 # faster there (scripts/gemv_sweep.py --ms 32,64 on an H200; RESULTS.md, "Projections of 17-64 rows").
-# Only matrices of the swept sizes (llama-1b and 8b, from 4M weights): smaller ones were not timed.
+# Only matrices of the swept sizes (llama-1b's and 8b's, 4M to 59M weights): SmolLM2's and the 70B
+# shape's were not timed.
 _DOT_TALL = dict(_DOT_DEFAULT, block_k=128, num_stages=5)
 _TALL_SQUARE_M = 32
-_TALL_MIN_ELEMS = 1 << 22
+_TALL_ELEMS = (1 << 22, 1 << 26)
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -115,7 +116,7 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         head, so that a gate_up launch takes the SiLU into its epilogue. qkv: unsplit (64, 256),
         so that its launch takes the rotary (kernels/qkv_rotary.py).
       - 17 <= M <= 64 (swept at 32 and 64): _DOT_TALL for o up to 32 rows and for down-like
-        products (K >= 2N), from 4M weights; everything else on cuBLAS.
+        products (K >= 2N), 4M to 64M weights; everything else on cuBLAS.
       (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
       conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
       x tile breaks the dot's load pipelining.)
@@ -133,7 +134,7 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
     if m > _TUNED_M:
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
-        tall = n * k >= _TALL_MIN_ELEMS and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
+        tall = _TALL_ELEMS[0] <= n * k <= _TALL_ELEMS[1] and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
         return dict(_DOT_TALL) if tall else None
     if k < n:
         if m == 2:

@@ -109,13 +109,14 @@ def test_device_tables_tiles_compute_the_product(kind):
 
 def test_dispatcher_past_16_rows_takes_o_and_down_only():
     """17-64 rows: the o projection (K = N) up to 32 rows and down-like products (K >= 2N) up to 64
-    on the DOT path, split K, from 4M weights; qkv, gate_up, LM heads, smaller matrices and anything
-    past 64 rows on cuBLAS."""
+    on the DOT path, split K, for matrices of the swept sizes; qkv, gate_up, LM heads, other sizes and
+    anything past 64 rows on cuBLAS."""
     tall = dict(gemv_config._DOT_TALL)
     for m, n, k in [(17, 2048, 2048), (32, 4096, 4096), (33, 2048, 8192), (64, 4096, 14336), (64, 2048, 6144)]:
         assert gemv_config.select_config(m, n, k) == tall, (m, n, k)
     for m, n, k in [(33, 2048, 2048), (64, 4096, 4096), (32, 3072, 2048), (32, 16384, 2048), (32, 3072, 4096),
-                    (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536)]:  # SmolLM2's: not swept
+                    (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536),
+                    (32, 8192, 28672)]:  # SmolLM2's and the 70B shape's: not swept
         assert gemv_config.select_config(m, n, k) is None, (m, n, k)
 
 
