@@ -42,7 +42,7 @@ def inner_command(args, meta_path: Path) -> list[str]:
                     ("--draft-kind", args.draft_kind), ("--draft-quantization", args.draft_quantization),
                     ("--num-draft-tokens", args.num_draft_tokens), ("--device", args.device),
                     ("--dtype", args.dtype), ("--prompt-len", args.prompt_len),
-                    ("--max-new-tokens", args.max_new_tokens),
+                    ("--max-new-tokens", args.max_new_tokens), ("--accept-len", args.accept_len),
                     ("--batch-sizes", ",".join(map(str, args.batch_sizes)) if args.batch_sizes else None)):
         if v is not None:
             cmd += [flag, str(v)]

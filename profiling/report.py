@@ -213,8 +213,12 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="embedded preset when no checkpoint: llama-1b-shape (CUDA default), tiny, ...")
     p.add_argument("--draft-layers", type=positive_int, help="self-draft depth when no --draft is given")
     p.add_argument("--no-draft", action="store_true", help="plain decoding (TARGET_DECODE) only")
-    p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"], default="lm",
-                   help="embedded draft when no --draft is given (graphrt bench --draft-kind)")
+    p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],
+                   help="embedded draft when no --draft is given, as graphrt bench's: a random EAGLE-3 head on CUDA, "
+                        "a self-draft as a standalone LM on the CPU")
+    p.add_argument("--accept-len", type=float, metavar="L",
+                   help="simulated acceptance (graphrt bench --accept-len): each verify step accepts a drawn number "
+                        "of drafts, mean L tokens per cycle, so the phases run at a known acceptance")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every phase runs eagerly")
     p.add_argument("--nsys", action="store_true", help="run the workload under nsys and read its SQLite export")
     p.add_argument("--nsys-dir", help="keep the .nsys-rep and .sqlite here (default: a temporary directory)")
@@ -238,6 +242,9 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
 
 def emit(result: Attribution, args, *, expected_nodes=None, meta=None, events=None, events_traced=None,
          out=None) -> None:
+    if getattr(args, "accept_len", None) is not None:
+        print(f"simulated acceptance {args.accept_len:g}: each verify step accepts a drawn number of drafts (mean "
+              f"tokens per cycle {args.accept_len:g}); the phases' costs are the real cycle's", file=out or sys.stdout)
     print(format_table(result, top=getattr(args, "top", 3), expected_nodes=expected_nodes, events=events,
                        events_traced=events_traced), file=out or sys.stdout)
     if getattr(args, "json_out", None):

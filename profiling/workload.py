@@ -40,8 +40,12 @@ class Workload:
         with rank_zero_first(join_ranks(args.tp)):
             target, draft, draft_desc = default_checkpoints(
                 args.checkpoint, args.draft, dtype, no_draft=args.no_draft, draft_layers=args.draft_layers,
-                preset=args.preset or ("llama-1b-shape" if on_cuda else "tiny"), draft_kind=args.draft_kind)
+                preset=args.preset or ("llama-1b-shape" if on_cuda else "tiny"),
+                draft_kind=args.draft_kind or ("eagle3" if on_cuda else "lm"))
+        self.accept_len = args.accept_len
         self.desc = f"target {target}; draft: {draft_desc}"
+        if self.accept_len is not None:
+            self.desc += f"; simulated acceptance {self.accept_len:g}"
         max_bs = max(self.batch_sizes)
         seq = self.prompt_len + self.max_new + 8
         graphs = on_cuda and not args.eager
@@ -49,7 +53,8 @@ class Workload:
                                           device=self.device, dtype=dtype, max_batch_size=max_bs, max_seq_len=seq,
                                           kv_budget_tokens=max_bs * (seq + 64), buckets=tuple(self.batch_sizes),
                                           use_cuda_graphs=graphs, tensor_parallel_size=args.tp,
-                                          draft_quantization=args.draft_quantization if draft else None)
+                                          draft_quantization=args.draft_quantization if draft else None,
+                                          simulate_acceptance_length=self.accept_len)
         self.graph_nodes: dict[tuple[str, int], int] = {}
         if graphs:
             if cupti_warmup:
@@ -99,7 +104,7 @@ class Workload:
     def meta(self) -> dict:
         import torch
 
-        return {"workload": self.desc, "batch_sizes": self.batch_sizes, "prompt_len": self.prompt_len,
-                "max_new_tokens": self.max_new, "torch": torch.__version__,
+        return {"workload": self.desc, "simulated_acceptance": self.accept_len, "batch_sizes": self.batch_sizes,
+                "prompt_len": self.prompt_len, "max_new_tokens": self.max_new, "torch": torch.__version__,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
                 "graph_kernel_nodes": keyed_to_json(self.graph_nodes)}

@@ -363,7 +363,7 @@ def test_nsys_inner_command_reproduces_the_workload():
     from graphrt.profiling.nsys_run import inner_command
 
     args = _profile_args(["ckpt", "--batch-sizes", "1,8", "--max-new-tokens", "5", "--eager", "--dtype", "bf16",
-                          "--draft-kind", "eagle3", "--draft-quantization", "fp8"])
+                          "--draft-kind", "eagle3", "--draft-quantization", "fp8", "--accept-len", "2.5"])
     cmd = inner_command(args, Path("/tmp/m.json"))
     assert cmd[1:5] == ["-m", "graphrt", "profile", "ckpt"]
     assert cmd[cmd.index("--batch-sizes") + 1] == "1,8" and "--eager" in cmd and cmd[-3:] == [
@@ -371,7 +371,7 @@ def test_nsys_inner_command_reproduces_the_workload():
     # the inner command parses back to the same workload
     back = _profile_args(cmd[4:])
     workload = ("checkpoint", "batch_sizes", "max_new_tokens", "prompt_len", "eager", "no_draft", "dtype", "device",
-                "draft", "draft_kind", "draft_quantization", "draft_layers", "num_draft_tokens", "preset")
+                "draft", "draft_kind", "draft_quantization", "draft_layers", "num_draft_tokens", "preset", "accept_len")
     assert [getattr(back, a) for a in workload] == [getattr(args, a) for a in workload] and back._inner
 
 
@@ -408,6 +408,27 @@ def test_inner_run_on_cpu_writes_meta(tmp_path, monkeypatch, nvtx_state):
     assert {"TARGET_VERIFY/1", "TARGET_VERIFY/2", "DRAFT_DECODE/2", "PREFILL/1"} <= set(meta["cuda_events_traced_us"])
     assert all(v > 0 for v in meta["cuda_events_traced_us"].values())
     assert not nvtx_ranges._STATE.nvtx
+
+
+def test_simulated_acceptance_is_in_the_workload_and_the_header(tmp_path, monkeypatch, nvtx_state, capsys):
+    """--accept-len runs the cycle at a known acceptance: the runtime draws each verify step's count,
+    and the report (metadata, table header) says so; without it the CPU default draft is bench's."""
+    args = _cpu_workload_args(tmp_path, monkeypatch, "--accept-len", "2", "--_inner", "--_meta",
+                              str(tmp_path / "m.json"))
+    assert report.cli_main(args) == 0
+    meta = json.loads((tmp_path / "m.json").read_text())
+    assert meta["simulated_acceptance"] == 2.0 and "simulated acceptance 2" in meta["workload"]
+    assert "standalone LM" in meta["workload"]  # graphrt bench's CPU default draft
+    w = Workload(_cpu_workload_args(tmp_path, monkeypatch, "--accept-len", "3"))
+    from graphrt.runtime import _simulated_rate
+
+    assert w.rt.state.simulated_rate.item() == pytest.approx(_simulated_rate(3.0, w.rt.K))
+    report.emit(attribute(*_hand_made()), args)
+    assert capsys.readouterr().out.startswith("simulated acceptance 2:")
+    from graphrt.errors import GraphrtError
+
+    with pytest.raises(GraphrtError, match="needs a draft"):
+        Workload(_cpu_workload_args(tmp_path, monkeypatch, "--accept-len", "2", "--no-draft"))
 
 
 def test_cycle_phases_sit_in_ranges_on_cpu(tmp_path, monkeypatch):
