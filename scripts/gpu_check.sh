@@ -124,13 +124,14 @@ for step in $steps; do
               # and vLLM 0.33's filtered verify path on the same inputs (needs .vllm_src, as kernels)
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py --filters \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_filters.json" 2>&1 | log | tail -20 ;;
-    profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing)
-              python3 -m graphrt profile --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
+    profile)  # wall per launch against CUDA events, in process and under nsys (node and whole-graph tracing);
+              # RESULTS.md's table is the self-draft's (the profile's default draft is now bench's EAGLE-3 head)
+              python3 -m graphrt profile --draft-kind lm --batch-sizes 1,8,64 --json "$OUT/profile.json" --png "$OUT/profile.png" \
                 2>&1 | log | tail -60
-              python3 -m graphrt profile --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" \
+              python3 -m graphrt profile --draft-kind lm --nsys --batch-sizes 1,8,64 --json "$OUT/profile_nsys.json" \
                 --png "$OUT/profile_nsys.png" --trace "$OUT/profile_nsys_trace.json.gz" 2>&1 \
                 | grep -v 'Processing\|\[1/1\]' | log | tail -60
-              python3 -m graphrt profile --nsys --graph-trace --batch-sizes 1,8,64 --top 0 \
+              python3 -m graphrt profile --draft-kind lm --nsys --graph-trace --batch-sizes 1,8,64 --top 0 \
                 --json "$OUT/profile_graphtrace.json" 2>&1 | grep -v 'Processing\|\[1/1\]' | log | tail -25 ;;
     # does the profile's top kernel cost the most: llama-1b-shape, each batch size of the profile
     removal)  for b in 1 8 64; do python3 scripts/removal_check.py --preset llama-1b-shape --batch $b \

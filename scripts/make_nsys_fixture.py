@@ -12,7 +12,7 @@ How the committed files were made (run on the GPU machine, from the repository r
 each of which runs
 
     nsys profile --trace=cuda,nvtx --cuda-graph-trace=node --sample=none --cpuctxsw=none \
-        --force-overwrite=true --output=<tmp>/graphrt python -m graphrt profile --preset tiny \
+        --force-overwrite=true --output=<tmp>/graphrt python -m graphrt profile --preset tiny --draft-kind lm \
         --batch-sizes 1,4 --max-new-tokens 6 --prompt-len 8 --_inner --_meta <tmp>/meta.json
     nsys export --type=sqlite --force-overwrite=true --output=<tmp>/graphrt.sqlite <tmp>/graphrt.nsys-rep
 
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
         raise SystemExit("--expect-pdl with GRAPHRT_PDL=0: unset it")
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="graphrt-fixture-"))
     meta_path = work / "meta.json"
-    inner = [sys.executable, "-m", "graphrt", "profile", "--preset", a.preset, "--batch-sizes", a.batch_sizes,
+    inner = [sys.executable, "-m", "graphrt", "profile", "--preset", a.preset, "--draft-kind", "lm",  # the fixtures'
+             "--batch-sizes", a.batch_sizes,
              "--max-new-tokens", str(a.max_new_tokens), "--prompt-len", str(a.prompt_len), "--_inner", "--_meta",
              str(meta_path)]
     full = run_nsys(inner, work)

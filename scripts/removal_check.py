@@ -5,8 +5,8 @@ graph and timing what the phase loses.
     python scripts/removal_check.py [--preset llama-1b-shape] [--batch 1] [--rounds 2] [--out F]
 
 Speculative decoding, K = 3, simulated acceptance 3.0 (so every variant runs the same number of
-cycles), with the draft `graphrt profile` uses by default (a self-draft of a quarter of the
-target's layers, same projection shapes) or --draft-kind eagle3. Per variant, the projections of one
+cycles), with a self-draft of a quarter of the target's layers (same projection shapes; `graphrt
+profile --draft-kind lm`) or --draft-kind eagle3. Per variant, the projections of one
 kind (matched by weight shape, in the target and the draft alike) are replaced, for the capture, by a
 stand-in that materializes its input (a pending RMSNorm still runs) and launches nothing: the
 GEMV or GEMM, and what is fused into it (SiLU-mul after gate_up, rotary + KV store after a one-row
