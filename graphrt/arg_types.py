@@ -46,3 +46,13 @@ def device_and_dtype(args):
     device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
     default = torch.bfloat16 if device.type == "cuda" else torch.float32
     return device, dtype_arg(getattr(args, "dtype", None)) or default
+
+
+def add_workload_draft_arguments(p: argparse.ArgumentParser) -> None:
+    """--draft-kind and --accept-len, as `graphrt bench` and `graphrt profile` take them."""
+    p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],
+                   help="embedded draft when no --draft is given: lm, a self-draft as a standalone LM (CPU "
+                        "default); eagle, an EAGLE-1/2 head; eagle3, a random EAGLE-3 head (CUDA default)")
+    p.add_argument("--accept-len", type=float, metavar="L",
+                   help="simulated acceptance: each verify step accepts a drawn number of drafts, mean L tokens per "
+                        "cycle (1 <= L <= K + 1); measures cost at a known acceptance")

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from graphrt.arg_types import dtype_arg, int_list, positive_int, positive_int_list
+from graphrt.arg_types import add_workload_draft_arguments, dtype_arg, int_list, positive_int, positive_int_list
 from graphrt.errors import GraphrtError
 from graphrt.named_models import NAMED_MODELS, draft_path, model_path
 
@@ -71,12 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", action="store_true", help="also time Hugging Face transformers on the same checkpoint")
     b.add_argument("--json", dest="json_out", help="write the results to this JSON file")
     b.add_argument("--png", help="write a tokens/s chart (matplotlib) to this file")
-    b.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],
-                   help="embedded draft: a self-draft as a standalone LM (CPU default) or an EAGLE-1/2 head, or a "
-                        "random EAGLE-3 head (CUDA default)")
-    b.add_argument("--accept-len", type=float, metavar="L",
-                   help="simulated acceptance: each verify step accepts a drawn number of drafts, mean L tokens per "
-                        "cycle (1 <= L <= K + 1); measures cost at a known acceptance")
+    add_workload_draft_arguments(b)
     b.add_argument("--sweep-accept", action="store_true",
                    help="tokens/s and speedup over plain decoding against simulated acceptance L = 1 .. K + 1")
     b.add_argument("--sweep-k", type=positive_int_list,

@@ -17,7 +17,7 @@ from graphrt.profiling.kernel_families import IDLE, SEGMENTS, family_bars, kerne
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
-from graphrt.arg_types import positive_int, positive_int_list
+from graphrt.arg_types import add_workload_draft_arguments, positive_int, positive_int_list
 
 # Tracing slows replays (nsys node-level graph tracing the most). Past this, the header says so.
 OVERHEAD_LIMIT = 0.05
@@ -213,12 +213,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="embedded preset when no checkpoint: llama-1b-shape (CUDA default), tiny, ...")
     p.add_argument("--draft-layers", type=positive_int, help="self-draft depth when no --draft is given")
     p.add_argument("--no-draft", action="store_true", help="plain decoding (TARGET_DECODE) only")
-    p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],
-                   help="embedded draft when no --draft is given, as graphrt bench's: a random EAGLE-3 head on CUDA, "
-                        "a self-draft as a standalone LM on the CPU")
-    p.add_argument("--accept-len", type=float, metavar="L",
-                   help="simulated acceptance (graphrt bench --accept-len): each verify step accepts a drawn number "
-                        "of drafts, mean L tokens per cycle, so the phases run at a known acceptance")
+    add_workload_draft_arguments(p)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every phase runs eagerly")
     p.add_argument("--nsys", action="store_true", help="run the workload under nsys and read its SQLite export")
     p.add_argument("--nsys-dir", help="keep the .nsys-rep and .sqlite here (default: a temporary directory)")
