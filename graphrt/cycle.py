@@ -411,7 +411,8 @@ class Cycle:
             s.num_tokens[slots] = starts + lens + 1
             s.last_token[slots] = first
         if self.draft is not None:  # the token after each prompt: drawn, or a chunk's next prompt token
-            tokens[rows, lens] = torch.where(nexts >= 0, nexts, tokens[rows, lens] if chunk else first)
+            # (nexts is -1 in every row of an ordinary prefill: no select there)
+            tokens[rows, lens] = torch.where(nexts >= 0, nexts, tokens[rows, lens]) if chunk else first
             if self.draft.uses_target_hidden:  # rows (h_j, t_{j+1}) at positions 0 .. P-1
                 hidden_in = aux if self.draft.target_hidden == "aux" else hidden
                 tokens, T, last = tokens[:, 1:], P, lens - 1

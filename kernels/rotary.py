@@ -130,7 +130,8 @@ def _rotary_store_kv_kernel(
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)  # [HEADS]: q heads 0 .. Hq - 1, then kv heads
     is_q = h < NUM_Q_HEADS
     kh = tl.where(is_q, 0, h - NUM_Q_HEADS)
-    lanes = (offs < HALF)[None, :] & (h < NUM_Q_HEADS + NUM_KV_HEADS)[:, None]  # [HEADS, BLOCK_HALF]
+    half_ok = offs < HALF
+    lanes = half_ok[None, :] & (h < NUM_Q_HEADS + NUM_KV_HEADS)[:, None]  # [HEADS, BLOCK_HALF]
     q_lanes = lanes & is_q[:, None]
     kv_lanes = lanes & ~is_q[:, None]
     col = offs[None, :]
@@ -152,7 +153,6 @@ def _rotary_store_kv_kernel(
 
     # One table row for the token, shared by its heads.
     row = table_row(pos_ptr + n, max_positions) * HEAD_DIM
-    half_ok = offs < HALF
     c1 = tl.load(cos_ptr + row + offs, mask=half_ok, other=0.0)[None, :]
     c2 = tl.load(cos_ptr + row + HALF + offs, mask=half_ok, other=0.0)[None, :]
     s1 = tl.load(sin_ptr + row + offs, mask=half_ok, other=0.0)[None, :]
