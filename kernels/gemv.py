@@ -519,7 +519,7 @@ def gemv_triton(
     _validate(x, w, scale, bias, out if propose is None else None)
     m, k = x.shape
     n = w.shape[0]
-    cfg = select_config(m, n, k, scale is not None and m == 1) if m <= gemv_config.MAX_M else None
+    cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= gemv_config.MAX_M else None
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
     if use_dot is not None and use_dot != cfg["use_dot"]:

@@ -48,6 +48,10 @@ _DOT_WIDE_MAX_ELEMS = 1 << 27
 _DOT_TALL = dict(_DOT_DEFAULT, block_k=128, num_stages=5)
 _TALL_SQUARE_M = 32
 _TALL_ELEMS = (1 << 22, 1 << 26)
+# ... and gate_up at 17-64 rows with the SiLU in its epilogue (gated): _DOT_WIDE unsplit, one launch
+# instead of cuBLAS and silu_and_mul, on the swept sizes (SmolLM2's to llama-8b's, 1.8M to 117M
+# weights; RESULTS.md, "Projections of 17-64 rows").
+_GATED_TALL_ELEMS = (1 << 20, 1 << 27)
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -98,9 +102,10 @@ def _device_overrides(index: int) -> dict[tuple[int, int], dict]:
     return next((o for key, o in _M1_DEVICE_OVERRIDES.items() if key in name), {})
 
 
-def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
+def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False) -> dict | None:
     """The dispatcher's launch configuration for an [m, k] x [n, k]^T bf16/fp16 product, or None
-    where cuBLAS measured as fast or faster; fp8: the weights are FP8 (one row only). Keys are
+    where cuBLAS measured as fast or faster; fp8: the weights are FP8 (one row only); gated: w is a
+    gate_up matrix whose launch takes the SiLU in its epilogue (kernels/linear.linear_silu_mul). Keys are
     gemv_triton's keyword arguments, plus programs_per_sm (split K until N tiles x splits reach
     that many programs per SM; 0: never).
 
@@ -116,7 +121,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
         head, so that a gate_up launch takes the SiLU into its epilogue. qkv: unsplit (64, 256),
         so that its launch takes the rotary (kernels/qkv_rotary.py).
       - 17 <= M <= 64 (swept at 32 and 64): _DOT_TALL for o up to 32 rows and for down-like
-        products (K >= 2N), 4M to 64M weights; everything else on cuBLAS.
+        products (K >= 2N), 4M to 64M weights; gated gate_up on _DOT_WIDE unsplit, 1M to 128M
+        weights (swept at 24-64 rows); everything else on cuBLAS.
       (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
       conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
       x tile breaks the dot's load pipelining.)
@@ -134,6 +140,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False) -> dict | None:
     if m > _TUNED_M:
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
+        if gated:
+            return dict(_DOT_WIDE) if _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1] else None
         tall = _TALL_ELEMS[0] <= n * k <= _TALL_ELEMS[1] and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
         return dict(_DOT_TALL) if tall else None
     if k < n:

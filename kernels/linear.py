@@ -27,14 +27,14 @@ __all__ = ["linear", "linear_add", "linear_pushed", "linear_silu_mul", "material
            "one_row_product"]
 
 
-def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None) -> bool:
+def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None, gated: bool = False) -> bool:
     w = dense(w)  # an FP8 matrix goes where its dense form would
     return (
         x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= gemv_config.MAX_M and x.dtype in _FAST_DTYPES
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
         and x.stride(1) == 1 and w.device == x.device
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
-        and select_config(x.shape[0], w.shape[0], w.shape[1]) is not None
+        and select_config(x.shape[0], w.shape[0], w.shape[1], gated=gated) is not None
     )
 
 
@@ -62,14 +62,15 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
     Where the dispatcher runs the product one row per program on the unsplit FMA path, one launch with the
     activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
-    its prologue; where it runs the unsplit DOT path (3-16 rows), [the norm, then] one launch with
-    the activation in its epilogue; elsewhere [the norm,] linear, then silu_and_mul. Each gives the
-    bits of the last.
+    its prologue; where it runs the unsplit DOT path (3-64 rows), [the norm, then] one launch with
+    the activation in its epilogue, the bits of the same tiles' product then silu_and_mul (past 16
+    rows a plain product of gate_up's shape runs on cuBLAS, which the fused launch beat);
+    elsewhere [the norm,] linear, then silu_and_mul.
     """
     xt = x.x if isinstance(x, PendingNorm) else x
     w_gate_up = for_rows(w_gate_up, xt.shape[0])
-    if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None):
-        cfg = select_config(xt.shape[0], *w_gate_up.shape, isinstance(w_gate_up, Fp8Weight))
+    if w_gate_up.shape[0] % 2 == 0 and _triton_ok(xt, w_gate_up, None, gated=True):
+        cfg = select_config(xt.shape[0], *w_gate_up.shape, isinstance(w_gate_up, Fp8Weight), gated=True)
         one_row = gemv_config.one_row_per_program(cfg, xt.shape[0])
         if one_row and norm_fusable(x):
             return gemv_triton(xt, w_gate_up, gated=True, norm=x)

@@ -107,10 +107,11 @@ def test_device_tables_tiles_compute_the_product(kind):
         _check(y, x, w, b, f"seed={seed} {kind} ({n}, {k}): {change}")
 
 
-def test_dispatcher_past_16_rows_takes_o_and_down_only():
+def test_dispatcher_past_16_rows_takes_o_down_and_gated_gate_up_only():
     """17-64 rows: the o projection (K = N) up to 32 rows and down-like products (K >= 2N) up to 64
-    on the DOT path, split K, for matrices of the swept sizes; qkv, gate_up, LM heads, other sizes and
-    anything past 64 rows on cuBLAS."""
+    on the DOT path, split K, for matrices of the swept sizes; gate_up with the SiLU in its epilogue
+    unsplit; qkv, a plain product of gate_up's shape, LM heads, other sizes and anything past 64 rows
+    on cuBLAS."""
     tall = dict(gemv_config._DOT_TALL)
     for m, n, k in [(17, 2048, 2048), (32, 4096, 4096), (33, 2048, 8192), (64, 4096, 14336), (64, 2048, 6144)]:
         assert gemv_config.select_config(m, n, k) == tall, (m, n, k)
@@ -118,6 +119,12 @@ def test_dispatcher_past_16_rows_takes_o_and_down_only():
                     (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536),
                     (32, 8192, 28672)]:  # SmolLM2's and the 70B shape's: not swept
         assert gemv_config.select_config(m, n, k) is None, (m, n, k)
+    wide = dict(gemv_config._DOT_WIDE)
+    for m, n, k in [(17, 16384, 2048), (64, 28672, 4096), (48, 3072, 576), (32, 14336, 4096)]:
+        assert gemv_config.select_config(m, n, k, gated=True) == wide, (m, n, k)
+        assert gemv_config.unsplit(wide)
+    for m, n, k in [(65, 16384, 2048), (32, 57344, 8192), (32, 2000, 300)]:  # past 64 rows, 70B's, tiny
+        assert gemv_config.select_config(m, n, k, gated=True) is None, (m, n, k)
 
 
 def test_fused_and_unfused_split_agree_bitwise():
@@ -165,7 +172,8 @@ def test_gated_epilogue_is_the_unfused_pair_bitwise(case, dtype):
 
 
 # (inter, k, m, block_n, block_k): N tail, K tail, 16 rows
-GATED_DOT_CASES = [(48, 100, 3, 32, 32), (40, 64, 5, 32, 64), (32, 130, 16, 64, 32), (24, 64, 40, 64, 32)]
+GATED_DOT_CASES = [(48, 100, 3, 32, 32), (40, 64, 5, 32, 64), (32, 130, 16, 64, 32), (24, 64, 40, 64, 32),
+                   (80, 300, 64, 128, 128)]  # the last: the 17-64-row tiles (_DOT_WIDE), a short K tile
 
 
 @pytest.mark.parametrize("case", GATED_DOT_CASES)
@@ -329,18 +337,26 @@ def test_gpu_paths_and_splits(cuda, path, fused):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("m", [1, 4, 16, 24, 64])
 @pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1000, 300)])
 def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k, m):
-    """The decode MLP at 1 row (one row per program) and at 4 and 16 (the DOT path where the
+    """The decode MLP at 1 row (one row per program) and at 4-64 (the DOT path where the
     dispatcher takes it; llama-1b / 8b gate_up, and an odd size): linear_silu_mul gives the bits of
-    the dispatcher's GEMV then silu_and_mul."""
+    the same tiles' GEMV then silu_and_mul, and the eager model's values up to rounding."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(m, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)
     got = linear_silu_mul(x, w)
-    assert torch.equal(got, silu_and_mul(linear(x, w))), f"seed={seed} inter={inter} k={k} m={m}"
-    if m == 1 or select_config(m, 2 * inter, k) is not None:
+    cfg = select_config(m, 2 * inter, k, gated=True)
+    if cfg is not None and cfg["use_dot"]:
+        tiles = {key: cfg[key] for key in ("use_dot", "block_n", "block_k", "num_warps", "num_stages")}
+        want = silu_and_mul(gemv_triton(x, w, split_k=1, **tiles))
+    else:
+        want = silu_and_mul(linear(x, w))
+    assert torch.equal(got, want), f"seed={seed} inter={inter} k={k} m={m}"
+    ref = silu_and_mul_reference(F.linear(x.float(), w.float()))
+    torch.testing.assert_close(got.float(), ref, rtol=3e-2, atol=3e-2, msg=lambda s: f"seed={seed}: {s}")
+    if cfg is not None:
         assert torch.equal(got, gemv_triton(x, w, gated=True)), f"seed={seed} m={m}"
 
 
