@@ -50,8 +50,10 @@ _TALL_SQUARE_M = 32
 _TALL_ELEMS = (1 << 22, 1 << 26)
 # ... and gate_up at 17-64 rows with the SiLU in its epilogue (gated): _DOT_WIDE unsplit, one launch
 # instead of cuBLAS and silu_and_mul, on the swept sizes (SmolLM2's to llama-8b's, 1.8M to 117M
-# weights; RESULTS.md, "Projections of 17-64 rows").
+# weights; RESULTS.md, "Projections of 17-64 rows"); K under 1024 (SmolLM2's 576) in 64-wide
+# steps, where 128 left a half-empty last step and lost to cuBLAS.
 _GATED_TALL_ELEMS = (1 << 20, 1 << 27)
+_GATED_SMALL_K = dict(_DOT_WIDE, block_k=64, num_stages=5)
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -141,7 +143,9 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
         if gated:
-            return dict(_DOT_WIDE) if _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1] else None
+            if not _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1]:
+                return None
+            return dict(_GATED_SMALL_K if k < 1024 else _DOT_WIDE)
         tall = _TALL_ELEMS[0] <= n * k <= _TALL_ELEMS[1] and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
         return dict(_DOT_TALL) if tall else None
     if k < n:

@@ -8,6 +8,8 @@ time_in_graph (CUDA graph replay, weights rotated over enough copies to exceed t
 prints one row per (shape, M): cuBLAS us, best Triton us and its config, GB/s and % of 4.3 TB/s,
 and the dispatcher's time (graphrt.kernels.linear.linear: Triton or cuBLAS as select_config says).
 Every config's output is also checked against F.linear (max error relative to max |y|).
+--gated (gate_up shapes): the product with the SiLU in its epilogue (gemv_triton(gated=True), DOT
+tiles unsplit) against cuBLAS then silu_and_mul, the dispatcher being kernels/linear.linear_silu_mul.
 All timings go to the JSON file. The grid is pruned so the whole sweep (compiles included) fits one
 device call; past --budget-s the remaining Triton configs are skipped.
 """
@@ -20,11 +22,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+from graphrt.kernels.activation import silu_and_mul
 from graphrt.kernels.bench import num_input_sets
 from graphrt.kernels.fp8_weight import dense, quantize_fp8
 from graphrt.kernels.gemv import gemv_triton
 from graphrt.kernels.gemv_config import _split_for, select_config
-from graphrt.kernels.linear import linear
+from graphrt.kernels.linear import linear, linear_silu_mul
 from graphrt.kernels.timing import time_in_graph
 
 PEAK_GBS = 4300.0  # the read bandwidth the "% of peak" column divides by
@@ -61,7 +64,7 @@ FMA_SMALL_K_TILES = [(4, 512, 2, False), (8, 512, 2, False), (16, 512, 4, False)
                      (16, 512, 4, True), (32, 512, 4, True), (8, 256, 1, True)]
 # (block_n, block_k, num_warps, num_stages)
 DOT_TILES = [(64, 128, 4, 4), (64, 128, 4, 3), (64, 128, 4, 5), (64, 256, 4, 3), (64, 256, 4, 4), (64, 64, 4, 6),
-             (128, 128, 4, 3), (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 8, 3), (32, 256, 4, 4)]
+             (128, 128, 4, 3), (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 8, 3), (32, 256, 4, 4), (128, 64, 4, 5)]
 PROGRAMS_PER_SM = [1, 2, 3, 4, 6]
 # --fp8 (kernels/fp8_weight.py): a 16-byte load holds 16 weights, so wider K tiles keep as many bytes in flight
 FP8_FMA_TILES = [(2, 2048, 4, True), (4, 2048, 4, True), (2, 4096, 4, True), (4, 4096, 4, True), (4, 4096, 8, True),
@@ -69,7 +72,11 @@ FP8_FMA_TILES = [(2, 2048, 4, True), (4, 2048, 4, True), (2, 4096, 4, True), (4,
                  (4, 2048, 4, False), (16, 1024, 4, True), (4, 2048, 2, True)]
 
 
-def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2, fp8: bool = False) -> list[dict]:
+def configs(m: int, n: int, k: int, sms: int, big: bool, fma_max_m: int = 2, fp8: bool = False,
+            gated: bool = False) -> list[dict]:
+    if gated:  # the activation needs the whole K sum in one program: DOT tiles, unsplit
+        return [dict(use_dot=True, reduce_each=False, block_n=bn, block_k=bk, num_warps=w, num_stages=st, split_k=1)
+                for bn, bk, w, st in DOT_TILES]
     out = []
     tiles = []
     if m <= fma_max_m:
@@ -117,7 +124,12 @@ def main() -> int:
     ap.add_argument("--fma-max-m", type=int, default=2, help="sweep the FMA path (all rows per program) up to this M")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights (kernels/fp8_weight.py); the cuBLAS column is the bf16 matrix's")
+    ap.add_argument("--gated", action="store_true",
+                    help="gate_up with the SiLU in the epilogue, against cuBLAS then silu_and_mul")
     args = ap.parse_args()
+    g = args.gated
+    if args.gated and args.fp8:
+        raise SystemExit("--gated times bf16 matrices only")
     if not torch.cuda.is_available():
         raise SystemExit("gemv_sweep needs CUDA")
     t0 = time.perf_counter()
@@ -138,17 +150,20 @@ def main() -> int:
         for m in ms:
             sets = [(torch.randn(m, k, device=dev, dtype=dtype), w) for w in sets_w]
             nbytes = wbytes + 2 * m * k + 2 * m * n
-            ref_us = time_in_graph(lambda x, w: F.linear(x, dense(w)), sets, replays=15)
+            ref_us = time_in_graph(lambda x, w: silu_and_mul(F.linear(x, w)) if g else F.linear(x, dense(w)), sets,
+                                   replays=15)
             ref = F.linear(sets[0][0].float(), dense(sets[0][1]).float())
-            # The dispatcher (graphrt.kernels.linear.linear): Triton or cuBLAS, as select_config says.
-            heur_us = time_in_graph(lambda x, w: linear(x, w), sets, replays=15)
+            if g:
+                ref = F.silu(ref[:, : n // 2]) * ref[:, n // 2:]
+            # The dispatcher (graphrt.kernels.linear): Triton or cuBLAS, as select_config says.
+            heur_us = time_in_graph(lambda x, w: linear_silu_mul(x, w) if g else linear(x, w), sets, replays=15)
             results = []
-            for cfg in configs(m, n, k, sms, big, args.fma_max_m, args.fp8):
+            for cfg in configs(m, n, k, sms, big, args.fma_max_m, args.fp8, g):
                 if time.perf_counter() - t0 > args.budget_s:
                     break
                 try:
-                    us = time_in_graph(lambda x, w, c=cfg: gemv_triton(x, w, **c), sets, replays=15)
-                    err = _rel_err(gemv_triton(*sets[0], **cfg), ref)
+                    us = time_in_graph(lambda x, w, c=cfg: gemv_triton(x, w, gated=g, **c), sets, replays=15)
+                    err = _rel_err(gemv_triton(*sets[0], gated=g, **cfg), ref)
                 except Exception as exc:  # a config that does not compile (shared memory, registers)
                     results.append(dict(cfg, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
                     continue
@@ -158,7 +173,7 @@ def main() -> int:
             timed = [r for r in results if "us" in r and r["rel_err"] <= 1e-2]
             best = min(timed, key=lambda r: r["us"]) if timed else dict(us=heur_us, note="heuristic only")
             if heur_us < best["us"]:
-                best = dict(select_config(m, n, k) or dict(use_dot=None), us=heur_us, note="dispatcher")
+                best = dict(select_config(m, n, k, gated=g) or dict(use_dot=None), us=heur_us, note="dispatcher")
             row = dict(shape=name, N=n, K=k, M=m, bytes=nbytes, cublas_us=ref_us, heuristic_us=heur_us,
                        best_us=best["us"], best=best, configs=results)
             rows.append(row)

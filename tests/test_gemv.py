@@ -119,10 +119,11 @@ def test_dispatcher_past_16_rows_takes_o_down_and_gated_gate_up_only():
                     (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536),
                     (32, 8192, 28672)]:  # SmolLM2's and the 70B shape's: not swept
         assert gemv_config.select_config(m, n, k) is None, (m, n, k)
-    wide = dict(gemv_config._DOT_WIDE)
-    for m, n, k in [(17, 16384, 2048), (64, 28672, 4096), (48, 3072, 576), (32, 14336, 4096)]:
+    wide, small_k = dict(gemv_config._DOT_WIDE), dict(gemv_config._GATED_SMALL_K)
+    for m, n, k in [(17, 16384, 2048), (64, 28672, 4096), (32, 14336, 4096)]:
         assert gemv_config.select_config(m, n, k, gated=True) == wide, (m, n, k)
-        assert gemv_config.unsplit(wide)
+    assert gemv_config.select_config(48, 3072, 576, gated=True) == small_k  # SmolLM2's: 64-wide K steps
+    assert gemv_config.unsplit(wide) and gemv_config.unsplit(small_k) and small_k["block_k"] == 64
     for m, n, k in [(65, 16384, 2048), (32, 57344, 8192), (32, 2000, 300)]:  # past 64 rows, 70B's, tiny
         assert gemv_config.select_config(m, n, k, gated=True) is None, (m, n, k)
 
@@ -338,10 +339,10 @@ def test_gpu_paths_and_splits(cuda, path, fused):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 16, 24, 64])
-@pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1000, 300)])
+@pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1536, 576), (1000, 300)])
 def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k, m):
     """The decode MLP at 1 row (one row per program) and at 4-64 (the DOT path where the
-    dispatcher takes it; llama-1b / 8b gate_up, and an odd size): linear_silu_mul gives the bits of
+    dispatcher takes it; llama-1b / 8b / SmolLM2 gate_up, and an odd size): linear_silu_mul gives the bits of
     the same tiles' GEMV then silu_and_mul, and the eager model's values up to rounding."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
