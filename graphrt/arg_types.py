@@ -48,6 +48,11 @@ def device_and_dtype(args):
     return device, dtype_arg(getattr(args, "dtype", None)) or default
 
 
+def draft_kind(args, device) -> str:
+    """--draft-kind, or its default on `device`: eagle3 on CUDA, lm on the CPU."""
+    return args.draft_kind or ("eagle3" if device.type == "cuda" else "lm")
+
+
 def add_workload_draft_arguments(p: argparse.ArgumentParser) -> None:
     """--draft-kind and --accept-len, as `graphrt bench` and `graphrt profile` take them."""
     p.add_argument("--draft-kind", choices=["lm", "eagle", "eagle3"],

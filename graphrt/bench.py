@@ -12,7 +12,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from graphrt.arg_types import device_and_dtype
+from graphrt.arg_types import device_and_dtype, draft_kind
 from graphrt.errors import GraphrtError
 from graphrt.floors import lm_bytes, phase_bytes
 from graphrt.parallel import join_ranks, rank_zero_first
@@ -194,12 +194,11 @@ def main(args) -> list[dict]:
         preset = args.preset or ("llama-1b-shape" if on_cuda else "tiny")
         cut = f", first {args.layers} layers" if args.layers else ""
         print(f"graphrt bench: embedded random preset {preset!r} ({str(dtype).split('.')[-1]}, {device}{cut})")
-    draft_kind = args.draft_kind or ("eagle3" if on_cuda else "lm")
     tp = join_ranks(args.tp)
     with rank_zero_first(tp):
         target, draft, draft_desc = default_checkpoints(args.target, args.draft, dtype, no_draft=args.no_draft,
                                                         draft_layers=args.draft_layers, preset=args.preset,
-                                                        damped=args.damped, draft_kind=draft_kind,
+                                                        damped=args.damped, draft_kind=draft_kind(args, device),
                                                         preset_layers=args.layers)
     if draft and args.draft_quantization:
         draft_desc += f"; {args.draft_quantization.upper()} weights"

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.attention import _check_cache, _check_devices, store_kv
-from graphrt.kernels.norm import rms_norm_reference
+from graphrt.kernels.norm import apply_norm, rms_norm_reference
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
 
 __all__ = ["apply_rotary_reference", "rotary_store_kv", "rotary_store_kv_reference", "rotary_store_kv_triton"]
@@ -146,10 +146,10 @@ def _rotary_store_kv_kernel(
         f2 = x2.to(tl.float32)
         rstd = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)[:, None]
         norm_w = tl.where(is_q, q_norm_ptr, k_norm_ptr)[:, None] + col
-        w1 = tl.load(norm_w, mask=lanes, other=0.0).to(tl.float32)
-        w2 = tl.load(norm_w + HALF, mask=lanes, other=0.0).to(tl.float32)
-        x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
-        x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+        w1 = tl.load(norm_w, mask=lanes, other=0.0)
+        w2 = tl.load(norm_w + HALF, mask=lanes, other=0.0)
+        x1 = apply_norm(x1, rstd, w1, x1.dtype)
+        x2 = apply_norm(x2, rstd, w2, x2.dtype)
 
     # One table row for the token, shared by its heads.
     row = table_row(pos_ptr + n, max_positions) * HEAD_DIM

@@ -27,7 +27,7 @@ class Workload:
     def __init__(self, args, *, cupti_warmup: bool = False):
         """args: `graphrt profile`'s. cupti_warmup: open an empty profiler session before capturing
         (in-process profiling only; under nsys a second CUPTI client would compete with nsys's)."""
-        from graphrt.arg_types import device_and_dtype
+        from graphrt.arg_types import device_and_dtype, draft_kind
         from graphrt.parallel import join_ranks, rank_zero_first
         from graphrt.presets import default_checkpoints
         from graphrt.runtime import Runtime
@@ -41,7 +41,7 @@ class Workload:
             target, draft, draft_desc = default_checkpoints(
                 args.checkpoint, args.draft, dtype, no_draft=args.no_draft, draft_layers=args.draft_layers,
                 preset=args.preset or ("llama-1b-shape" if on_cuda else "tiny"),
-                draft_kind=args.draft_kind or ("eagle3" if on_cuda else "lm"))
+                draft_kind=draft_kind(args, self.device))
         self.accept_len = args.accept_len
         self.desc = f"target {target}; draft: {draft_desc}"
         if self.accept_len is not None:
