@@ -310,6 +310,7 @@ def _gemv_kernel(
     NORM: tl.constexpr = False,  # FMA, one row per program, unsplit: x is the input of an RMSNorm (g_ptr, eps)
     NORM_RES: tl.constexpr = False,  # NORM of x + residual (res_ptr), the sum stored to sum_ptr
     BLOCK_H: tl.constexpr = 16,  # NORM: a power of 2 >= K (else unused, left at 16)
+    PAD_M: tl.constexpr = False,  # DOT: BLOCK_M > M
     PER_ROW: tl.constexpr = False,  # FMA, unsplit, BLOCK_M = 1: program (tile, row) = divmod(pid, M)
     PUSH_W: tl.constexpr = 0,  # FMA unsplit at BLOCK_M <= 2, or DOT unsplit or FUSED; not GATED, no bias: y
     # summed over W ranks (kernels/push_reduce.py)
@@ -344,8 +345,12 @@ def _gemv_kernel(
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
-        # Padding rows read row 0 (valid memory); their outputs are masked at the store.
-        xt_ptrs = x_ptr + tl.where(offs_m < M, offs_m, 0).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
+        # Padding rows re-read real rows, spread over all M of them (all reading row 0, the 4-row
+        # products of a verify step ran 3-7% slower); their outputs are masked at the store.
+        x_rows = offs_m
+        if PAD_M:
+            x_rows = offs_m % M
+        xt_ptrs = x_ptr + x_rows.to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
         # GATED: acc_u sums the up rows, N below the gate rows
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
                                  BLOCK_K, GATED, DOT_PRECISION)
@@ -610,8 +615,9 @@ def gemv_triton(
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
-        PER_ROW=per_row, PUSH_W=push.world if push is not None else 0, HAS_SCALE=scale is not None,
-        ARGMAX=propose is not None, HAS_ADD=add is not None, num_warps=num_warps, num_stages=num_stages,
+        PAD_M=use_dot and block_m != m, PER_ROW=per_row, PUSH_W=push.world if push is not None else 0,
+        HAS_SCALE=scale is not None, ARGMAX=propose is not None, HAS_ADD=add is not None, num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_launch(pdl),
     )
     if propose is not None:

@@ -54,6 +54,15 @@ _TALL_ELEMS = (1 << 22, 1 << 26)
 # steps, where 128 left a half-empty last step and lost to cuBLAS.
 _GATED_TALL_ELEMS = (1 << 20, 1 << 27)
 _GATED_SMALL_K = dict(_DOT_WIDE, block_k=64, num_stages=5)
+# ... and qkv at 17-64 rows with the rotary and the KV store in its epilogue (kernels/qkv_rotary.py):
+# unsplit, so that one program holds a rotary pair's whole sums; 128-wide K steps keep four stages of
+# a 64-row x tile in shared memory; K under 1024 in 64-wide steps, five stages, as gate_up's. Where
+# K >= 1024 only up to _QKV_TALL_M rows: at 48 and 64 the llama shapes' verify steps at B = 12 and 16
+# lost 0.2-0.7% with it, though the launch alone measured faster.
+_QKV_ROTARY_TALL = dict(_DOT_DEFAULT, block_k=128, programs_per_sm=0)
+_QKV_ROTARY_SMALL_K = dict(_QKV_ROTARY_TALL, block_k=64, num_stages=5)
+_QKV_TALL_ELEMS = (1 << 19, 1 << 25)  # the swept: SmolLM2-135M's qkv (0.55M weights) to llama-8b's (25M)
+_QKV_TALL_M = 32
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -198,9 +207,16 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
 
 
 def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
-    """select_config(m, n, k) when it is the unsplit DOT path (3-16 tokens of a qkv projection): the
-    configuration whose launch kernels/qkv_rotary.py extends with the rotary and the KV store."""
-    cfg = select_config(m, n, k) if m <= _TUNED_M else None  # (GRAPHRT_GEMV=all's 17-64 rows: two launches)
+    """The unsplit DOT configuration whose launch kernels/qkv_rotary.py extends with the rotary and
+    the KV store: select_config(m, n, k)'s at 3-16 tokens of a qkv projection; at 17-32 tokens (17-64
+    where K < 1024), where a plain product of that shape runs on cuBLAS, _QKV_ROTARY_TALL's (or
+    _QKV_ROTARY_SMALL_K's) on matrices of _QKV_TALL_ELEMS's sizes; None elsewhere."""
+    if m > _TUNED_M:
+        qkv = k < n < 4 * k and _QKV_TALL_ELEMS[0] <= n * k <= _QKV_TALL_ELEMS[1]
+        if not qkv or m > (MAX_M if k < 1024 else _QKV_TALL_M) or ALL_M:
+            return None
+        return dict(_QKV_ROTARY_SMALL_K if k < 1024 else _QKV_ROTARY_TALL)
+    cfg = select_config(m, n, k)
     return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 
 

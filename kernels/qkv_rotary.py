@@ -1,13 +1,14 @@
-"""The attention prologue of a decode or verify step of batch 1 in one launch: the fused qkv GEMV
-with rotary embedding of q and k and the store of k and v into the paged cache in its epilogue.
+"""The attention prologue of a decode or verify step in one launch: the fused qkv GEMV with rotary
+embedding of q and k and the store of k and v into the paged cache in its epilogue.
 
     qkv_rotary_store(x, w_qkv, bias, ...) == rotary_store_kv(*split(linear(x, w_qkv, bias)), ...)
 
 bit for bit on the GPU: the GEMV's own K loops (kernels/gemv.py's _fma_k_loop one row per
-program, M = 1 or per row up to gemv_config.ROWS_MAX_M tokens; _dot_k_loop unsplit at 3-16
+program, M = 1 or per row up to gemv_config.ROWS_MAX_M tokens; _dot_k_loop unsplit at 3-64
 tokens), the qkv outputs rounded to the model dtype as the unfused GEMV stores them, then
-kernels/rotary.py's arithmetic. At batch 1 the separate rotary launch (and the qkv round trip
-through memory) is a fixed cost of every layer.
+kernels/rotary.py's arithmetic. At 17-64 tokens `linear` runs the plain product on cuBLAS, so there
+the equality holds against the DOT path's product with the same tiles. The separate rotary launch
+(and the qkv round trip through memory) is a fixed cost of every layer.
 
 Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
 pair i is head i // (D/2), dims (i % (D/2), + D/2), so the two halves a rotation mixes are summed by
@@ -175,14 +176,16 @@ def _qkv_rotary_dot_kernel(
     BLOCK_N: tl.constexpr,  # rotary pairs per program: a 2 * BLOCK_N-row weight tile
     BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr,  # tokens padded to >= 16
+    PAD_M: tl.constexpr,  # BLOCK_M > M
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests)
     HAS_SCALE: tl.constexpr = False,
 ):
-    """The 3-16-token form (a verify step at batch 1 to 4): all tokens in one program, the weight
-    tile on the MMA's M side as in kernels/gemv.py's DOT path. The tile interleaves each pair's two
-    rows (j, j + D/2), so one dot yields both halves that the rotation mixes."""
+    """The 3-64-token form (a verify step at batch 1 to 16, decoding at batch 3 to 64): all tokens
+    in one program, the weight tile on the MMA's M side as in kernels/gemv.py's DOT path. The tile
+    interleaves each pair's two rows (j, j + D/2), so one dot yields both halves that the rotation
+    mixes."""
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
     pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -193,7 +196,9 @@ def _qkv_rotary_dot_kernel(
     r1 = head * HEAD_DIM + dim
     offs_m = tl.arange(0, BLOCK_M)
     live = offs_m < M
-    tok = tl.where(live, offs_m, 0)  # padding tokens read token 0; nothing of theirs is stored
+    tok = offs_m
+    if PAD_M:
+        tok = offs_m % M  # padding tokens re-read real ones, spread (gemv.py's DOT path says why); never stored
     # Positions, slots and table rows are written before the producer of x: loaded before the wait.
     row = table_row(pos_ptr + tok, max_positions)[None, :] * HEAD_DIM + dim[:, None]  # [BLOCK_N, BLOCK_M]
     c1 = tl.load(cos_ptr + row)
@@ -256,7 +261,7 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
     """Same contract as qkv_rotary_store_reference, for N tokens where the GEMV runs one row per
     program (gemv_config.row_fma_config: N = 1, or 2 <= N <= gemv_config.ROWS_MAX_M), or unsplit on
-    the DOT path (gemv_config.dot_rotary_config: 3-16 tokens). One launch; no host sync.
+    the DOT path (gemv_config.dot_rotary_config: 3-64 tokens). One launch; no host sync.
     norm (one row per program only): the PendingNorm whose input x is, applied in the GEMV's
     prologue (kernels/norm.norm_stats); the result is then the reference's on norm.materialize(),
     bit for bit, and norm.stream is set."""
@@ -296,9 +301,10 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
                   USE_PDL=pdl, HAS_SCALE=scale is not None, **pdl_launch(pdl))
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
+        block_m = max(16, triton.next_power_of_2(m))
         _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
             *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"],
-            BLOCK_M=max(16, triton.next_power_of_2(m)), DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            BLOCK_M=block_m, PAD_M=block_m != m, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             num_warps=dot["num_warps"], num_stages=dot["num_stages"],
         )  # fmt: skip
         return q_out

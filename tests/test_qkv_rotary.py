@@ -119,15 +119,64 @@ def test_gpu_fused_is_the_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, bias
     assert torch.equal(vc, vc2), f"{msg}: v cache {bit_diff(vc, vc2)}"
 
 
+_LLAMA_QKV = [(2048, 32, 8, 64), (4096, 32, 8, 128)]
+_SMOLLM2_QKV = (576, 9, 3, 64)
+
+
+def test_dot_rotary_config_past_16_tokens():
+    """The fused qkv launch past 16 tokens: up to 32 on the llama shapes, up to 64 on SmolLM2's (K <
+    1024, in 64-wide K steps), never on matrices outside the swept sizes or past 64 tokens."""
+    from graphrt.kernels import gemv_config
+
+    def pick(m, hidden, hq, hkv, d):
+        return gemv_config.dot_rotary_config(m, (hq + 2 * hkv) * d, hidden)
+
+    for shape in _LLAMA_QKV:
+        assert [pick(m, *shape) is not None for m in (17, 24, 32, 33, 48, 64)] == [True] * 3 + [False] * 3
+        assert pick(24, *shape)["block_k"] == 128
+    assert all(pick(m, *_SMOLLM2_QKV)["block_k"] == 64 for m in (17, 32, 48, 64))
+    assert pick(65, *_SMOLLM2_QKV) is None
+    assert pick(32, 8192, 64, 8, 128) is None  # llama-70b's qkv: 10240 x 8192 weights, not swept
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden,hq,hkv,d,tokens", [(*s, t) for s in _LLAMA_QKV for t in (17, 24, 32)]
+                         + [(*_SMOLLM2_QKV, t) for t in (17, 24, 48, 64)])
+def test_gpu_fused_past_16_tokens_is_the_same_tiles_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, tokens):
+    """17-32 tokens (17-64 on SmolLM2's shape; a verify step at B = 5-8, decoding at B = 17-32): the
+    fused launch gives the bits of the DOT GEMV with the dispatcher's tiles, then rotary_store_kv
+    (the plain product runs on cuBLAS)."""
+    from graphrt.kernels.gemv import gemv_triton
+    from graphrt.kernels.gemv_config import dot_rotary_config
+    from graphrt.kernels.rotary import rotary_store_kv
+
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, b, positions, cos, sin, kc, vc, slots = _case(hidden, hq, hkv, d, torch.bfloat16, gen, bias=False,
+                                                        device=cuda, pos=37, slot=9, page=16, blocks=6, tokens=tokens)
+    cfg = dot_rotary_config(tokens, *w.shape)
+    assert cfg is not None and fusable(x, w, kc, has_qk_norm=False), (tokens, tuple(w.shape))
+    kc2, vc2 = kc.clone(), vc.clone()
+    q = qkv_rotary_store(x, w, None, positions, cos, sin, kc, vc, slots, num_q_heads=hq, num_kv_heads=hkv)
+    tiles = {key: cfg[key] for key in ("block_n", "block_k", "num_warps", "num_stages")}
+    qkv = gemv_triton(x, w, use_dot=True, split_k=1, **tiles)
+    q_ref = rotary_store_kv(qkv[:, : hq * d].view(tokens, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d),
+                            qkv[:, (hq + hkv) * d :].view(tokens, hkv, d), positions, cos, sin, kc2, vc2, slots)
+    msg = f"seed={seed} hidden={hidden} tokens={tokens}"
+    assert torch.equal(q, q_ref), f"{msg}: q {bit_diff(q, q_ref)}"
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), msg
+
+
 # (hidden, hq, hkv, head_dim, bias, tokens, block_n rows, block_k): GQA, MHA, a K tail, 16 tokens,
-# pairs past the last head
-DOT_CASES = [(64, 4, 2, 16, False, 3, 16, 32), (100, 2, 2, 8, True, 5, 32, 32), (48, 6, 1, 12, False, 16, 32, 16)]
+# pairs past the last head, 40 tokens (a 64-row x tile)
+DOT_CASES = [(64, 4, 2, 16, False, 3, 16, 32), (100, 2, 2, 8, True, 5, 32, 32), (48, 6, 1, 12, False, 16, 32, 16),
+             (64, 4, 2, 16, False, 40, 32, 32)]
 
 
 @pytest.mark.parametrize("case", DOT_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_dot_form_matches_two_launch_path_on_the_dot_path(case, dtype, monkeypatch):
-    """3-16 tokens: the DOT kernel (the weight tile interleaving each rotary pair's rows) against the
+    """3-64 tokens: the DOT kernel (the weight tile interleaving each rotary pair's rows) against the
     GEMV's DOT path with the same tiles, then rotary_store_kv."""
     from graphrt.kernels import qkv_rotary
     from graphrt.kernels.gemv import gemv_triton
@@ -140,7 +189,7 @@ def test_dot_form_matches_two_launch_path_on_the_dot_path(case, dtype, monkeypat
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, b, positions, cos, sin, kc, vc, slots = _case(hidden, hq, hkv, d, dtype, gen, bias=bias, tokens=tokens,
-                                                        blocks=6)
+                                                        blocks=max(6, tokens // 4 + 2))
     slots[1] = -1  # a skipped store
     kc2, vc2 = kc.clone(), vc.clone()
     snap = [t.clone() for t in (x, w, positions, slots)]

@@ -9,10 +9,10 @@ the rotary + KV store runs in the qkv GEMV's epilogue (kernels/qkv_rotary.py, no
 mul in the gate_up GEMV's (kernels/linear.linear_silu_mul), and each [residual add +] RMSNorm in the
 prologue of the GEMV that reads it (kernels/norm.PendingNorm); each bit for bit what it replaces.
 At 3-16 tokens (a verify step at batch 1 to 4) the rotary + KV store and SiLU * mul still run in
-the qkv and gate_up launches, and at 17-64 SiLU * mul in gate_up's; the norms run as their own
-launches. On CPU each kernel entry point
-runs its PyTorch reference; the GEMMs go through kernels/linear.linear (F.linear off CUDA and at
-prefill-sized M)."""
+the qkv and gate_up launches, and at 17-64 SiLU * mul in gate_up's and the rotary + KV store in
+qkv's (up to 32 tokens where the hidden size is 1024 or more); the norms run as their own launches.
+On CPU each kernel entry point runs its PyTorch reference; the GEMMs go through
+kernels/linear.linear (F.linear off CUDA and at prefill-sized M)."""
 
 from __future__ import annotations
 
