@@ -563,7 +563,7 @@ def gemv_triton(
     split_k = max(1, min(split_k, steps))
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split
-    block_m = max(16, triton.next_power_of_2(m)) if use_dot else 1 if per_row else m
+    block_m = gemv_config.dot_block_m(m) if use_dot else 1 if per_row else m
     if gated:
         if split_k > 1:
             raise ValueError("gated=True needs an unsplit launch")

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_config
-from graphrt.kernels.gemv_config import dot_rotary_config
+from graphrt.kernels.gemv_config import dot_block_m, dot_rotary_config
 from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -301,7 +301,7 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
                   USE_PDL=pdl, HAS_SCALE=scale is not None, **pdl_launch(pdl))
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
-        block_m = max(16, triton.next_power_of_2(m))
+        block_m = dot_block_m(m)
         _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
             *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"],
             BLOCK_M=block_m, PAD_M=block_m != m, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
