@@ -295,7 +295,7 @@ def _gemv_kernel(
     stride_xm, stride_ym,
     K_PER_SPLIT,  # K columns per split, a multiple of BLOCK_K
     SPLIT_K,  # number of splits (grid dim 1)
-    BLOCK_M: tl.constexpr,  # rows of x per program: M padded (DOT: >= 16; FMA: == ceil M, <= 4)
+    BLOCK_M: tl.constexpr,  # rows of x per program: M padded (DOT: gemv_config.dot_block_m(M); FMA: M, <= 4)
     BLOCK_N: tl.constexpr,  # rows of w (output columns) per program
     BLOCK_K: tl.constexpr,  # columns of w per step
     USE_DOT: tl.constexpr,

@@ -175,7 +175,7 @@ def _qkv_rotary_dot_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,  # rotary pairs per program: a 2 * BLOCK_N-row weight tile
     BLOCK_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # tokens padded to >= 16
+    BLOCK_M: tl.constexpr,  # tokens padded: gemv_config.dot_block_m(M)
     PAD_M: tl.constexpr,  # BLOCK_M > M
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
