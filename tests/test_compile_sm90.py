@@ -50,9 +50,9 @@ def _gemv_fma(_stages=1, **constexprs):
 
 
 def _gemv_dot(_stages=4, **constexprs):
-    """A gemv launch on the DOT path (16 padded rows), changed by constexprs."""
-    return _gemv_fma(_stages, **(dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, RED_M=16)
-                                 | constexprs))
+    """A gemv launch on the DOT path (16 rows, padded), changed by constexprs."""
+    return _gemv_fma(_stages, **(dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, USE_DOT=True, REDUCE_EACH=False, RED_M=16,
+                                      PAD_M=True) | constexprs))
 
 
 # name: (module, kernel, pointer/scalar types that differ from bf16 pointers / i32 scalars, constexprs,
@@ -92,7 +92,12 @@ CASES = {
         HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=1)),
     "qkv-rotary-dot-pdl": ("qkv_rotary", "_qkv_rotary_dot_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"),
                            dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=32, BLOCK_K=256,
-                                BLOCK_M=16, HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=4)),
+                                BLOCK_M=16, PAD_M=True, HAS_BIAS=False, USE_PDL=True), dict(num_warps=4, num_stages=4)),
+    # ... at 17-64 tokens: a full 64-row tile
+    "qkv-rotary-dot-full": ("qkv_rotary", "_qkv_rotary_dot_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"),
+                            dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=32, BLOCK_K=128,
+                                 BLOCK_M=64, PAD_M=False, HAS_BIAS=False, USE_PDL=True),
+                            dict(num_warps=4, num_stages=4)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
     "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
     # the same at a latency-bound gate_up's tiles (gemv_config._SMALL_WIDE: K = 576 past one 512 tile)
@@ -120,6 +125,7 @@ CASES = {
     "gemv-dot-m16-pdl": _gemv_dot(BLOCK_K=256, SPLIT=True, FUSED=True),
     "gemv-dot-wide": _gemv_dot(BLOCK_N=128),
     "gemv-dot-gated": _gemv_dot(GATED=True),
+    "gemv-dot-full": _gemv_dot(PAD_M=False),
     "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
         BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),
     "argmax-split-fused": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
