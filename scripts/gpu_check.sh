@@ -114,7 +114,8 @@ for step in $steps; do
     tall)     python3 scripts/gemv_sweep.py --out "$OUT/gemv_tall.json" --ms 32,64 --shapes 1b.o,1b.down,8b.o,8b.down \
                 2>&1 | log | tail -10
               python3 scripts/gemv_sweep.py --out "$OUT/gemv_gated.json" --gated --ms 24,32,48,64 \
-                --shapes 1b.gate_up,8b.gate_up,135m.gate_up,8b-tp2.gate_up 2>&1 | log | tail -18 ;;
+                --shapes 1b.gate_up,8b.gate_up,135m.gate_up,8b-tp2.gate_up 2>&1 | log | tail -18
+              python3 scripts/qkv_rotary_sweep.py --out "$OUT/qkv_rotary.json" 2>&1 | log | tail -12 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;
