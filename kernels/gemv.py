@@ -199,6 +199,17 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 
 @triton.jit
+def dot_x_rows(offs_m, M, PAD_M: tl.constexpr):
+    """The x row each row of the DOT path's tile reads (gemv.py and qkv_rotary.py): its own; with
+    PAD_M (BLOCK_M > M) padding row r re-reads row r % M, spread over the real rows (all reading
+    row 0, the 4-row products of a verify step ran 3-7% slower). Padding rows are never stored."""
+    rows = offs_m
+    if PAD_M:
+        rows = offs_m % M
+    return rows
+
+
+@triton.jit
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
@@ -345,12 +356,7 @@ def _gemv_kernel(
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
-        # Padding rows re-read real rows, spread over all M of them (all reading row 0, the 4-row
-        # products of a verify step ran 3-7% slower); their outputs are masked at the store.
-        x_rows = offs_m
-        if PAD_M:
-            x_rows = offs_m % M
-        xt_ptrs = x_ptr + x_rows.to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
+        xt_ptrs = x_ptr + dot_x_rows(offs_m, M, PAD_M).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
         # GATED: acc_u sums the up rows, N below the gate rows
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
                                  BLOCK_K, GATED, DOT_PRECISION)

@@ -56,14 +56,16 @@ _TALL_ELEMS = (1 << 22, 1 << 26)
 # weights; RESULTS.md, "Projections of 17-64 rows"); K under 1024 (SmolLM2's 576) in 64-wide
 # steps, where 128 left a half-empty last step and lost to cuBLAS.
 _GATED_TALL_ELEMS = (1 << 20, 1 << 27)
-_GATED_SMALL_K = dict(_DOT_WIDE, block_k=64, num_stages=5)
+_SMALL_K = 1024
+_SMALL_K_STEPS = dict(block_k=64, num_stages=5)
+_GATED_SMALL_K = dict(_DOT_WIDE, **_SMALL_K_STEPS)
 # ... and qkv at 17-64 rows with the rotary and the KV store in its epilogue (kernels/qkv_rotary.py):
 # unsplit, so that one program holds a rotary pair's whole sums; 128-wide K steps keep four stages of
 # a 64-row x tile in shared memory; K under 1024 in 64-wide steps, five stages, as gate_up's. Where
 # K >= 1024 only up to _QKV_TALL_M rows: at 48 and 64 the llama shapes' verify steps at B = 12 and 16
 # lost 0.2-0.7% with it, though the launch alone measured faster.
 _QKV_ROTARY_TALL = dict(_DOT_DEFAULT, block_k=128, programs_per_sm=0)
-_QKV_ROTARY_SMALL_K = dict(_QKV_ROTARY_TALL, block_k=64, num_stages=5)
+_QKV_ROTARY_SMALL_K = dict(_QKV_ROTARY_TALL, **_SMALL_K_STEPS)
 _QKV_TALL_ELEMS = (1 << 19, 1 << 25)  # the swept: SmolLM2-135M's qkv (0.55M weights) to llama-8b's (25M)
 _QKV_TALL_M = 32
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
@@ -157,7 +159,7 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
         if gated:
             if not _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1]:
                 return None
-            return dict(_GATED_SMALL_K if k < 1024 else _DOT_WIDE)
+            return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE)
         tall = _TALL_ELEMS[0] <= n * k <= _TALL_ELEMS[1] and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
         return dict(_DOT_TALL) if tall else None
     if k < n:
@@ -222,9 +224,9 @@ def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
     _QKV_ROTARY_SMALL_K's) on matrices of _QKV_TALL_ELEMS's sizes; None elsewhere."""
     if m > _TUNED_M:
         qkv = k < n < 4 * k and _QKV_TALL_ELEMS[0] <= n * k <= _QKV_TALL_ELEMS[1]
-        if not qkv or m > (MAX_M if k < 1024 else _QKV_TALL_M) or ALL_M:
+        if not qkv or m > (MAX_M if k < _SMALL_K else _QKV_TALL_M) or ALL_M:
             return None
-        return dict(_QKV_ROTARY_SMALL_K if k < 1024 else _QKV_ROTARY_TALL)
+        return dict(_QKV_ROTARY_SMALL_K if k < _SMALL_K else _QKV_ROTARY_TALL)
     cfg = select_config(m, n, k)
     return cfg if cfg is not None and cfg["use_dot"] and unsplit(cfg) else None
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
-from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_config
+from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, dot_x_rows, row_fma_config
 from graphrt.kernels.gemv_config import dot_block_m, dot_rotary_config
 from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
@@ -196,9 +196,7 @@ def _qkv_rotary_dot_kernel(
     r1 = head * HEAD_DIM + dim
     offs_m = tl.arange(0, BLOCK_M)
     live = offs_m < M
-    tok = offs_m
-    if PAD_M:
-        tok = offs_m % M  # padding tokens re-read real ones, spread (gemv.py's DOT path says why); never stored
+    tok = dot_x_rows(offs_m, M, PAD_M)  # padding tokens re-read real ones; nothing of theirs is stored
     # Positions, slots and table rows are written before the producer of x: loaded before the wait.
     row = table_row(pos_ptr + tok, max_positions)[None, :] * HEAD_DIM + dim[:, None]  # [BLOCK_N, BLOCK_M]
     c1 = tl.load(cos_ptr + row)
