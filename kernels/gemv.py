@@ -199,33 +199,29 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 
 @triton.jit
-def dot_x_rows(offs_m, M, PAD_M: tl.constexpr):
-    """The x row each row of the DOT path's tile reads (gemv.py and qkv_rotary.py): its own; with
-    PAD_M (BLOCK_M > M) padding row r re-reads row r % M, spread over the real rows (all reading
-    row 0, the 4-row products of a verify step ran 3-7% slower). Padding rows are never stored."""
-    rows = offs_m
-    if PAD_M:
-        rows = offs_m % M
-    return rows
-
-
-@triton.jit
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr, xmask=None):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
-    masked tail. Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if GATED, else zeros);
+    masked tail; xmask ([1, BLOCK_M] or None): the x rows to load, the others read as zeros (padding
+    rows: all reading row 0, the 4-row products of a verify step ran 3-7% slower, and r % M put a
+    division before the first load). Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if
+    GATED, else zeros);
     FP8 weight tiles are widened to x's dtype (exactly) before each product.
     kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for k in range(k0, k_full, BLOCK_K):
-        xt = tl.load(xt_ptrs + k)
+        if xmask is None:
+            xt = tl.load(xt_ptrs + k)
+        else:
+            xt = tl.load(xt_ptrs + k, mask=xmask, other=0.0)
         acc = tl.dot(tl.load(w_ptrs + k).to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
         if GATED:
             acc_u = tl.dot(tl.load(u_ptrs + k).to(xt.dtype), xt, acc_u, input_precision=DOT_PRECISION)
     if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
         kmask = (k_full + offs_k) < k_end
-        xt = tl.load(xt_ptrs + k_full, mask=kmask[:, None], other=0.0)
+        tmask = kmask[:, None] if xmask is None else kmask[:, None] & xmask
+        xt = tl.load(xt_ptrs + k_full, mask=tmask, other=0.0)
         w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
         if GATED:
@@ -356,10 +352,10 @@ def _gemv_kernel(
         if USE_PDL:
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
-        xt_ptrs = x_ptr + dot_x_rows(offs_m, M, PAD_M).to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
-        # GATED: acc_u sums the up rows, N below the gate rows
+        xt_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
+        # GATED: acc_u sums the up rows, N below the gate rows; padding rows (PAD_M) load nothing
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
-                                 BLOCK_K, GATED, DOT_PRECISION)
+                                 BLOCK_K, GATED, DOT_PRECISION, (offs_m < M)[None, :] if PAD_M else None)
         acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
         acc_u = _row_scaled(acc_u, scale_ptr + N, rows, HAS_SCALE and GATED)
         offs_m2 = offs_m[None, :]

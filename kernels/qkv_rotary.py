@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
-from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, dot_x_rows, row_fma_config
+from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_config
 from graphrt.kernels.gemv_config import dot_block_m, dot_rotary_config
 from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
@@ -196,7 +196,7 @@ def _qkv_rotary_dot_kernel(
     r1 = head * HEAD_DIM + dim
     offs_m = tl.arange(0, BLOCK_M)
     live = offs_m < M
-    tok = dot_x_rows(offs_m, M, PAD_M)  # padding tokens re-read real ones; nothing of theirs is stored
+    tok = tl.where(live, offs_m, 0) if PAD_M else offs_m  # padding tokens' table rows: token 0's; never stored
     # Positions, slots and table rows are written before the producer of x: loaded before the wait.
     row = table_row(pos_ptr + tok, max_positions)[None, :] * HEAD_DIM + dim[:, None]  # [BLOCK_N, BLOCK_M]
     c1 = tl.load(cos_ptr + row)
@@ -207,11 +207,11 @@ def _qkv_rotary_dot_kernel(
     rows = tl.reshape(tl.join(r1, r1 + HALF), [2 * BLOCK_N])  # r1[0], r1[0] + D/2, r1[1], ...
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
-    xt_ptrs = x_ptr + tok.to(tl.int64)[None, :] * K + offs_k[:, None]
+    xt_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * K + offs_k[:, None]
     if USE_PDL:
         wait_for_producer()
     acc, _ = _dot_k_loop(w_ptrs, w_ptrs, xt_ptrs, 0, (K // BLOCK_K) * BLOCK_K, K, offs_k, 2 * BLOCK_N, BLOCK_M,
-                         BLOCK_K, False, DOT_PRECISION)
+                         BLOCK_K, False, DOT_PRECISION, live[None, :] if PAD_M else None)
     acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
     if HAS_BIAS:
