@@ -220,7 +220,7 @@ def _check_rotary(case, dtype, msg, impl):
         ulp = UNIT[dtype]
         _close_bounded(out_q, ref_q, _pair_bound(rms_norm_reference(q, q_norm, 1e-6), ulp), msg)
         bound_k = _pair_bound(rms_norm_reference(k, k_norm, 1e-6), ulp)
-        bound_kc = torch.zeros(k_cache.shape, dtype=torch.float32)
+        bound_kc = torch.zeros(k_cache.shape, dtype=torch.float32, device=k_cache.device)
         stored = slots >= 0
         page = k_cache.shape[1]
         bound_kc[slots[stored] // page, slots[stored] % page] = bound_k[stored]
