@@ -55,13 +55,26 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     cycles = rt.num_cycles - cycles0
     host_us = 1e6 * (rt.host_seconds - host0) / max(cycles, 1)
     phases = timer.summary()
+    full = full_bucket_us(timer)
     gens = [rt.get_generation(r) for r in rids]
     decoded = sum(len(x.token_ids) - 1 for x in gens)  # the first token of each came from prefill
     gpu_cycles = sum(x.num_cycles for x in gens) / len(gens)
     return {"batch_size": batch_size, "tokens": decoded, "seconds": elapsed, "tokens_per_s": decoded / elapsed,
             "cycles": cycles, "cycle_ms": 1e3 * elapsed / max(cycles, 1),
             "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1), "host_us_per_cycle": host_us,
-            "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1), "phases": phases}
+            "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1), "phases": phases,
+            "full_bucket_us": full, "full_cycle_us": sum(full.values())}
+
+
+def full_bucket_us(timer: PhaseTimer) -> dict[str, float]:
+    """{phase: mean GPU us per launch at the largest bucket it ran}: a batch's own cost. The batch's
+    later cycles may run smaller buckets once some of its requests have finished (under speculation
+    they finish cycles apart), and a phase's mean over all its launches mixes those in."""
+    best: dict[str, tuple[int, float]] = {}
+    for (name, b), us in timer.mean_us_by_batch().items():
+        if name not in best or (b or 0) > best[name][0]:
+            best[name] = (b or 0, us)
+    return {name: us for name, (_, us) in best.items()}
 
 
 def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_requests: int, max_new_tokens: int,
@@ -252,7 +265,7 @@ def main(args) -> list[dict]:
             for phase, floor in rooflines(rt, bandwidth).items():
                 if phase in r["phases"]:
                     r["phases"][phase]["floor_us"] = floor
-                    r["phases"][phase]["roofline_share"] = floor / r["phases"][phase]["mean_us"]
+                    r["phases"][phase]["roofline_share"] = floor / r["full_bucket_us"][phase]
 
     if simulated is not None:
         print(f"simulated acceptance {simulated:g}: each verify step accepts a drawn number of drafts "
@@ -260,7 +273,7 @@ def main(args) -> list[dict]:
     tp_note = f"; {_tp_desc(tp, plain, _draft_split(runtimes[0][1]))}" if tp else ""
     print(f"draft: {draft_desc or 'none'}; K = {args.num_draft_tokens}; prompt {args.prompt_len}, "
           f"{max_new} new tokens per request, greedy" + (f"; bandwidth {bandwidth:.0f} GB/s" if bandwidth else "")
-          + tp_note)
+          + tp_note + "; phases: GPU us a launch at the batch's own bucket")
     phase_names = ["TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE", "TARGET_DECODE"]
     head = (f"{'mode':<12} {'B':>4} {'tok/s':>10} {'cycle ms':>9} {'host us':>8} {'gpu us':>8} {'accept len':>10}  "
             + "  ".join(f"{p + ' us (roof)':>24}" for p in phase_names))
@@ -272,9 +285,9 @@ def main(args) -> list[dict]:
             if ph is None:
                 cells.append(f"{'-':>24}")
             elif "roofline_share" in ph:
-                cells.append(f"{ph['mean_us']:>15.1f} ({100 * ph['roofline_share']:>4.0f}%)")
+                cells.append(f"{r['full_bucket_us'][p]:>15.1f} ({100 * ph['roofline_share']:>4.0f}%)")
             else:  # no bandwidth on the CPU, so no roofline
-                cells.append(f"{ph['mean_us']:>24.1f}")
+                cells.append(f"{r['full_bucket_us'][p]:>24.1f}")
         print(f"{r['mode']:<12} {r['batch_size']:>4} {r['tokens_per_s']:>10.1f} {r['cycle_ms']:>9.2f} "
               f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} {r['mean_acceptance_length']:>10.2f}  "
               + "  ".join(cells))
@@ -331,8 +344,9 @@ SWEEP_PHASES = ("TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE")
 def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_sizes, max_new, graphs,
                      tp=None) -> list[dict]:
     """Tokens/s against simulated acceptance length L in 1, 1.5, .., K + 1 for each K, with plain
-    decoding of the same target measured in the same process beside each row, the speedup, the
-    break-even L and per-phase time: what speculation buys at each acceptance a draft may reach."""
+    decoding of the same target measured in the same process beside each row, the speedup (static
+    batch and served, see served_speedup), the break-even L of each and per-phase time: what
+    speculation buys at each acceptance a draft may reach."""
     from graphrt.checkpoint import load_checkpoint
 
     Ks = args.sweep_k or ([3, 5] if device.type == "cuda" else [3])
@@ -358,56 +372,75 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
                 rows.append({"K": K, "batch_size": b, "L": L, "measured_L": r["mean_acceptance_length"],
                              "tokens_per_s": r["tokens_per_s"], "plain_tokens_per_s": base[b]["tokens_per_s"],
                              "speedup": r["tokens_per_s"] / base[b]["tokens_per_s"],
-                             "phases_us": {p: r["phases"][p]["mean_us"] for p in SWEEP_PHASES if p in r["phases"]},
-                             "plain_step_us": base[b]["phases"]["TARGET_DECODE"]["mean_us"]})
+                             "served_speedup": served_speedup(r, base[b]),
+                             "phases_us": {p: r["full_bucket_us"][p] for p in SWEEP_PHASES if p in r["full_bucket_us"]},
+                             "plain_step_us": base[b]["full_bucket_us"]["TARGET_DECODE"]})
         split = _draft_split(spec)
         del spec
-    even = break_even(rows)
+    even, even_served = break_even(rows), break_even(rows, "served_speedup")
     print(f"graphrt bench --sweep-accept: simulated acceptance L (each verify step accepts a drawn number of "
           f"drafts, mean tokens per cycle L; the target forward and rejection kernel run as always)\n"
           f"target: {target}\ndraft: {draft_desc}\n{max_new} new tokens per request, prompt {args.prompt_len}, "
           f"greedy, {'graphs' if graphs else 'eager'}, {device}"
-          + (f", {_tp_desc(tp, plain, split)}" if tp else ""))
-    print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7}  "
+          + (f", {_tp_desc(tp, plain, split)}" if tp else "")
+          + "\nspeedup: the static batch's tokens/s (its requests start together, and the batch runs until the "
+          "slowest ends); served: every slot kept busy, as a continuous-batching server runs them")
+    print(f"{'K':>2} {'B':>4} {'L':>4} {'meas L':>6} {'spec tok/s':>11} {'plain tok/s':>11} {'speedup':>7} "
+          f"{'served':>7}  "
           + "  ".join(f"{p + ' us':>16}" for p in SWEEP_PHASES) + f"  {'plain step us':>13}")
     for r in rows:
         print(f"{r['K']:>2} {r['batch_size']:>4} {r['L']:>4.1f} {r['measured_L']:>6.2f} {r['tokens_per_s']:>11.1f} "
-              f"{r['plain_tokens_per_s']:>11.1f} {r['speedup']:>6.2f}x  "
+              f"{r['plain_tokens_per_s']:>11.1f} {r['speedup']:>6.2f}x {r['served_speedup']:>6.2f}x  "
               + "  ".join(f"{r['phases_us'].get(p, float('nan')):>16.1f}" for p in SWEEP_PHASES)
               + f"  {r['plain_step_us']:>13.1f}")
+    def show(L):
+        return f"L = {L:.2f}" if L is not None else "not reached"
+
     for (K, b), L in sorted(even.items()):
-        print(f"break-even at K = {K}, B = {b}: " + (f"L = {L:.2f}" if L is not None else "not reached"))
+        print(f"break-even at K = {K}, B = {b}: {show(L)} (served: {show(even_served[K, b])})")
     if args.png:
         write_sweep_png(rows, args.png, title=f"graphrt bench --sweep-accept: {target}\ndraft: {draft_desc}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"meta": run_meta(device, draft=draft_desc, target=str(target), simulated_acceptance="sweep"),
-                       "rows": rows, "break_even": [{"K": K, "batch_size": b, "L": L}
+                       "rows": rows, "break_even": [{"K": K, "batch_size": b, "L": L, "L_served": even_served[K, b]}
                                                     for (K, b), L in sorted(even.items())]}, f, indent=2)
     return rows
 
 
-def speedup_curves(rows: list[dict]) -> dict[tuple[int, int], list[tuple[float, float]]]:
-    """(K, B) -> [(measured acceptance length, speedup)] ascending, in the sweep's (K, B) order: at
+def served_speedup(spec: dict, plain: dict) -> float:
+    """The speedup over plain decoding with every slot kept busy, from two run_decode results of one
+    batch size: tokens per request-cycle (the measured acceptance length) over the GPU time of a
+    cycle at the batch's bucket, against one token a request over the GPU time of a plain step. It is run_served's
+    steady-state measure, as a continuous-batching server keeps its slots full. run_decode's own
+    tokens/s also pays for the static batch's tail: its requests draw their acceptance apart, and
+    those that finish early idle in their slots until the slowest ends (at B = 64 and L = 3, 64
+    tokens a request, about 27 cycles for a mean request's 21). Plain decoding has no tail: its
+    requests all end at the same step."""
+    return spec["mean_acceptance_length"] * plain["full_cycle_us"] / spec["full_cycle_us"]
+
+
+def speedup_curves(rows: list[dict], key: str = "speedup") -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """(K, B) -> [(measured acceptance length, row[key])] ascending, in the sweep's (K, B) order: at
     the mean length each run measured, since a short run's draws miss the set L by a few percent."""
     curves: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for r in rows:
-        curves.setdefault((r["K"], r["batch_size"]), []).append((r["measured_L"], r["speedup"]))
-    return {key: sorted(pts) for key, pts in curves.items()}
+        curves.setdefault((r["K"], r["batch_size"]), []).append((r["measured_L"], r[key]))
+    return {kb: sorted(pts) for kb, pts in curves.items()}
 
 
-def break_even(rows: list[dict]) -> dict[tuple[int, int], float | None]:
-    """(K, B) -> the acceptance length where speedup crosses 1 (linear between the swept points of
+def break_even(rows: list[dict], key: str = "speedup") -> dict[tuple[int, int], float | None]:
+    """(K, B) -> the acceptance length where row[key] crosses 1 (linear between the swept points of
     speedup_curves; 1.0 when speculation already pays at L = 1; None when it never does)."""
     out = {}
-    for key, pts in speedup_curves(rows).items():
-        out[key] = None
+    for kb, pts in speedup_curves(rows, key).items():
+        out[kb] = None
         if pts[0][1] >= 1:
-            out[key] = pts[0][0]
+            out[kb] = pts[0][0]
             continue
         for (l0, s0), (l1, s1) in zip(pts, pts[1:]):
             if s0 < 1 <= s1:
-                out[key] = l0 + (1 - s0) * (l1 - l0) / (s1 - s0)
+                out[kb] = l0 + (1 - s0) * (l1 - l0) / (s1 - s0)
                 break
     return out
 

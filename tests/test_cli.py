@@ -149,8 +149,11 @@ def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
     for r in d["rows"]:
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / r["plain_tokens_per_s"])
         assert set(r["phases_us"]) == {"TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_DECODE"}
+        # served: the measured L over the cycle's time at the batch's bucket, against the plain step's
+        assert r["served_speedup"] == pytest.approx(r["measured_L"] * r["plain_step_us"] / sum(r["phases_us"].values()))
     assert d["rows"][0]["measured_L"] == 1.0 and d["rows"][-1]["measured_L"] > 2.0  # L = K + 1: all accepted
-    assert d["break_even"][0]["K"] == 2
+    assert d["break_even"][0]["K"] == 2 and "L_served" in d["break_even"][0]
+    assert "(served: " in text
     # --accept-len: the ordinary report, headed as simulated
     assert main(["bench", "--device", "cpu", "--batch-sizes", "1", "--max-new-tokens", "9", "--prompt-len", "4",
                  "--accept-len", "3", "-k", "2", "--json", str(out)]) == 0
@@ -163,9 +166,29 @@ def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
 def test_break_even_interpolates():
     from graphrt.bench import break_even
 
-    rows = [{"K": 3, "batch_size": 1, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
-    rows += [{"K": 3, "batch_size": 8, "measured_L": L, "speedup": s} for L, s in ((1.0, 0.5), (1.5, 0.9))]
+    rows = [{"K": 3, "batch_size": 1, "measured_L": L, "speedup": s, "served_speedup": 2 * s}
+            for L, s in ((1.0, 0.6), (1.5, 0.8), (2.0, 1.2))]
+    rows += [{"K": 3, "batch_size": 8, "measured_L": L, "speedup": s, "served_speedup": s + 0.2}
+             for L, s in ((1.0, 0.5), (1.5, 0.9))]
     assert break_even(rows) == {(3, 1): pytest.approx(1.75), (3, 8): None}
+    assert break_even(rows, "served_speedup") == {(3, 1): 1.0, (3, 8): pytest.approx(1.375)}
+
+
+def test_full_bucket_times_leave_out_the_tail_buckets():
+    """A batch whose requests finish cycles apart runs its last cycles at smaller buckets; its cost
+    per launch is the largest bucket's mean, and the served speedup is built from it."""
+    from graphrt.profiling.phase_timer import PhaseTimer
+
+    from graphrt.bench import full_bucket_us, served_speedup
+
+    timer = PhaseTimer("cpu")
+    for name, b, ms in [("TARGET_VERIFY", 8, 4.0), ("TARGET_VERIFY", 8, 6.0), ("TARGET_VERIFY", 4, 1.0),
+                        ("DRAFT_DECODE", 2, 0.5), ("DRAFT_DECODE", 8, 2.0)]:
+        timer._pending.append((name, b, 0.0, ms / 1e3))
+    full = full_bucket_us(timer)
+    assert full == {"TARGET_VERIFY": pytest.approx(5000.0), "DRAFT_DECODE": pytest.approx(2000.0)}
+    spec = {"mean_acceptance_length": 2.8, "full_cycle_us": sum(full.values())}
+    assert served_speedup(spec, {"full_cycle_us": 3500.0}) == pytest.approx(2.8 * 3500 / 7000)
 
 
 def test_converted_tokenizer_key_follows_the_file_contents(tmp_path, monkeypatch):
