@@ -291,6 +291,14 @@ def main(args) -> list[dict]:
         print(f"{r['mode']:<12} {r['batch_size']:>4} {r['tokens_per_s']:>10.1f} {r['cycle_ms']:>9.2f} "
               f"{r['host_us_per_cycle']:>8.0f} {r['gpu_us_per_cycle']:>8.0f} {r['mean_acceptance_length']:>10.2f}  "
               + "  ".join(cells))
+    by_mode = {(r["mode"], r["batch_size"]): r for r in results}
+    pairs = [(sp, by_mode["plain" + m[4:], b]) for (m, b), sp in by_mode.items()
+             if m.startswith("spec") and ("plain" + m[4:], b) in by_mode]
+    if pairs:
+        print("speedup over plain decoding, static batch (the tok/s above) / served (every slot kept busy):")
+        for sp, pl in pairs:
+            print(f"  {sp['mode']:<12} {sp['batch_size']:>4} {sp['tokens_per_s'] / pl['tokens_per_s']:>6.2f}x / "
+                  f"{served_speedup(sp, pl):.2f}x")
 
     peers = []
     if args.peers and on_cuda:

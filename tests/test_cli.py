@@ -157,10 +157,15 @@ def test_bench_sweep_accept_and_simulated_header(tmp_path, monkeypatch, capsys):
     # --accept-len: the ordinary report, headed as simulated
     assert main(["bench", "--device", "cpu", "--batch-sizes", "1", "--max-new-tokens", "9", "--prompt-len", "4",
                  "--accept-len", "3", "-k", "2", "--json", str(out)]) == 0
-    assert "simulated acceptance 3" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "simulated acceptance 3" in text
     d = json.loads(out.read_text())
     assert d["meta"]["simulated_acceptance"] == 3.0
-    assert {r["mode"]: r["mean_acceptance_length"] for r in d["results"]}["spec-eager"] == pytest.approx(8 / 3)
+    runs = {r["mode"]: r for r in d["results"]}
+    assert runs["spec-eager"]["mean_acceptance_length"] == pytest.approx(8 / 3)
+    static = runs["spec-eager"]["tokens_per_s"] / runs["plain-eager"]["tokens_per_s"]
+    served = 8 / 3 * runs["plain-eager"]["full_cycle_us"] / runs["spec-eager"]["full_cycle_us"]
+    assert f"spec-eager      1 {static:>6.2f}x / {served:.2f}x" in text
 
 
 def test_break_even_interpolates():
