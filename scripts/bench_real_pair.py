@@ -5,18 +5,19 @@
 Held-out chat prompts (data/prompts/heldout.jsonl, chat template), each request stopping at the
 model's EOS. Per batch size (1, 8, 64): graphrt plain decoding and speculative decoding with the
 head (K = 3 and 5, greedy; K = 3 at temperature 0.7), all under CUDA graphs, with tokens/s, mean
-acceptance length and per-phase GPU time; the first B prompts start together, so B = 1 is one
-prompt. Then the same as a serving engine runs it (--served N: N x max(B, 8) requests through B
-slots, a new one joining as one finishes; plain and the first K, greedy): a batch that starts
-together ends with its slowest request, and under speculation that is the one whose drafts were
-accepted least, so the first table undersells a served batch, and at B = 1 the served rows cover 8N
-prompts one after another; they count the steady state's tokens over its decode phases' GPU time
-(graphrt.bench.run_served; wall clock, prefill included, beside it). Every graph, the prefill graphs of
-every shape included, is captured before the first run, as a server does at start; the prefill rows
-give what admitting B requests at once costs (graphrt.bench.run_prefill). Then Hugging Face
-transformers on the same GGUF and the same prompts: dynamic cache, static cache (B = 1) and assisted
-generation (B = 1) with a self-draft (the target's first 4 layers: transformers has no EAGLE-3
-drafting) -- its figures time whole `generate` calls, warm-up call first, prompt pass included.
+acceptance length and per-phase GPU time (per launch at the batch's bucket); the first B prompts
+start together, so B = 1 is one prompt. Then the same as a serving engine runs it (--served N: N x
+max(B, 8) requests through B slots, a new one joining as one finishes; plain and the first K,
+greedy): a batch that starts together ends with its slowest request, and under speculation that is
+the one whose drafts were accepted least, so the first table undersells a served batch, and at B = 1
+the served rows cover 8N prompts one after another; they count the steady state's tokens over its
+decode phases' GPU time (graphrt.bench.run_served; wall clock, prefill included, beside it). Every
+graph, the prefill graphs of every shape included, is captured before the first run, as a server
+does at start; the prefill rows give what admitting B requests at once costs
+(graphrt.bench.run_prefill). Then Hugging Face transformers on the same GGUF and the same prompts:
+dynamic cache, static cache (B = 1) and assisted generation (B = 1) with a self-draft (the target's
+first 4 layers: transformers has no EAGLE-3 drafting) -- its figures time whole `generate` calls,
+warm-up call first, prompt pass included.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def graphrt_rows(target, draft, prompts, batch_sizes, max_new, Ks, fp8=False, se
             r = run_decode(rt, b, prompt_len=0, max_new_tokens=max_new, prompts=prompts, temperature=temp)
             rows.append({"mode": name, "batch_size": b, "tokens_per_s": r["tokens_per_s"], "tokens": r["tokens"],
                          "mean_acceptance_length": r["mean_acceptance_length"],
-                         "phases_us": {p: r["phases"][p]["mean_us"] for p in PHASES if p in r["phases"]}})
+                         "phases_us": {p: r["full_bucket_us"][p] for p in PHASES if p in r["full_bucket_us"]}})
             print(_fmt(rows[-1]), flush=True)
     for name, rt, _ in runs[:2]:  # what admitting b requests at once costs (the first table leaves it out)
         for b in batch_sizes:
