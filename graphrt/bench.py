@@ -401,6 +401,7 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
               f"{r['plain_tokens_per_s']:>11.1f} {r['speedup']:>6.2f}x {r['served_speedup']:>6.2f}x  "
               + "  ".join(f"{r['phases_us'].get(p, float('nan')):>16.1f}" for p in SWEEP_PHASES)
               + f"  {r['plain_step_us']:>13.1f}")
+
     def show(L):
         return f"L = {L:.2f}" if L is not None else "not reached"
 
@@ -419,12 +420,11 @@ def sweep_acceptance(args, target, draft, draft_desc, *, device, dtype, batch_si
 def served_speedup(spec: dict, plain: dict) -> float:
     """The speedup over plain decoding with every slot kept busy, from two run_decode results of one
     batch size: tokens per request-cycle (the measured acceptance length) over the GPU time of a
-    cycle at the batch's bucket, against one token a request over the GPU time of a plain step. It is run_served's
-    steady-state measure, as a continuous-batching server keeps its slots full. run_decode's own
-    tokens/s also pays for the static batch's tail: its requests draw their acceptance apart, and
-    those that finish early idle in their slots until the slowest ends (at B = 64 and L = 3, 64
-    tokens a request, about 27 cycles for a mean request's 21). Plain decoding has no tail: its
-    requests all end at the same step."""
+    cycle at the batch's bucket, against one token a request over the GPU time of a plain step.
+    This is run_served's steady-state measure, as a continuous-batching server keeps its slots full.
+    run_decode's own tokens/s also pays for the static batch's tail: its requests draw their
+    acceptance apart, and those that finish early idle in their slots until the slowest ends.
+    Plain decoding has no tail: its requests all end at the same step."""
     return spec["mean_acceptance_length"] * plain["full_cycle_us"] / spec["full_cycle_us"]
 
 
