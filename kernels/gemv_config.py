@@ -20,8 +20,8 @@ __all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL
 # scripts/initcheck_probe.py) and so reports every read of their output: with this switch a bf16
 # decode cycle, and a prefill graph of up to 64 padded tokens, has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
-# The DOT path's fewest x tile rows: an MMA's N side. (tl.dot would pad a smaller tile itself;
-# only 16 has been timed.)
+# The DOT path's fewest x tile rows: an MMA's N side. (tl.dot pads a smaller tile itself, but 8 and
+# 4 rows ran 10-16% slower on the llama shapes' products at 3-8 rows: history, 2026-11-28.)
 DOT_MIN_M = 16
 _TUNED_M = 16  # the most rows the tables below were swept at for every product (a verify step at batch 1 to 4)
 MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the kernel's most rows (the DOT path)
@@ -213,7 +213,7 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
 
 def dot_block_m(m: int) -> int:
     """Rows of the DOT path's x tile for an m-row product (gemv.py and qkv_rotary.py): a power of 2
-    >= m, at least DOT_MIN_M; padding rows re-read real rows and are never stored."""
+    >= m, at least DOT_MIN_M; padding rows load nothing and are never stored."""
     return max(DOT_MIN_M, 1 << (m - 1).bit_length())
 
 
