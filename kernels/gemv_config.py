@@ -21,7 +21,7 @@ __all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL
 # decode cycle, and a prefill graph of up to 64 padded tokens, has no cuBLAS writer left.
 ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 # The DOT path's fewest x tile rows: an MMA's N side. (tl.dot pads a smaller tile itself, but 8 and
-# 4 rows ran 10-16% slower on the llama shapes' products at 3-8 rows: history, 2026-11-28.)
+# 4 rows ran slower on the llama shapes' products: docs/notes/benchmarks-history.md.)
 DOT_MIN_M = 16
 _TUNED_M = 16  # the most rows the tables below were swept at for every product (a verify step at batch 1 to 4)
 MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the kernel's most rows (the DOT path)
