@@ -203,10 +203,10 @@ def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.
                BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr, xmask=None):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
     masked tail; xmask ([1, BLOCK_M] or None): the x rows to load, the others read as zeros (padding
-    rows: all reading row 0, the 4-row products of a verify step ran 3-7% slower, and r % M put a
-    division before the first load). Returns the [BLOCK_N, BLOCK_M] fp32 sums w @ x^T (and u @ x^T if
-    GATED, else zeros);
-    FP8 weight tiles are widened to x's dtype (exactly) before each product.
+    rows: all reading row 0 slowed the 4-row products of a verify step, and r % M put a division
+    before the first load; docs/notes/benchmarks-history.md). Returns the [BLOCK_N, BLOCK_M] fp32
+    sums w @ x^T (and u @ x^T if GATED, else zeros). FP8 weight tiles are widened to x's dtype
+    (exactly) before each product.
     kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)

@@ -63,7 +63,7 @@ _GATED_SMALL_K = dict(_DOT_WIDE, **_SMALL_K_STEPS)
 # unsplit, so that one program holds a rotary pair's whole sums; 128-wide K steps keep four stages of
 # a 64-row x tile in shared memory; K under 1024 in 64-wide steps, five stages, as gate_up's. Where
 # K >= 1024 only up to _QKV_TALL_M rows: at 48 and 64 the llama shapes' verify steps at B = 12 and 16
-# lost 0.2-0.7% with it, though the launch alone measured faster.
+# lost with it, though the launch alone measured faster (docs/notes/benchmarks-history.md).
 _QKV_ROTARY_TALL = dict(_DOT_DEFAULT, block_k=128, programs_per_sm=0)
 _QKV_ROTARY_SMALL_K = dict(_QKV_ROTARY_TALL, **_SMALL_K_STEPS)
 _QKV_TALL_ELEMS = (1 << 19, 1 << 25)  # the swept: SmolLM2-135M's qkv (0.55M weights) to llama-8b's (25M)
