@@ -24,6 +24,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def decode_tokens(text: str) -> int:
+    """A benchmark's tokens per request: at least 2, since the first comes from prefill and the
+    timings cover the decode cycles after it."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 (the first token of a request comes from prefill; "
+                                         f"the timings cover decoding), got {value}")
+    return value
+
+
 def positive_int_list(text: str) -> list[int]:
     """int_list whose every entry is >= 1 (batch sizes, K values)."""
     values = int_list(text)

@@ -7,7 +7,14 @@ import json
 import os
 import sys
 
-from graphrt.arg_types import add_workload_draft_arguments, dtype_arg, int_list, positive_int, positive_int_list
+from graphrt.arg_types import (
+    add_workload_draft_arguments,
+    decode_tokens,
+    dtype_arg,
+    int_list,
+    positive_int,
+    positive_int_list,
+)
 from graphrt.errors import GraphrtError
 from graphrt.named_models import NAMED_MODELS, draft_path, model_path
 
@@ -62,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the preset's first N layers (llama-70b-shape: 141 GB whole; times scale per layer)")
     b.add_argument("--batch-sizes", type=positive_int_list, help="default 1,4 on CPU; 1,2,4,8,16,32,64 on CUDA")
     b.add_argument("--prompt-len", type=positive_int, default=32)
-    b.add_argument("--max-new-tokens", type=positive_int,
+    b.add_argument("--max-new-tokens", type=decode_tokens,
                    help="tokens generated per request (default 32 CPU / 128 CUDA)")
     b.add_argument("--no-draft", action="store_true", help="plain decoding only")
     b.add_argument("--eager", action="store_true", help="no CUDA graphs")

@@ -17,7 +17,7 @@ from graphrt.profiling.kernel_families import IDLE, SEGMENTS, family_bars, kerne
 from graphrt.profiling.phases import PREFILL, phase_order
 from graphrt.profiling.workload import EventTimes, Workload, keyed_from_json, keyed_to_json
 
-from graphrt.arg_types import add_workload_draft_arguments, positive_int, positive_int_list
+from graphrt.arg_types import add_workload_draft_arguments, decode_tokens, positive_int, positive_int_list
 
 # Tracing slows replays (nsys node-level graph tracing the most). Past this, the header says so.
 OVERHEAD_LIMIT = 0.05
@@ -224,7 +224,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain", default="graphrt", help="NVTX domain of the phase ranges (--from-sqlite)")
     p.add_argument("--batch-sizes", type=positive_int_list, help="default 1,8,64 on CUDA; 1,4 on CPU")
     p.add_argument("--prompt-len", type=positive_int, default=32)
-    p.add_argument("--max-new-tokens", type=positive_int, help="tokens per request (default 32 CUDA / 8 CPU)")
+    p.add_argument("--max-new-tokens", type=decode_tokens, help="tokens per request (default 32 CUDA / 8 CPU)")
     p.add_argument("--json", dest="json_out", help="write the report's numbers as JSON")
     p.add_argument("--png", help="write a stacked bar per phase and batch size of exclusive time by kernel family "
                                  "(needs matplotlib)")

@@ -113,6 +113,18 @@ def test_out_of_range_arguments_are_refused_by_name(argv, names, capsys):
     assert names in err and "positive integer" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["bench", "--preset", "tiny", "--max-new-tokens", "1"],
+                                  ["bench", "--preset", "tiny", "--sweep-accept", "--max-new-tokens", "1"],
+                                  ["profile", "--preset", "tiny", "--max-new-tokens", "1"]])
+def test_benchmarks_need_a_token_to_decode(argv, capsys):
+    """One new token a request is its prefill's: nothing to time, and every ratio would divide by zero."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-new-tokens" in err and "at least 2" in err and "Traceback" not in err
+
+
 def test_runtime_option_errors_reach_the_command_line_cleanly(tmp_path, monkeypatch, capsys):
     """A value the parser cannot judge alone (L against K) is the Runtime's OptionError, printed as
     the command's error; a path that does not exist is named as such, before any tokenizer."""
