@@ -263,7 +263,7 @@ def main(args) -> list[dict]:
         for r in results:
             rt = dict(runtimes)[r["mode"]]
             for phase, floor in rooflines(rt, bandwidth).items():
-                if phase in r["phases"]:
+                if phase in r["phases"]:  # of a launch at the batch's bucket (full_bucket_us), not of mean_us
                     r["phases"][phase]["floor_us"] = floor
                     r["phases"][phase]["roofline_share"] = floor / r["full_bucket_us"][phase]
 
