@@ -55,7 +55,7 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
     cycles = rt.num_cycles - cycles0
     host_us = 1e6 * (rt.host_seconds - host0) / max(cycles, 1)
     phases = timer.summary()
-    full = full_bucket_us(timer)
+    full = timer.largest_batch_us()
     gens = [rt.get_generation(r) for r in rids]
     decoded = sum(len(x.token_ids) - 1 for x in gens)  # the first token of each came from prefill
     gpu_cycles = sum(x.num_cycles for x in gens) / len(gens)
@@ -64,17 +64,6 @@ def run_decode(rt: Runtime, batch_size: int, *, prompt_len: int, max_new_tokens:
             "mean_acceptance_length": decoded / max(gpu_cycles * len(gens), 1), "host_us_per_cycle": host_us,
             "gpu_us_per_cycle": 1e3 * sum(p["total_ms"] for p in phases.values()) / max(cycles, 1), "phases": phases,
             "full_bucket_us": full, "full_cycle_us": sum(full.values())}
-
-
-def full_bucket_us(timer: PhaseTimer) -> dict[str, float]:
-    """{phase: mean GPU us per launch at the largest bucket it ran}: a batch's own cost. The batch's
-    later cycles may run smaller buckets once some of its requests have finished (under speculation
-    they finish cycles apart), and a phase's mean over all its launches mixes those in."""
-    best: dict[str, tuple[int, float]] = {}
-    for (name, b), us in timer.mean_us_by_batch().items():
-        if name not in best or (b or 0) > best[name][0]:
-            best[name] = (b or 0, us)
-    return {name: us for name, (_, us) in best.items()}
 
 
 def run_served(rt: Runtime, concurrency: int, prompts: list[list[int]], *, num_requests: int, max_new_tokens: int,

@@ -200,27 +200,29 @@ def _fma_k_loop(w_ptrs, u_ptrs, x_ptr, res_ptr, sum_ptr, g_ptr, eps, k0, k_full,
 
 @triton.jit
 def _dot_k_loop(w_ptrs, u_ptrs, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr, xmask=None):
+               BLOCK_K: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr, M=0,
+               PAD_M: tl.constexpr = False):
     """The DOT path's K loop over columns [k0, k_end): whole BLOCK_K tiles up to k_full, then the
-    masked tail; xmask ([1, BLOCK_M] or None): the x rows to load, the others read as zeros (padding
-    rows: all reading row 0 slowed the 4-row products of a verify step, and r % M put a division
+    masked tail. PAD_M (BLOCK_M > M): the tile's padding rows, M and past, load nothing and read as
+    zeros (all reading row 0 slowed the 4-row products of a verify step, and r % M put a division
     before the first load; docs/notes/benchmarks-history.md). Returns the [BLOCK_N, BLOCK_M] fp32
     sums w @ x^T (and u @ x^T if GATED, else zeros). FP8 weight tiles are widened to x's dtype
     (exactly) before each product.
     kernels/qkv_rotary.py's 3-16-token launch runs the same loop, so its sums are the GEMV's."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    xmask = (tl.arange(0, BLOCK_M) < M)[None, :]
     for k in range(k0, k_full, BLOCK_K):
-        if xmask is None:
-            xt = tl.load(xt_ptrs + k)
-        else:
+        if PAD_M:
             xt = tl.load(xt_ptrs + k, mask=xmask, other=0.0)
+        else:
+            xt = tl.load(xt_ptrs + k)
         acc = tl.dot(tl.load(w_ptrs + k).to(xt.dtype), xt, acc, input_precision=DOT_PRECISION)
         if GATED:
             acc_u = tl.dot(tl.load(u_ptrs + k).to(xt.dtype), xt, acc_u, input_precision=DOT_PRECISION)
     if k_full < k_end:  # K tail (K not a multiple of BLOCK_K)
         kmask = (k_full + offs_k) < k_end
-        tmask = kmask[:, None] if xmask is None else kmask[:, None] & xmask
+        tmask = kmask[:, None] & xmask if PAD_M else kmask[:, None]
         xt = tl.load(xt_ptrs + k_full, mask=tmask, other=0.0)
         w = tl.load(w_ptrs + k_full, mask=kmask[None, :], other=0.0).to(xt.dtype)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
@@ -353,9 +355,9 @@ def _gemv_kernel(
             wait_for_producer()
         offs_m = tl.arange(0, BLOCK_M)
         xt_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + offs_k[:, None]
-        # GATED: acc_u sums the up rows, N below the gate rows; padding rows (PAD_M) load nothing
+        # GATED: acc_u sums the up rows, N below the gate rows
         acc, acc_u = _dot_k_loop(w_ptrs, w_ptrs + N * K, xt_ptrs, k0, k_full, k_end, offs_k, BLOCK_N, BLOCK_M,
-                                 BLOCK_K, GATED, DOT_PRECISION, (offs_m < M)[None, :] if PAD_M else None)
+                                 BLOCK_K, GATED, DOT_PRECISION, M, PAD_M)
         acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
         acc_u = _row_scaled(acc_u, scale_ptr + N, rows, HAS_SCALE and GATED)
         offs_m2 = offs_m[None, :]

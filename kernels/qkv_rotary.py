@@ -211,7 +211,7 @@ def _qkv_rotary_dot_kernel(
     if USE_PDL:
         wait_for_producer()
     acc, _ = _dot_k_loop(w_ptrs, w_ptrs, xt_ptrs, 0, (K // BLOCK_K) * BLOCK_K, K, offs_k, 2 * BLOCK_N, BLOCK_M,
-                         BLOCK_K, False, DOT_PRECISION, live[None, :] if PAD_M else None)
+                         BLOCK_K, False, DOT_PRECISION, M, PAD_M)
     acc = _row_scaled(acc, scale_ptr, rows, HAS_SCALE)
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [BLOCK_N, 2, BLOCK_M]), [0, 2, 1]))
     if HAS_BIAS:

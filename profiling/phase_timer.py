@@ -71,3 +71,13 @@ class PhaseTimer:
         """Mean time per launch in microseconds, per (phase, batch size)."""
         self.collect(wait=True)
         return {k: 1e3 * v / self.count[k] for k, v in self.total_ms.items()}
+
+    def largest_batch_us(self) -> dict[str, float]:
+        """{phase: mean us per launch at the largest batch size it ran}: a batch's own cost. Its later
+        cycles may run smaller buckets once some of its requests have finished (under speculation
+        they finish cycles apart), and summary()'s mean over all launches mixes those in."""
+        best: dict[str, tuple[int, float]] = {}
+        for (name, b), us in self.mean_us_by_batch().items():
+            if name not in best or (b or 0) > best[name][0]:
+                best[name] = (b or 0, us)
+        return {name: us for name, (_, us) in best.items()}

@@ -391,8 +391,8 @@ def test_bucket_launches_share_compiled_variants():
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     # one variant each, but the attention's partial kernel: one for decode, one for verify (BLOCK_Q).
-    # The 16-row DOT tile compiles twice: with padding rows (M = 4, 8) and full (M = 16), whose plain
-    # row index measured faster than the padded form's modulo (SmolLM2's plain step at B = 16).
+    # The 16-row DOT tile compiles twice: with padding rows (M = 4, 8), whose x loads are masked, and
+    # full (M = 16), whose loads need no mask (PAD_M).
     want = {"decode B=1,2 (both steps) and verify B=1: _paged_attn_partial_kernel": 2,
             "decode B=1,2 (both steps) and verify B=1: _paged_attn_merge_kernel": 1,
             "decode B=1,2 (both steps) and verify B=1: _qkv_rotary_kernel": 1,
