@@ -7,7 +7,9 @@ M, read them at a fraction of DRAM bandwidth. Three deterministic paths in one k
     partials per row of x, reduced once at the end, or (REDUCE_EACH) every step: fewer registers,
     more programs resident, more bytes in flight.
   - DOT (M <= 64): y^T = w x^T on tensor cores, x padded to BLOCK_M >= 16 columns, the weight tile
-    on the product's M side; Triton pipelines the loads that feed a dot (num_stages).
+    on the product's M side; Triton pipelines the loads that feed a dot (num_stages). Past 64 rows
+    (up to gemv_config.TILED_MAX_M, unsplit) the rows come in tiles of 64 over the grid's third
+    dimension (TILE_M), each program one weight tile against one row tile.
   - FMA per row (PER_ROW, 2 <= M <= ROWS_MAX_M, small weights only): each program is the M = 1
     program of one row, the rows of a weight tile adjacent in the grid so that all but the first
     find it in L2. A verify step's rows keep the one-row path's fusions and, row for row, its bits;
@@ -44,7 +46,7 @@ __all__ = ["linear_reference", "gemv_triton", "select_config", "row_fma_config",
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
-_MAX_KERNEL_M = 64  # the kernel itself: BLOCK_M <= 64 keeps the DOT accumulator small
+_MAX_KERNEL_M = 64  # one launch's most rows but on the tiled DOT path (gemv_config.TILED_MAX_M)
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 
 
@@ -326,9 +328,15 @@ def _gemv_kernel(
     HAS_SCALE: tl.constexpr = False,  # w is FP8 with per-row scales (kernels/fp8_weight.py)
     ARGMAX: tl.constexpr = False,  # FMA, M = 1, unsplit: y is the row's argmax.fold_argmax slots, not the logits
     HAS_ADD: tl.constexpr = False,  # FMA, unsplit, not GATED, PUSH_W or ARGMAX: y = add + x @ w^T
+    TILE_M: tl.constexpr = False,  # DOT, unsplit, no push: x's rows in BLOCK_M tiles, grid dimension 2
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
+    if TILE_M:
+        m0 = tl.program_id(2) * BLOCK_M
+        x_ptr += m0.to(tl.int64) * stride_xm
+        y_ptr += m0.to(tl.int64) * stride_ym
+        M = tl.minimum(M - m0, BLOCK_M)
     if PER_ROW:
         # Rows of one tile are adjacent programs, so they run together and share its L2 lines.
         row = pid_n % M
@@ -453,8 +461,8 @@ def _validate(x, w, scale, bias, out) -> None:
         raise ValueError(f"x [M, K] and w [N, K] disagree on K: {tuple(x.shape)} vs {tuple(w.shape)}")
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"empty problem: x {tuple(x.shape)}, w {tuple(w.shape)}")
-    if m > _MAX_KERNEL_M:
-        raise ValueError(f"gemv_triton takes M <= {_MAX_KERNEL_M} rows, got {m} (use F.linear)")
+    if m > gemv_config.TILED_MAX_M:
+        raise ValueError(f"gemv_triton takes M <= {gemv_config.TILED_MAX_M} rows, got {m} (use F.linear)")
     if x.dtype not in _SUPPORTED:
         raise ValueError(f"x dtype must be bf16/fp16/fp32, got {x.dtype}")
     if w.dtype != (FP8 if scale is not None else x.dtype):
@@ -501,7 +509,8 @@ def gemv_triton(
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (last dim contiguous), w [N, K] contiguous, bias [N] or None -> y [M, N] in x's dtype.
 
-    bf16/fp16 (fp32 for the interpreter tests), fp32 accumulation, 1 <= M <= 64 (FMA path: M <= 4).
+    bf16/fp16 (fp32 for the interpreter tests), fp32 accumulation, 1 <= M <= 64 (FMA path: M <= 4), or
+    up to gemv_config.TILED_MAX_M on the unsplit DOT path (no push), in row tiles of 64.
     w may be an Fp8Weight (kernels/fp8_weight.py): its e4m3 matrix is read and each output row
     scaled, giving w.dense's result up to summation order. out: a preallocated y. Workspaces come
     from torch's caching allocator (the graph's pool under capture).
@@ -528,7 +537,9 @@ def gemv_triton(
     _validate(x, w, scale, bias, out if propose is None else None)
     m, k = x.shape
     n = w.shape[0]
-    cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= gemv_config.MAX_M else None
+    most = gemv_config.TILED_MAX_M if gemv_config.MAX_M else 0  # select_config's rows (0: cuBLAS for all)
+    cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= most else None
+    tiled = m > _MAX_KERNEL_M
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
     if use_dot is not None and use_dot != cfg["use_dot"]:
@@ -563,11 +574,15 @@ def gemv_triton(
     if per_row:
         split_k = 1
     if split_k is None:
-        split_k = cfg.get("split_k") or _split_for(tiles, steps, cfg.get("programs_per_sm", 0), _num_sms(x.device))
+        split_k = 1 if tiled else cfg.get("split_k") or _split_for(tiles, steps, cfg.get("programs_per_sm", 0),
+                                                                   _num_sms(x.device))
     split_k = max(1, min(split_k, steps))
     k_per_split = triton.cdiv(steps, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty split
     block_m = gemv_config.dot_block_m(m) if use_dot else 1 if per_row else m
+    if tiled and (not use_dot or split_k > 1 or push is not None):
+        raise ValueError(f"past {_MAX_KERNEL_M} rows gemv_triton takes the unsplit DOT path, no push; got M = {m}, "
+                         f"use_dot={use_dot}, split_k={split_k}")
     if gated:
         if split_k > 1:
             raise ValueError("gated=True needs an unsplit launch")
@@ -612,15 +627,16 @@ def gemv_triton(
     pdl = pdl_enabled(x.device) if pdl is None else pdl
     res, g, stream, eps, has_res = norm.kernel_args() if norm is not None else (x, x, x, 0.0, False)
     tp_args = push.kernel_args() if push is not None else no_push_args(x)
-    _gemv_kernel[(tiles * m if per_row else tiles, split_k)](
+    _gemv_kernel[(tiles * m if per_row else tiles, split_k, gemv_config.row_tiles(m) if use_dot else 1)](
         x, w, scale if scale is not None else y, b, y, ws, ctr if ctr is not None else y, res, g, stream, eps, *tp_args,
         add if add is not None else y, m, n, k, x.stride(0), y.stride(0), k_per_split, split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=use_dot, REDUCE_EACH=reduce_each,
         HAS_BIAS=bias is not None, SPLIT=split_k > 1, FUSED=ctr is not None, RED_M=triton.next_power_of_2(block_m),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_PDL=pdl, GATED=gated,
         NORM=norm is not None, NORM_RES=has_res, BLOCK_H=triton.next_power_of_2(k) if norm is not None else 16,
-        PAD_M=use_dot and block_m != m, PER_ROW=per_row, PUSH_W=push.world if push is not None else 0,
-        HAS_SCALE=scale is not None, ARGMAX=propose is not None, HAS_ADD=add is not None, num_warps=num_warps,
+        PAD_M=use_dot and m % block_m != 0, PER_ROW=per_row, PUSH_W=push.world if push is not None else 0,
+        HAS_SCALE=scale is not None, ARGMAX=propose is not None, HAS_ADD=add is not None, TILE_M=tiled,
+        num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl),
     )

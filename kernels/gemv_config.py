@@ -10,7 +10,8 @@ import os
 import torch
 import triton
 
-__all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "ALL_M", "ROWS_MAX_M", "ROWS_MAX_BYTES"]
+__all__ = ["select_config", "row_fma_config", "dot_rotary_config", "MAX_M", "TILED_MAX_M", "ALL_M", "ROWS_MAX_M",
+           "ROWS_MAX_BYTES"]
 
 # The dispatcher sends M <= MAX_M rows to Triton on CUDA (module attribute, so a benchmark can set it
 # to 0 to time cuBLAS in the same process; GRAPHRT_GEMV=0 does that for a whole run).
@@ -23,8 +24,17 @@ ALL_M = os.environ.get("GRAPHRT_GEMV") == "all"
 # The DOT path's fewest x tile rows: an MMA's N side. (tl.dot pads a smaller tile itself, but 8 and
 # 4 rows ran slower on the llama shapes' products: docs/notes/benchmarks-history.md.)
 DOT_MIN_M = 16
+_DOT_TILE_M = 64  # and its most: a larger fp32 accumulator would cost the MMA loop its pipeline stages
 _TUNED_M = 16  # the most rows the tables below were swept at for every product (a verify step at batch 1 to 4)
-MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the kernel's most rows (the DOT path)
+MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the most rows of one x tile (the DOT path)
+# Past MAX_M rows, up to TILED_MAX_M (a verify step at B = 17-64), the DOT path takes the rows in tiles
+# of MAX_M over a grid dimension, for two launches only: gate_up with the SiLU in its epilogue and qkv
+# with the rotary and the KV store, on matrices of at most _TILED_ELEMS weights (SmolLM2-135M's).
+# There a launch is bound by its latency, not its bytes or FLOPs: four row tiles take about one
+# tile's time, while cuBLAS's product leaves the SiLU or the rotary a launch of its own, and gaps
+# around both (cuBLAS does not launch as a programmatic dependent).
+TILED_MAX_M = 256
+_TILED_ELEMS = 1 << 21
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
 # one-row launch's norm prologue and SiLU epilogue): every row reads the whole matrix through L2,
 # so it pays only where launch latency, not bytes, dominates (SmolLM2-135M, every layer projection
@@ -139,6 +149,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
       - 17 <= M <= 64 (swept at 32 and 64): _DOT_TALL for o up to 32 rows and for down-like
         products (K >= 2N), 4M to 64M weights; gated gate_up on _DOT_WIDE unsplit, 1M to 128M
         weights (swept at 24-64 rows); everything else on cuBLAS.
+      - 65 <= M <= TILED_MAX_M: gated gate_up of at most _TILED_ELEMS weights, the 64-row tiles in
+        row tiles (RESULTS.md, "Row tiles past 64 rows"); everything else on cuBLAS.
       (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
       conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
       x tile breaks the dot's load pipelining.)
@@ -152,7 +164,8 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
             return _m1_config(n, k)
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     if m > MAX_M:
-        return None
+        small = MAX_M and m <= TILED_MAX_M and n * k <= _TILED_ELEMS
+        return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE) if gated and small else None
     if m > _TUNED_M:
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
@@ -213,18 +226,26 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
 
 def dot_block_m(m: int) -> int:
     """Rows of the DOT path's x tile for an m-row product (gemv.py and qkv_rotary.py): a power of 2
-    >= m, at least DOT_MIN_M; padding rows load nothing and are never stored."""
-    return max(DOT_MIN_M, 1 << (m - 1).bit_length())
+    >= m, at least DOT_MIN_M and at most 64 (past 64 rows the launch tiles them, TILED_MAX_M);
+    padding rows load nothing and are never stored."""
+    return min(_DOT_TILE_M, max(DOT_MIN_M, 1 << (m - 1).bit_length()))
+
+
+def row_tiles(m: int) -> int:
+    """How many x tiles of dot_block_m(m) rows an m-row DOT launch takes (its grid's row dimension)."""
+    return triton.cdiv(m, dot_block_m(m))
 
 
 def dot_rotary_config(m: int, n: int, k: int) -> dict | None:
     """The unsplit DOT configuration whose launch kernels/qkv_rotary.py extends with the rotary and
     the KV store: select_config(m, n, k)'s at 3-16 tokens of a qkv projection; at 17-32 tokens (17-64
-    where K < 1024), where a plain product of that shape runs on cuBLAS, _QKV_ROTARY_TALL's (or
-    _QKV_ROTARY_SMALL_K's) on matrices of _QKV_TALL_ELEMS's sizes; None elsewhere."""
+    where K < 1024, up to TILED_MAX_M in row tiles on matrices of at most _TILED_ELEMS weights), where
+    a plain product of that shape runs on cuBLAS, _QKV_ROTARY_TALL's (or _QKV_ROTARY_SMALL_K's) on
+    matrices of _QKV_TALL_ELEMS's sizes; None elsewhere."""
     if m > _TUNED_M:
         qkv = k < n < 4 * k and _QKV_TALL_ELEMS[0] <= n * k <= _QKV_TALL_ELEMS[1]
-        if not qkv or m > (MAX_M if k < _SMALL_K else _QKV_TALL_M) or ALL_M:
+        most = (TILED_MAX_M if n * k <= _TILED_ELEMS else MAX_M) if k < _SMALL_K else _QKV_TALL_M
+        if not qkv or not MAX_M or m > most or ALL_M:
             return None
         return dict(_QKV_ROTARY_SMALL_K if k < _SMALL_K else _QKV_ROTARY_TALL)
     cfg = select_config(m, n, k)

@@ -29,8 +29,9 @@ __all__ = ["linear", "linear_add", "linear_pushed", "linear_silu_mul", "material
 
 def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None, gated: bool = False) -> bool:
     w = dense(w)  # an FP8 matrix goes where its dense form would
+    most = gemv_config.TILED_MAX_M if gated and gemv_config.MAX_M else gemv_config.MAX_M  # gated: row tiles
     return (
-        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= gemv_config.MAX_M and x.dtype in _FAST_DTYPES
+        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= most and x.dtype in _FAST_DTYPES
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
         and x.stride(1) == 1 and w.device == x.device
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))
@@ -62,9 +63,10 @@ def linear_silu_mul(x, w_gate_up: torch.Tensor) -> torch.Tensor:
 
     Where the dispatcher runs the product one row per program on the unsplit FMA path, one launch with the
     activation in the GEMV's epilogue (gemv_triton(gated=True)) and, for a PendingNorm, the norm in
-    its prologue; where it runs the unsplit DOT path (3-64 rows), [the norm, then] one launch with
-    the activation in its epilogue, the bits of the same tiles' product then silu_and_mul (past 16
-    rows a plain product of gate_up's shape runs on cuBLAS, which the fused launch beat);
+    its prologue; where it runs the unsplit DOT path (3-64 rows, up to gemv_config.TILED_MAX_M on
+    small matrices), [the norm, then] one launch with the activation in its epilogue, the bits of the
+    same tiles' product then silu_and_mul (past 16 rows a plain product of gate_up's shape runs on
+    cuBLAS, which the fused launch beat);
     elsewhere [the norm,] linear, then silu_and_mul.
     """
     xt = x.x if isinstance(x, PendingNorm) else x

@@ -5,9 +5,10 @@ embedding of q and k and the store of k and v into the paged cache in its epilog
 
 bit for bit on the GPU: the GEMV's own K loops (kernels/gemv.py's _fma_k_loop one row per
 program, M = 1 or per row up to gemv_config.ROWS_MAX_M tokens; _dot_k_loop unsplit at 3-64
-tokens), the qkv outputs rounded to the model dtype as the unfused GEMV stores them, then
-kernels/rotary.py's arithmetic. At 17-64 tokens `linear` runs the plain product on cuBLAS, so there
-the equality holds against the DOT path's product with the same tiles. The separate rotary launch
+tokens, and in 64-token tiles past that on small matrices), the qkv outputs rounded to the model
+dtype as the unfused GEMV stores them, then kernels/rotary.py's arithmetic. Past 16 tokens `linear`
+runs the plain product on cuBLAS, so there the equality holds against the DOT path's product with
+the same tiles. The separate rotary launch
 (and the qkv round trip through memory) is a fixed cost of every layer.
 
 Each program owns BLOCK_N rotary pairs of one token (the tokens of a tile are adjacent programs):
@@ -25,7 +26,7 @@ import triton
 import triton.language as tl
 from graphrt.kernels.fp8_weight import FP8, Fp8Weight, _row_scaled, dense, for_rows, weight_and_scale
 from graphrt.kernels.gemv import _dot_k_loop, _fma_final, _fma_k_loop, row_fma_config
-from graphrt.kernels.gemv_config import dot_block_m, dot_rotary_config
+from graphrt.kernels.gemv_config import dot_block_m, dot_rotary_config, row_tiles
 from graphrt.kernels.linear import linear, materialized, norm_fusable
 from graphrt.kernels.norm import PendingNorm
 from graphrt.kernels.pdl import pdl_enabled, pdl_launch, wait_for_producer
@@ -164,7 +165,7 @@ def _qkv_rotary_dot_kernel(
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     slot_ptr,  # [M] int64, negative = skip the store
-    M,  # tokens, <= BLOCK_M
+    M,  # tokens, <= BLOCK_M (TILE_M: any)
     K,
     max_positions,
     num_slots,  # num_blocks * PAGE
@@ -181,11 +182,19 @@ def _qkv_rotary_dot_kernel(
     USE_PDL: tl.constexpr = False,
     DOT_PRECISION: tl.constexpr = "tf32",  # "ieee" for fp32 inputs (tests)
     HAS_SCALE: tl.constexpr = False,
+    TILE_M: tl.constexpr = False,  # the tokens in BLOCK_M tiles over grid dimension 1
 ):
     """The 3-64-token form (a verify step at batch 1 to 16, decoding at batch 3 to 64): all tokens
-    in one program, the weight tile on the MMA's M side as in kernels/gemv.py's DOT path. The tile
-    interleaves each pair's two rows (j, j + D/2), so one dot yields both halves that the rotation
-    mixes."""
+    in one program, the weight tile on the MMA's M side as in kernels/gemv.py's DOT path; past 64
+    tokens (TILE_M) a program per 64-token tile. The weight tile interleaves each pair's two rows (j,
+    j + D/2), so one dot yields both halves that the rotation mixes."""
+    if TILE_M:
+        m0 = tl.program_id(1) * BLOCK_M
+        x_ptr += m0.to(tl.int64) * K
+        pos_ptr += m0
+        slot_ptr += m0
+        q_out_ptr += m0.to(tl.int64) * (NUM_Q_HEADS * HEAD_DIM)
+        M = tl.minimum(M - m0, BLOCK_M)
     HALF: tl.constexpr = HEAD_DIM // 2
     NUM_PAIRS: tl.constexpr = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HALF
     pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -259,7 +268,8 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
                             num_q_heads: int, num_kv_heads: int, norm: PendingNorm | None = None) -> torch.Tensor:
     """Same contract as qkv_rotary_store_reference, for N tokens where the GEMV runs one row per
     program (gemv_config.row_fma_config: N = 1, or 2 <= N <= gemv_config.ROWS_MAX_M), or unsplit on
-    the DOT path (gemv_config.dot_rotary_config: 3-64 tokens). One launch; no host sync.
+    the DOT path (gemv_config.dot_rotary_config: 3-64 tokens, up to gemv_config.TILED_MAX_M on small
+    matrices). One launch; no host sync.
     norm (one row per program only): the PendingNorm whose input x is, applied in the GEMV's
     prologue (kernels/norm.norm_stats); the result is then the reference's on norm.materialize(),
     bit for bit, and norm.stream is set."""
@@ -300,10 +310,11 @@ def qkv_rotary_store_triton(x, w_qkv, bias, positions, cos, sin, k_cache, v_cach
     if dot is not None:
         block_n = dot["block_n"] // 2  # pairs: the weight tile keeps the GEMV's rows
         block_m = dot_block_m(m)
-        _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n),)](
-            *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"],
-            BLOCK_M=block_m, PAD_M=block_m != m, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            num_warps=dot["num_warps"], num_stages=dot["num_stages"],
+        _qkv_rotary_dot_kernel[(triton.cdiv(n_out // 2, block_n), row_tiles(m))](
+            *operands, *sizes, **shared, BLOCK_N=block_n, BLOCK_K=dot["block_k"], BLOCK_M=block_m,
+            PAD_M=m % block_m != 0, TILE_M=row_tiles(m) > 1,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=dot["num_warps"],
+            num_stages=dot["num_stages"],
         )  # fmt: skip
         return q_out
     block_n = cfg["block_n"]

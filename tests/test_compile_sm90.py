@@ -98,6 +98,11 @@ CASES = {
                             dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=64, PAGE=16, BLOCK_N=32, BLOCK_K=128,
                                  BLOCK_M=64, PAD_M=False, HAS_BIAS=False, USE_PDL=True),
                             dict(num_warps=4, num_stages=4)),
+    # ... past 64 tokens: 64-token tiles over the grid's second dimension, the last one ragged
+    "qkv-rotary-dot-tiles": ("qkv_rotary", "_qkv_rotary_dot_kernel", dict(_ROTARY, pos_ptr="*i64", slot_ptr="*i64"),
+                             dict(NUM_Q_HEADS=9, NUM_KV_HEADS=3, HEAD_DIM=64, PAGE=16, BLOCK_N=32, BLOCK_K=64,
+                                  BLOCK_M=64, PAD_M=True, HAS_BIAS=False, USE_PDL=True, TILE_M=True),
+                             dict(num_warps=4, num_stages=5)),
     # one M = 1 program per row of a verify step (PER_ROW), with the norm prologue and the gated epilogue
     "gemv-fma-rows-gated-norm-pdl": _gemv_fma(GATED=True, NORM=True, NORM_RES=True, BLOCK_H=2048, PER_ROW=True),
     # the same at a latency-bound gate_up's tiles (gemv_config._SMALL_WIDE: K = 576 past one 512 tile)
@@ -125,6 +130,7 @@ CASES = {
     "gemv-dot-m16-pdl": _gemv_dot(BLOCK_K=256, SPLIT=True, FUSED=True),
     "gemv-dot-wide": _gemv_dot(BLOCK_N=128),
     "gemv-dot-gated": _gemv_dot(GATED=True),
+    "gemv-dot-gated-tiles": _gemv_dot(5, BLOCK_M=64, BLOCK_K=64, RED_M=64, GATED=True, TILE_M=True),
     "gemv-dot-full": _gemv_dot(PAD_M=False),
     "argmax-split-pdl": ("argmax", "_argmax_split_kernel", _ARGMAX, dict(
         BLOCK_V=1024, FUSED=False, SPLITS_POW2=128, USE_PDL=True), dict(num_warps=4)),

@@ -63,6 +63,8 @@ DOT_CASES = [
     (33, 70, 90, 32, 32, None, None),  # past 16 rows: the o and down projections at 17-64 rows
     (64, 48, 64, 16, 32, 2, True),
     (32, 70, 300, 64, 128, 3, True),  # the 17-64-row tiles (_DOT_TALL), split K with a short last chunk
+    (150, 40, 48, 16, 16, 1, None),  # past 64 rows: three row tiles, the last one ragged
+    (128, 24, 70, 32, 32, None, None),  # two whole row tiles, a K tail
 ]
 
 
@@ -126,6 +128,43 @@ def test_dispatcher_past_16_rows_takes_o_down_and_gated_gate_up_only():
     assert gemv_config.unsplit(wide) and gemv_config.unsplit(small_k) and small_k["block_k"] == 64
     for m, n, k in [(65, 16384, 2048), (32, 57344, 8192), (32, 2000, 300)]:  # past 64 rows, 70B's, tiny
         assert gemv_config.select_config(m, n, k, gated=True) is None, (m, n, k)
+
+
+def test_dispatcher_past_64_rows_tiles_the_small_gated_gate_up_only():
+    """65-256 rows (a verify step at B = 17-64): SmolLM2's gate_up with its SiLU on the DOT path in
+    row tiles; larger matrices, plain products and anything past 256 rows on cuBLAS."""
+    small_k = dict(gemv_config._GATED_SMALL_K)
+    for m in (65, 96, 128, 192, 256):
+        assert gemv_config.select_config(m, 3072, 576, gated=True) == small_k, m
+        assert gemv_config.row_tiles(m) == -(-m // 64) and gemv_config.dot_block_m(m) == 64
+    for m, n, k, gated in [(257, 3072, 576, True), (128, 16384, 2048, True), (128, 3072, 576, False),
+                           (128, 576, 576, False), (256, 576, 1536, False)]:
+        assert gemv_config.select_config(m, n, k, gated=gated) is None, (m, n, k, gated)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_dot_row_tiles_are_the_64_row_launches_bitwise(gated):
+    """Past 64 rows each program takes one 64-row tile of x: every tile's rows are the bits of the
+    same tiles' launch over those 64 rows alone."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(192, 2 * 24 if gated else 40, 70, torch.float32, gen, bias=False, x_pad=3)
+    kw = dict(use_dot=True, block_n=32, block_k=32, split_k=1, gated=gated)
+    x_before = x.clone()
+    y = gemv_triton(x, w, **kw)
+    tiles = torch.cat([gemv_triton(x[i : i + 64], w, **kw) for i in (0, 64, 128)])
+    assert torch.equal(y, tiles), f"seed={seed}: {bit_diff(y, tiles)}"
+    assert torch.equal(x, x_before)
+
+
+def test_row_tiles_refuse_what_they_cannot_run():
+    x, w, _ = _case(100, 32, 300, torch.float32, torch.Generator().manual_seed(0), bias=False)
+    with pytest.raises(ValueError, match="unsplit DOT path"):
+        gemv_triton(x, w, use_dot=True, block_k=32, split_k=2)
+    with pytest.raises(ValueError, match="FMA path"):
+        gemv_triton(x, w, use_dot=False)
+    with pytest.raises(ValueError, match="M <= 256"):
+        gemv_triton(torch.cat([x, x, x]), w, use_dot=True)
 
 
 def test_fused_and_unfused_split_agree_bitwise():
@@ -282,7 +321,7 @@ def test_linear_on_cpu_is_f_linear_bitwise():
         (dict(), (torch.zeros(2, 4, dtype=torch.int32), torch.zeros(5, 4, dtype=torch.int32)), "dtype"),
         (dict(), (torch.zeros(4, 2).t(), torch.zeros(5, 4)), "contiguous in K"),
         (dict(), (torch.zeros(2, 4), torch.zeros(4, 5).t()), "w must be contiguous"),
-        (dict(), (torch.zeros(65, 4), torch.zeros(5, 4)), "M <= 64"),
+        (dict(), (torch.zeros(257, 4), torch.zeros(5, 4)), "M <= 256"),
         (dict(), (torch.zeros(0, 4), torch.zeros(5, 4)), "empty"),
         (dict(), (torch.zeros(2, 4), torch.zeros(5, 4), torch.zeros(4)), "bias must be"),
         (dict(use_dot=False), (torch.zeros(5, 4), torch.zeros(5, 4)), "FMA path"),
@@ -338,12 +377,13 @@ def test_gpu_paths_and_splits(cuda, path, fused):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 16, 24, 64])
+@pytest.mark.parametrize("m", [1, 4, 16, 24, 64, 96, 256])
 @pytest.mark.parametrize("inter,k", [(8192, 2048), (14336, 4096), (1536, 576), (1000, 300)])
 def test_gpu_gated_gate_up_is_the_unfused_pair_bitwise(cuda, inter, k, m):
     """The decode MLP at 1 row (one row per program) and at 4-64 (the DOT path where the
-    dispatcher takes it; llama-1b / 8b / SmolLM2 gate_up, and an odd size): linear_silu_mul gives the bits of
-    the same tiles' GEMV then silu_and_mul, and the eager model's values up to rounding."""
+    dispatcher takes it; llama-1b / 8b / SmolLM2 gate_up, and an odd size), and SmolLM2's in row
+    tiles at 96 and 256: linear_silu_mul gives the bits of the same tiles' GEMV then silu_and_mul,
+    and the eager model's values up to rounding."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     x, w, _ = _case(m, 2 * inter, k, torch.bfloat16, gen, bias=False, device=cuda)

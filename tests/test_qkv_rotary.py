@@ -124,8 +124,8 @@ _SMOLLM2_QKV = (576, 9, 3, 64)
 
 
 def test_dot_rotary_config_past_16_tokens():
-    """The fused qkv launch past 16 tokens: up to 32 on the llama shapes, up to 64 on SmolLM2's (K <
-    1024, in 64-wide K steps), never on matrices outside the swept sizes or past 64 tokens."""
+    """The fused qkv launch past 16 tokens: up to 32 on the llama shapes, up to 256 on SmolLM2's (K <
+    1024, in 64-wide K steps, in row tiles past 64), never on matrices outside the swept sizes."""
     from graphrt.kernels import gemv_config
 
     def pick(m, hidden, hq, hkv, d):
@@ -134,14 +134,14 @@ def test_dot_rotary_config_past_16_tokens():
     for shape in _LLAMA_QKV:
         assert [pick(m, *shape) is not None for m in (17, 24, 32, 33, 48, 64)] == [True] * 3 + [False] * 3
         assert pick(24, *shape)["block_k"] == 128
-    assert all(pick(m, *_SMOLLM2_QKV)["block_k"] == 64 for m in (17, 32, 48, 64))
-    assert pick(65, *_SMOLLM2_QKV) is None
+    assert all(pick(m, *_SMOLLM2_QKV)["block_k"] == 64 for m in (17, 32, 48, 64, 65, 128, 256))  # row tiles past 64
+    assert pick(257, *_SMOLLM2_QKV) is None
     assert pick(32, 8192, 64, 8, 128) is None  # llama-70b's qkv: 10240 x 8192 weights, not swept
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden,hq,hkv,d,tokens", [(*s, t) for s in _LLAMA_QKV for t in (17, 24, 32)]
-                         + [(*_SMOLLM2_QKV, t) for t in (17, 24, 48, 64)])
+                         + [(*_SMOLLM2_QKV, t) for t in (17, 24, 48, 64, 96, 256)])
 def test_gpu_fused_past_16_tokens_is_the_same_tiles_two_launch_path_bitwise(cuda, hidden, hq, hkv, d, tokens):
     """17-32 tokens (17-64 on SmolLM2's shape; a verify step at B = 5-8, decoding at B = 17-32): the
     fused launch gives the bits of the DOT GEMV with the dispatcher's tiles, then rotary_store_kv
@@ -168,9 +168,9 @@ def test_gpu_fused_past_16_tokens_is_the_same_tiles_two_launch_path_bitwise(cuda
 
 
 # (hidden, hq, hkv, head_dim, bias, tokens, block_n rows, block_k): GQA, MHA, a K tail, 16 tokens,
-# pairs past the last head, 40 tokens (a 64-row x tile)
+# pairs past the last head, 40 tokens (a 64-row x tile), 100 (row tiles)
 DOT_CASES = [(64, 4, 2, 16, False, 3, 16, 32), (100, 2, 2, 8, True, 5, 32, 32), (48, 6, 1, 12, False, 16, 32, 16),
-             (64, 4, 2, 16, False, 40, 32, 32)]
+             (64, 4, 2, 16, False, 40, 32, 32), (64, 4, 2, 16, True, 100, 32, 32)]  # the last: two row tiles
 
 
 @pytest.mark.parametrize("case", DOT_CASES)
