@@ -28,11 +28,12 @@ _DOT_TILE_M = 64  # and its most: a larger fp32 accumulator would cost the MMA l
 _TUNED_M = 16  # the most rows the tables below were swept at for every product (a verify step at batch 1 to 4)
 MAX_M = 0 if os.environ.get("GRAPHRT_GEMV") == "0" else 64  # the most rows of one x tile (the DOT path)
 # Past MAX_M rows, up to TILED_MAX_M (a verify step at B = 17-64), the DOT path takes the rows in tiles
-# of MAX_M over a grid dimension, for two launches only: gate_up with the SiLU in its epilogue and qkv
-# with the rotary and the KV store, on matrices of at most _TILED_ELEMS weights (SmolLM2-135M's).
-# There a launch is bound by its latency, not its bytes or FLOPs: four row tiles take about one
-# tile's time, while cuBLAS's product leaves the SiLU or the rotary a launch of its own, and gaps
-# around both (cuBLAS does not launch as a programmatic dependent).
+# of MAX_M over a grid dimension, on matrices of at most _TILED_ELEMS weights (SmolLM2-135M's): gate_up
+# with the SiLU in its epilogue, qkv with the rotary and the KV store, and from 17 rows the o and
+# down projections (_SMALL_TALL). There a launch is bound by its latency, not its bytes or FLOPs: four
+# row tiles take about one tile's time, and the products alone time as cuBLAS's, but cuBLAS leaves
+# the SiLU or the rotary a launch of its own and a gap around each of its kernels (it does not launch
+# as a programmatic dependent). RESULTS.md, "Row tiles past 64 rows".
 TILED_MAX_M = 256
 _TILED_ELEMS = 1 << 21
 # Rows and weight bytes served by the per-row FMA path (one program per row and tile, with the
@@ -78,6 +79,10 @@ _QKV_ROTARY_TALL = dict(_DOT_DEFAULT, block_k=128, programs_per_sm=0)
 _QKV_ROTARY_SMALL_K = dict(_QKV_ROTARY_TALL, **_SMALL_K_STEPS)
 _QKV_TALL_ELEMS = (1 << 19, 1 << 25)  # the swept: SmolLM2-135M's qkv (0.55M weights) to llama-8b's (25M)
 _QKV_TALL_M = 32
+# ... and o and down (K >= N) of at most _TILED_ELEMS weights at 17-TILED_MAX_M rows, unsplit (row tiles
+# past 64 need whole K sums), K under 1024 in 64-wide steps.
+_SMALL_TALL = dict(_DOT_TALL, programs_per_sm=0)
+_SMALL_TALL_SMALL_K = dict(_SMALL_TALL, **_SMALL_K_STEPS)
 # M = 1 exceptions to the FMA default, by (N, K): the 1b lm_head, the one size where (4, 512)
 # tiles without reduce_each beat cuBLAS (the reduce-each variant was not swept there).
 _M1_OVERRIDES: dict[tuple[int, int], dict] = {
@@ -149,8 +154,9 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
       - 17 <= M <= 64 (swept at 32 and 64): _DOT_TALL for o up to 32 rows and for down-like
         products (K >= 2N), 4M to 64M weights; gated gate_up on _DOT_WIDE unsplit, 1M to 128M
         weights (swept at 24-64 rows); everything else on cuBLAS.
-      - 65 <= M <= TILED_MAX_M: gated gate_up of at most _TILED_ELEMS weights, the 64-row tiles in
-        row tiles (RESULTS.md, "Row tiles past 64 rows"); everything else on cuBLAS.
+      - 17 <= M <= TILED_MAX_M on matrices of at most _TILED_ELEMS weights (SmolLM2-135M's): o and
+        down unsplit (_SMALL_TALL), gated gate_up as above, in 64-row tiles past 64 rows (RESULTS.md,
+        "Row tiles past 64 rows"); past 64 rows everything else on cuBLAS.
       (The FMA path at M = 4 is bound by L1 and ALU, not DRAM: each weight load needs M x loads and
       conversions. The DOT path with the norm in its prologue lost to norm + cuBLAS: the normalised
       x tile breaks the dot's load pipelining.)
@@ -163,12 +169,18 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
         if m == 1:
             return _m1_config(n, k)
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
+    small = n * k <= _TILED_ELEMS and m <= TILED_MAX_M  # latency-bound at these rows
     if m > MAX_M:
-        small = MAX_M and m <= TILED_MAX_M and n * k <= _TILED_ELEMS
-        return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE) if gated and small else None
+        if not (MAX_M and small):
+            return None
+        if gated:
+            return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE)
+        return dict(_SMALL_TALL_SMALL_K if k < _SMALL_K else _SMALL_TALL) if k >= n else None
     if m > _TUNED_M:
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
+        if small and k >= n and not gated:
+            return dict(_SMALL_TALL_SMALL_K if k < _SMALL_K else _SMALL_TALL)
         if gated:
             if not _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1]:
                 return None

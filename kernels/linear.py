@@ -29,7 +29,7 @@ __all__ = ["linear", "linear_add", "linear_pushed", "linear_silu_mul", "material
 
 def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None, gated: bool = False) -> bool:
     w = dense(w)  # an FP8 matrix goes where its dense form would
-    most = gemv_config.TILED_MAX_M if gated and gemv_config.MAX_M else gemv_config.MAX_M  # gated: row tiles
+    most = gemv_config.TILED_MAX_M if gemv_config.MAX_M else 0  # past MAX_M: select_config's row tiles
     return (
         x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= most and x.dtype in _FAST_DTYPES
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
@@ -87,8 +87,8 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
     program (M = 1, 2) or on the DOT path (3-16 rows, unsplit or split-K reduced in the same
     launch): the all-reduce then runs in its epilogue (kernels/push_reduce.py). None elsewhere
     (the caller all-reduces)."""
-    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2:
-        return None
+    if push is None or not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] > gemv_config.MAX_M:
+        return None  # past MAX_M rows the DOT path's row tiles take no push
     w = for_rows(w, x.shape[0])
     if not _triton_ok(x, w, None):
         return None

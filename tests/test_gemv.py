@@ -118,8 +118,8 @@ def test_dispatcher_past_16_rows_takes_o_down_and_gated_gate_up_only():
     for m, n, k in [(17, 2048, 2048), (32, 4096, 4096), (33, 2048, 8192), (64, 4096, 14336), (64, 2048, 6144)]:
         assert gemv_config.select_config(m, n, k) == tall, (m, n, k)
     for m, n, k in [(33, 2048, 2048), (64, 4096, 4096), (32, 3072, 2048), (32, 16384, 2048), (32, 3072, 4096),
-                    (32, 128256, 2048), (65, 2048, 8192), (32, 576, 576), (64, 576, 1536),
-                    (32, 8192, 28672)]:  # SmolLM2's and the 70B shape's: not swept
+                    (32, 128256, 2048), (65, 2048, 8192), (32, 3072, 576),
+                    (32, 8192, 28672)]:  # the 70B shape's: not swept
         assert gemv_config.select_config(m, n, k) is None, (m, n, k)
     wide, small_k = dict(gemv_config._DOT_WIDE), dict(gemv_config._GATED_SMALL_K)
     for m, n, k in [(17, 16384, 2048), (64, 28672, 4096), (32, 14336, 4096)]:
@@ -130,15 +130,20 @@ def test_dispatcher_past_16_rows_takes_o_down_and_gated_gate_up_only():
         assert gemv_config.select_config(m, n, k, gated=True) is None, (m, n, k)
 
 
-def test_dispatcher_past_64_rows_tiles_the_small_gated_gate_up_only():
-    """65-256 rows (a verify step at B = 17-64): SmolLM2's gate_up with its SiLU on the DOT path in
-    row tiles; larger matrices, plain products and anything past 256 rows on cuBLAS."""
+def test_dispatcher_on_small_matrices_past_16_rows():
+    """17-256 rows (a verify step at B = 5-64) on SmolLM2's matrices: o and down unsplit on the DOT
+    path, gate_up with its SiLU, in row tiles past 64; larger matrices past 64 rows, a plain product
+    of gate_up's shape and anything past 256 rows on cuBLAS."""
     small_k = dict(gemv_config._GATED_SMALL_K)
-    for m in (65, 96, 128, 192, 256):
+    for m in (17, 32, 64, 65, 96, 128, 192, 256):
+        assert gemv_config.select_config(m, 576, 576) == gemv_config._SMALL_TALL_SMALL_K, m  # o
+        assert gemv_config.select_config(m, 576, 1536) == gemv_config._SMALL_TALL, m  # down
         assert gemv_config.select_config(m, 3072, 576, gated=True) == small_k, m
+        assert gemv_config.unsplit(gemv_config.select_config(m, 576, 1536))
+    for m in (65, 96, 128, 192, 256):
         assert gemv_config.row_tiles(m) == -(-m // 64) and gemv_config.dot_block_m(m) == 64
-    for m, n, k, gated in [(257, 3072, 576, True), (128, 16384, 2048, True), (128, 3072, 576, False),
-                           (128, 576, 576, False), (256, 576, 1536, False)]:
+    for m, n, k, gated in [(257, 3072, 576, True), (257, 576, 576, False), (128, 16384, 2048, True),
+                           (128, 3072, 576, False), (128, 2048, 2048, False), (96, 2048, 8192, False)]:
         assert gemv_config.select_config(m, n, k, gated=gated) is None, (m, n, k, gated)
 
 
@@ -353,6 +358,18 @@ def test_gpu_real_sizes(cuda, n, k, m):
         # The dispatcher (Triton or cuBLAS, per select_config) and the kernel's own default config.
         _check(linear(x, w, b), x, w, b, f"seed={seed} m={m} n={n} k={k} bias={bias}")
         _check(gemv_triton(x, w, b), x, w, b, f"gemv_triton seed={seed} m={m} n={n} k={k} bias={bias}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 64, 96, 256])
+@pytest.mark.parametrize("n,k", [(576, 576), (576, 1536)])
+def test_gpu_small_matrices_past_16_rows(cuda, n, k, m):
+    """SmolLM2's o and down at 17-256 rows: the dispatcher's DOT launch, in row tiles past 64."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    x, w, _ = _case(m, n, k, torch.bfloat16, gen, bias=False, device=cuda)
+    assert select_config(m, n, k)["use_dot"]
+    _check(linear(x, w), x, w, None, f"seed={seed} m={m} n={n} k={k}")
 
 
 @pytest.mark.gpu
