@@ -46,7 +46,6 @@ __all__ = ["linear_reference", "gemv_triton", "select_config", "row_fma_config",
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)  # fp32: interpreter tests only
 _FAST_DTYPES = (torch.bfloat16, torch.float16)
-_MAX_KERNEL_M = 64  # one launch's most rows but on the tiled DOT path (gemv_config.TILED_MAX_M)
 _FMA_MAX_M = 4  # one fp32 partial tile per row lives in registers
 
 
@@ -539,7 +538,7 @@ def gemv_triton(
     n = w.shape[0]
     most = gemv_config.TILED_MAX_M if gemv_config.MAX_M else 0  # select_config's rows (0: cuBLAS for all)
     cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= most else None
-    tiled = m > _MAX_KERNEL_M
+    tiled = gemv_config.row_tiles(m) > 1  # past 64 rows: the DOT path's row tiles
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)
     if use_dot is not None and use_dot != cfg["use_dot"]:
@@ -581,8 +580,8 @@ def gemv_triton(
     split_k = triton.cdiv(k, k_per_split)  # no empty split
     block_m = gemv_config.dot_block_m(m) if use_dot else 1 if per_row else m
     if tiled and (not use_dot or split_k > 1 or push is not None):
-        raise ValueError(f"past {_MAX_KERNEL_M} rows gemv_triton takes the unsplit DOT path, no push; got M = {m}, "
-                         f"use_dot={use_dot}, split_k={split_k}")
+        raise ValueError(f"past {gemv_config.dot_block_m(m)} rows gemv_triton takes the unsplit DOT path, no push; "
+                         f"got M = {m}, use_dot={use_dot}, split_k={split_k}")
     if gated:
         if split_k > 1:
             raise ValueError("gated=True needs an unsplit launch")

@@ -107,8 +107,9 @@ def linear_pushed(x, w: torch.Tensor, push: PushTarget | None) -> torch.Tensor |
 def linear(x, w: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (or a PendingNorm of one), w [N, K] or Fp8Weight, bias [N] or None -> [M, N], x's dtype.
 
-    CUDA bf16/fp16 with M <= MAX_M, a supported layout and a shape where select_config has a
-    configuration -> gemv_triton, with a PendingNorm's norm in its prologue where the product runs
+    CUDA bf16/fp16 with M <= MAX_M (TILED_MAX_M on small matrices), a supported layout and a shape
+    where select_config has a configuration -> gemv_triton, with a PendingNorm's norm in its prologue
+    where the product runs
     one row per program; anything else (CPU, fp32, prefill-sized M, strided weights, shapes where
     cuBLAS measured as fast) -> [the norm,] F.linear, unchanged (an Fp8Weight's dense matrix).
     """
