@@ -4,7 +4,7 @@
 # with `pip install -e .`:
 #   bash scripts/gpu_check.sh [step ...]
 # Steps: tests (or its halves tests1 tests2), kgpu, capture, sanitize, soak; RESULTS.md's tables:
-# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission chunked plainab specab capture kernels rotary tall filters profile removal (default: tests capture
+# sweep1b sweep8b plain fp8 fp8sweep goal8b realpair prefill admission chunked plainab specab capture kernels rotary tall tiles filters profile removal (default: tests capture
 # profile).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -116,6 +116,13 @@ for step in $steps; do
               python3 scripts/gemv_sweep.py --out "$OUT/gemv_gated.json" --gated --ms 24,32,48,64 \
                 --shapes 1b.gate_up,8b.gate_up,135m.gate_up,8b-tp2.gate_up 2>&1 | log | tail -18
               python3 scripts/qkv_rotary_sweep.py --out "$OUT/qkv_rotary.json" 2>&1 | log | tail -12 ;;
+    # 65-256 rows (a verify step at B = 17-64): the row tiles against cuBLAS, SmolLM2's matrices and the llama
+    # shapes' (which the dispatcher keeps on cuBLAS there, not yet swept)
+    tiles)    python3 scripts/gemv_sweep.py --out "$OUT/gemv_tiles_gated.json" --gated --ms 96,128,256 \
+                --shapes 135m.gate_up,1b.gate_up,8b.gate_up 2>&1 | log | tail -10
+              python3 scripts/gemv_sweep.py --out "$OUT/gemv_tiles.json" --ms 96,128,256 \
+                --shapes 135m.o,135m.down,1b.o,1b.down 2>&1 | log | tail -13
+              python3 scripts/qkv_rotary_sweep.py --out "$OUT/qkv_rotary_tiles.json" --ms 96,128,256 2>&1 | log | tail -10 ;;
     kernels)  python3 -m graphrt bench kernels --json "$OUT/kernels.json" 2>&1 | log | tail -80
               PYTHONPATH=.vllm_src${PYTHONPATH:+:$PYTHONPATH} python3 scripts/vllm_rejection_peer.py \
                 --batch-sizes 1,64,256 --json "$OUT/vllm_peer.json" 2>&1 | log | tail -20 ;;

@@ -1,4 +1,4 @@
-"""qkv + rotary + KV store at 17-64 tokens, on CUDA: the two-launch path (the qkv product on cuBLAS,
+"""qkv + rotary + KV store at 17-256 tokens, on CUDA: the two-launch path (the qkv product on cuBLAS,
 then rotary_store_kv) against the fused DOT launch of kernels/qkv_rotary.py with the dispatcher's
 tiles (gemv_config.dot_rotary_config) and with a few others.
 
@@ -59,7 +59,7 @@ def _row(name: str, m: int, ws, h: int, hq: int, hkv: int, d: int, rot: Rotary, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ms", default="24,32,48,64", help="token counts (17-64)")
+    ap.add_argument("--ms", default="24,32,48,64", help="token counts (17-256; past 64 in row tiles)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     results = {}
