@@ -452,15 +452,10 @@ def write_sweep_png(rows: list[dict], path, *, title: str = "") -> None:
         for (K, b), pts in speedup_curves(rows, key).items():
             ax.plot(*zip(*pts), marker="o", linestyle="-" if K == 3 else "--", label=f"K = {K}, B = {b}")
         ax.axhline(1.0, color="gray", linewidth=0.8)
-        ax.set_xlabel("acceptance length L (tokens per cycle, simulated; as measured)")
-        ax.set_title(name, fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("speedup over plain decoding")
+        _style(ax, name, "acceptance length L (tokens per cycle, simulated; as measured)",
+               "speedup over plain decoding" if key == "speedup" else None, legend_size=7)
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _pyplot():
@@ -474,15 +469,20 @@ def _pyplot():
     return plt
 
 
-def _finish(plt, fig, ax, path, title, xlabel, ylabel, *, legend_size, which="major") -> None:
+def _style(ax, title, xlabel, ylabel, *, legend_size, which="major") -> None:
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=8)
     ax.grid(True, which=which, alpha=0.3)
     ax.legend(fontsize=legend_size)
+
+
+def _save(plt, fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
 
 
 def write_png(results: list[dict], path, *, title: str = "") -> None:
@@ -496,7 +496,8 @@ def write_png(results: list[dict], path, *, title: str = "") -> None:
     ax.set_yscale("log")
     sizes = sorted({r["batch_size"] for r in results})
     ax.set_xticks(sizes, [str(b) for b in sizes])
-    _finish(plt, fig, ax, path, title, "batch size", "decode tokens/s", legend_size=8, which="both")
+    _style(ax, title, "batch size", "decode tokens/s", legend_size=8, which="both")
+    _save(plt, fig, path)
 
 
 def _tp_desc(tp, rt, draft_split: bool | None = None) -> str:

@@ -536,8 +536,7 @@ def gemv_triton(
     _validate(x, w, scale, bias, out if propose is None else None)
     m, k = x.shape
     n = w.shape[0]
-    most = gemv_config.TILED_MAX_M if gemv_config.MAX_M else 0  # select_config's rows (0: cuBLAS for all)
-    cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= most else None
+    cfg = select_config(m, n, k, scale is not None and m == 1, gated) if m <= gemv_config.triton_max_m() else None
     tiled = gemv_config.row_tiles(m) > 1  # past 64 rows: the DOT path's row tiles
     if cfg is None:
         cfg = _path_default(m > _FMA_MAX_M if use_dot is None else use_dot)

@@ -170,21 +170,19 @@ def select_config(m: int, n: int, k: int, fp8: bool = False, gated: bool = False
             return _m1_config(n, k)
         return dict(_fma_config(k, _SMALL_WIDE if n >= 4 * k else _SMALL), per_row=True)
     small = n * k <= _TILED_ELEMS and m <= TILED_MAX_M  # latency-bound at these rows
+    gated_tiles = dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE)
+    small_tall = dict(_SMALL_TALL_SMALL_K if k < _SMALL_K else _SMALL_TALL) if k >= n else None
     if m > MAX_M:
         if not (MAX_M and small):
             return None
-        if gated:
-            return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE)
-        return dict(_SMALL_TALL_SMALL_K if k < _SMALL_K else _SMALL_TALL) if k >= n else None
+        return gated_tiles if gated else small_tall
     if m > _TUNED_M:
         if ALL_M:  # every product: 64-row tiles in four stages overflow shared memory
             return dict(select_config(_TUNED_M, n, k), num_stages=2)
-        if small and k >= n and not gated:
-            return dict(_SMALL_TALL_SMALL_K if k < _SMALL_K else _SMALL_TALL)
+        if small and small_tall is not None and not gated:
+            return small_tall
         if gated:
-            if not _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1]:
-                return None
-            return dict(_GATED_SMALL_K if k < _SMALL_K else _DOT_WIDE)
+            return gated_tiles if _GATED_TALL_ELEMS[0] <= n * k <= _GATED_TALL_ELEMS[1] else None
         tall = _TALL_ELEMS[0] <= n * k <= _TALL_ELEMS[1] and (k >= 2 * n or (k == n and m <= _TALL_SQUARE_M))
         return dict(_DOT_TALL) if tall else None
     if k < n:
@@ -234,6 +232,12 @@ def one_row_per_program(cfg: dict | None, m: int) -> bool:
     """Whether cfg (select_config's for m rows) runs one row per program on the unsplit FMA path
     (M = 1, or per row): the launches a norm prologue can ride on."""
     return cfg is not None and not cfg["use_dot"] and unsplit(cfg) and (m == 1 or cfg.get("per_row", False))
+
+
+def triton_max_m() -> int:
+    """The most rows the dispatcher may send to Triton (select_config decides which shapes): TILED_MAX_M,
+    or 0 where MAX_M is (GRAPHRT_GEMV=0, or a benchmark timing cuBLAS)."""
+    return TILED_MAX_M if MAX_M else 0
 
 
 def dot_block_m(m: int) -> int:

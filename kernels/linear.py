@@ -29,9 +29,8 @@ __all__ = ["linear", "linear_add", "linear_pushed", "linear_silu_mul", "material
 
 def _triton_ok(x: torch.Tensor, w, bias: torch.Tensor | None, gated: bool = False) -> bool:
     w = dense(w)  # an FP8 matrix goes where its dense form would
-    most = gemv_config.TILED_MAX_M if gemv_config.MAX_M else 0  # past MAX_M: select_config's row tiles
     return (
-        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= most and x.dtype in _FAST_DTYPES
+        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= gemv_config.triton_max_m() and x.dtype in _FAST_DTYPES
         and w.dtype == x.dtype and w.dim() == 2 and w.shape[1] == x.shape[1] and w.is_contiguous()
         and x.stride(1) == 1 and w.device == x.device
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous() and bias.shape == (w.shape[0],)))

@@ -5,9 +5,10 @@
 For the head layouts of llama-1b-shape, llama-8b-shape and SmolLM2-135M and each token count, times
 graphrt.kernels.rotary.rotary_store_kv_triton with launch_tile's pick and with every tile of the grid
 (time_in_graph: CUDA graph replay, inputs rotated past the L2), and prints the pick against the
-five fastest. The runtime calls the kernel past 32 tokens (64 on SmolLM2's shape: a verify step at
-B > 8, decoding at B > 32, prefill); below that the qkv GEMV stores the rotated k and v itself
-(scripts/qkv_rotary_sweep.py times that launch at 17-64 tokens).
+five fastest. The runtime calls the kernel past 32 tokens on the llama shapes (past 256 on
+SmolLM2's: gemv_config.dot_rotary_config; a verify step at B > 8, decoding at B > 32, prefill);
+below that the qkv GEMV stores the rotated k and v itself (scripts/qkv_rotary_sweep.py times that
+launch).
 """
 
 from __future__ import annotations
